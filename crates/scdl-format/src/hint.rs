@@ -1,0 +1,324 @@
+//! The read-ahead hint protocol, version 1: how a sampler tells the scdlfs daemon the
+//! order in which it will read a dataset.
+//!
+//! A sampler opens the dataset's hint file (`.scdlfs-hints` in the dataset directory of
+//! the mount) for writing and writes lines of ASCII text:
+//!
+//! ```text
+//! scdlfs-hints 1            first line of every handle: protocol and version
+//! plan 3                    start a new plan (here for epoch 3), dropping the old one
+//! window 17 4 9             next step: read chunks 17, 4 and 9 (any order inside)
+//! rows 1024 1088            next step: read rows [1024, 1088)
+//! ```
+//!
+//! A plan is the ordered list of steps written since the last `plan` line; `window` and
+//! `rows` steps may be mixed. A plan belongs to the handle that wrote it and disappears
+//! when that handle is closed. The full specification, with the daemon's limits and
+//! error behaviour, is `docs/hint-protocol.md`; this module is its only implementation.
+
+use std::fmt;
+
+/// The protocol version this module speaks.
+pub const VERSION: u32 = 1;
+/// The first word of the greeting line.
+pub const GREETING: &str = "scdlfs-hints";
+/// The file name of a dataset's hint file.
+pub const HINT_FILE: &str = ".scdlfs-hints";
+/// A longer line is refused rather than buffered.
+pub const MAX_LINE_LEN: usize = 64 * 1024;
+
+/// One line of the protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HintLine {
+    Greeting { version: u32 },
+    Plan { epoch: u64 },
+    Window { chunks: Vec<u32> },
+    Rows { start: u64, end: u64 },
+}
+
+/// Why a line was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HintError {
+    #[error("line is not ASCII text")]
+    NotText,
+    #[error("line longer than {MAX_LINE_LEN} bytes")]
+    LineTooLong,
+    #[error("unknown keyword {0:?}")]
+    UnknownKeyword(String),
+    #[error("{keyword}: {reason}")]
+    BadArguments {
+        keyword: &'static str,
+        reason: String,
+    },
+    #[error("protocol version {0} is not supported (this daemon speaks {VERSION})")]
+    UnsupportedVersion(u32),
+    #[error("the first line must be \"{GREETING} {VERSION}\"")]
+    MissingGreeting,
+    #[error("{0} lies outside the dataset")]
+    OutOfRange(String),
+    #[error("plan longer than {0} steps")]
+    PlanTooLong(usize),
+}
+
+impl fmt::Display for HintLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HintLine::Greeting { version } => write!(f, "{GREETING} {version}"),
+            HintLine::Plan { epoch } => write!(f, "plan {epoch}"),
+            HintLine::Window { chunks } => {
+                f.write_str("window")?;
+                for c in chunks {
+                    write!(f, " {c}")?;
+                }
+                Ok(())
+            }
+            HintLine::Rows { start, end } => write!(f, "rows {start} {end}"),
+        }
+    }
+}
+
+fn numbers<T: std::str::FromStr>(
+    keyword: &'static str,
+    words: std::str::SplitAsciiWhitespace<'_>,
+) -> Result<Vec<T>, HintError> {
+    words
+        .map(|w| {
+            w.parse().map_err(|_| HintError::BadArguments {
+                keyword,
+                reason: format!("{w:?} is not a non-negative integer in range"),
+            })
+        })
+        .collect()
+}
+
+impl HintLine {
+    /// Parses one line (without its newline). Blank lines are not lines: the caller
+    /// skips them.
+    pub fn parse(line: &[u8]) -> Result<HintLine, HintError> {
+        if line.len() > MAX_LINE_LEN {
+            return Err(HintError::LineTooLong);
+        }
+        let text = std::str::from_utf8(line)
+            .ok()
+            .filter(|t| t.is_ascii())
+            .ok_or(HintError::NotText)?;
+        let mut words = text.split_ascii_whitespace();
+        let keyword = words.next().unwrap_or("");
+        match keyword {
+            GREETING => match numbers::<u32>("greeting", words)?.as_slice() {
+                [version] => Ok(HintLine::Greeting { version: *version }),
+                _ => Err(HintError::BadArguments {
+                    keyword: "greeting",
+                    reason: "takes one version number".into(),
+                }),
+            },
+            "plan" => match numbers::<u64>("plan", words)?.as_slice() {
+                [epoch] => Ok(HintLine::Plan { epoch: *epoch }),
+                _ => Err(HintError::BadArguments {
+                    keyword: "plan",
+                    reason: "takes one epoch number".into(),
+                }),
+            },
+            "window" => {
+                let chunks = numbers::<u32>("window", words)?;
+                if chunks.is_empty() {
+                    return Err(HintError::BadArguments {
+                        keyword: "window",
+                        reason: "names no chunk".into(),
+                    });
+                }
+                Ok(HintLine::Window { chunks })
+            }
+            "rows" => match numbers::<u64>("rows", words)?.as_slice() {
+                [start, end] if start < end => Ok(HintLine::Rows {
+                    start: *start,
+                    end: *end,
+                }),
+                [_, _] => Err(HintError::BadArguments {
+                    keyword: "rows",
+                    reason: "start must be below end".into(),
+                }),
+                _ => Err(HintError::BadArguments {
+                    keyword: "rows",
+                    reason: "takes a start and an end row".into(),
+                }),
+            },
+            other => Err(HintError::UnknownKeyword(
+                other.chars().take(32).collect::<String>(),
+            )),
+        }
+    }
+}
+
+/// Splits a byte stream, written in pieces of any size, into lines, and enforces the
+/// greeting. One decoder serves one open handle.
+#[derive(Clone, Debug, Default)]
+pub struct HintDecoder {
+    partial: Vec<u8>,
+    greeted: bool,
+}
+
+impl HintDecoder {
+    /// Decodes one written piece. On success returns the complete lines it finished
+    /// (a trailing incomplete line is kept for the next piece). On error nothing of the
+    /// piece is kept, so a refused write leaves the decoder as it was before it.
+    pub fn feed(&mut self, piece: &[u8]) -> Result<Vec<HintLine>, HintError> {
+        let mut greeted = self.greeted;
+        let mut lines = Vec::new();
+        let mut pending: &[u8] = &self.partial;
+        let mut rest = piece;
+        let mut joined;
+        while let Some(newline) = rest.iter().position(|&b| b == b'\n') {
+            let line: &[u8] = if pending.is_empty() {
+                &rest[..newline]
+            } else {
+                joined = pending.to_vec();
+                joined.extend_from_slice(&rest[..newline]);
+                &joined
+            };
+            pending = &[];
+            rest = &rest[newline + 1..];
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let parsed = HintLine::parse(line)?;
+            match (&parsed, greeted) {
+                (HintLine::Greeting { version }, _) if *version != VERSION => {
+                    return Err(HintError::UnsupportedVersion(*version));
+                }
+                (HintLine::Greeting { .. }, _) => greeted = true,
+                (_, false) => return Err(HintError::MissingGreeting),
+                _ => {}
+            }
+            lines.push(parsed);
+        }
+        let new_partial_len = pending.len() + rest.len();
+        if new_partial_len > MAX_LINE_LEN {
+            return Err(HintError::LineTooLong);
+        }
+        if !rest.is_empty() && (!rest.is_ascii() || rest.contains(&0)) {
+            return Err(HintError::NotText);
+        }
+        let mut partial = pending.to_vec();
+        partial.extend_from_slice(rest);
+        self.partial = partial;
+        self.greeted = greeted;
+        Ok(lines)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn greeting() -> String {
+        format!("{GREETING} {VERSION}\n")
+    }
+
+    #[test]
+    fn lines_round_trip_through_display() {
+        for line in [
+            HintLine::Greeting { version: 1 },
+            HintLine::Plan { epoch: 9 },
+            HintLine::Window {
+                chunks: vec![3, 0, 12],
+            },
+            HintLine::Rows { start: 5, end: 70 },
+        ] {
+            assert_eq!(HintLine::parse(line.to_string().as_bytes()), Ok(line));
+        }
+    }
+
+    #[test]
+    fn a_line_split_across_writes_is_joined() {
+        let mut d = HintDecoder::default();
+        assert_eq!(d.feed(greeting().as_bytes()).unwrap().len(), 1);
+        assert_eq!(d.feed(b"window 1 ").unwrap(), vec![]);
+        assert_eq!(
+            d.feed(b"2\nrows 0 ").unwrap(),
+            vec![HintLine::Window { chunks: vec![1, 2] }]
+        );
+        assert_eq!(
+            d.feed(b"4\n").unwrap(),
+            vec![HintLine::Rows { start: 0, end: 4 }]
+        );
+    }
+
+    #[test]
+    fn steps_before_the_greeting_are_refused() {
+        let mut d = HintDecoder::default();
+        assert_eq!(d.feed(b"window 1\n"), Err(HintError::MissingGreeting));
+        assert_eq!(
+            d.feed(b"scdlfs-hints 2\n"),
+            Err(HintError::UnsupportedVersion(2))
+        );
+    }
+
+    #[test]
+    fn a_refused_write_leaves_the_decoder_unchanged() {
+        let mut d = HintDecoder::default();
+        d.feed(greeting().as_bytes()).unwrap();
+        d.feed(b"window 4").unwrap();
+        assert!(d.feed(b" 5\nbogus\n").is_err());
+        assert_eq!(
+            d.feed(b" 6\n").unwrap(),
+            vec![HintLine::Window { chunks: vec![4, 6] }]
+        );
+    }
+
+    #[test]
+    fn malformed_lines_are_refused() {
+        for bad in [
+            &b"rows 5 5"[..],
+            b"rows 1",
+            b"window",
+            b"window -1",
+            b"window 99999999999",
+            b"plan",
+            b"launch 1",
+            b"\xff\xfe",
+        ] {
+            assert!(HintLine::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        /// Arbitrary bytes, cut into arbitrary pieces, never panic the decoder, and
+        /// every line it yields re-encodes to something it parses to the same value.
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            pieces in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..200), 0..8),
+        ) {
+            let mut d = HintDecoder::default();
+            let _ = d.feed(greeting().as_bytes());
+            for piece in pieces {
+                if let Ok(lines) = d.feed(&piece) {
+                    for line in lines {
+                        prop_assert_eq!(HintLine::parse(line.to_string().as_bytes()), Ok(line));
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn valid_text_split_anywhere_decodes_the_same(
+            steps in proptest::collection::vec((0u64..1000, 1u64..50), 1..20),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let mut text = greeting();
+            let mut expected = vec![HintLine::Greeting { version: VERSION }];
+            for (start, len) in steps {
+                let line = HintLine::Rows { start, end: start + len };
+                text.push_str(&format!("{line}\n"));
+                expected.push(line);
+            }
+            let cut = cut.index(text.len());
+            let mut d = HintDecoder::default();
+            let mut got = d.feed(&text.as_bytes()[..cut]).unwrap();
+            got.extend(d.feed(&text.as_bytes()[cut..]).unwrap());
+            prop_assert_eq!(got, expected);
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! The two visiting orders and the epoch plan they produce.
+//!
+//! An order cuts an epoch into **steps**, the units of I/O locality: a window of chunks
+//! ([`ChunkWindowOrder`]) or a fetch of row blocks ([`BlockOrder`]). Steps are what
+//! ranks and workers divide among themselves and what the hint file announces, so
+//! every step is read whole by one reader. The plan of an epoch depends only on the
+//! dataset's chunk layout, the order (seed included) and the epoch number, so every
+//! process computes the same plan without talking to the others.
+
+mod blocks;
+mod windows;
+
+use std::num::{NonZeroU32, NonZeroU64};
+use std::ops::Range;
+
+use rand::seq::SliceRandom;
+use scdl_format::hint::HintLine;
+
+use crate::layout::ChunkLayout;
+use crate::seeding::{self, Stream};
+
+/// Visit chunks a window at a time, as the original `ChunkAwareSampler` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkWindowOrder {
+    pub seed: u64,
+    pub chunks_per_window: NonZeroU32,
+    /// Visit the chunks in a new random order each epoch (else in ascending order).
+    pub shuffle_chunks: bool,
+    /// Shuffle the rows of each window (else read them chunk by chunk, in row order).
+    pub shuffle_within_window: bool,
+}
+
+/// Visit random contiguous blocks a fetch at a time, as scDataset does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockOrder {
+    pub seed: u64,
+    /// Rows per block; the dataset's last block may be shorter.
+    pub block_size: NonZeroU64,
+    /// Rows per minibatch.
+    pub batch_size: NonZeroU64,
+    /// Minibatches per fetch: a fetch reads about `batch_size × fetch_factor` rows.
+    pub fetch_factor: NonZeroU64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    ChunkWindows(ChunkWindowOrder),
+    Blocks(BlockOrder),
+}
+
+impl Order {
+    fn seed(&self) -> u64 {
+        match self {
+            Order::ChunkWindows(o) => o.seed,
+            Order::Blocks(o) => o.seed,
+        }
+    }
+
+    /// How many steps every epoch of this order has over `chunks`.
+    pub fn step_count(&self, chunks: &ChunkLayout) -> usize {
+        match self {
+            Order::ChunkWindows(o) => windows::window_count(o, chunks),
+            Order::Blocks(o) => blocks::fetch_count(o, chunks),
+        }
+    }
+
+    /// Rows per minibatch, for the order that cuts its steps into minibatches.
+    pub fn batch_size(&self) -> Option<u64> {
+        match self {
+            Order::ChunkWindows(_) => None,
+            Order::Blocks(o) => Some(o.batch_size.get()),
+        }
+    }
+
+    fn shuffles_rows_within_steps(&self) -> bool {
+        match self {
+            Order::ChunkWindows(o) => o.shuffle_within_window,
+            Order::Blocks(_) => true,
+        }
+    }
+}
+
+/// One step of an epoch: the rows one reader takes in one piece.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Every row of these chunks (listed in the epoch's chunk order).
+    Window { chunks: Vec<u32> },
+    /// Every row of these blocks, sorted ascending.
+    Fetch { blocks: Vec<Range<u64>> },
+}
+
+impl Step {
+    pub fn row_count(&self, chunks: &ChunkLayout) -> u64 {
+        self.row_ranges(chunks)
+            .iter()
+            .map(|r| r.end - r.start)
+            .sum()
+    }
+
+    /// The step's rows as contiguous ranges, in the order the step lists them.
+    pub fn row_ranges(&self, chunks: &ChunkLayout) -> Vec<Range<u64>> {
+        match self {
+            Step::Window { chunks: ids } => ids.iter().map(|&c| chunks.chunk_rows(c)).collect(),
+            Step::Fetch { blocks } => blocks.clone(),
+        }
+    }
+
+    /// The hint lines that announce this step: one `window` line, or one `rows` line
+    /// per block.
+    pub fn hint_lines(&self) -> Vec<HintLine> {
+        match self {
+            Step::Window { chunks } => vec![HintLine::Window {
+                chunks: chunks.clone(),
+            }],
+            Step::Fetch { blocks } => blocks
+                .iter()
+                .map(|b| HintLine::Rows {
+                    start: b.start,
+                    end: b.end,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The complete plan of one epoch, for all ranks and workers together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochPlan {
+    chunks: ChunkLayout,
+    order: Order,
+    epoch: u64,
+    steps: Vec<Step>,
+}
+
+impl EpochPlan {
+    pub fn new(chunks: ChunkLayout, order: Order, epoch: u64) -> EpochPlan {
+        let steps = match &order {
+            Order::ChunkWindows(o) => windows::windows(o, &chunks, epoch),
+            Order::Blocks(o) => blocks::fetches(o, &chunks, epoch),
+        };
+        EpochPlan {
+            chunks,
+            order,
+            epoch,
+            steps,
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn order(&self) -> &Order {
+        &self.order
+    }
+
+    /// The epoch's steps in visiting order.
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    pub fn row_count(&self, step: usize) -> u64 {
+        self.steps[step].row_count(&self.chunks)
+    }
+
+    /// The rows of step `step` in the order they are visited.
+    pub fn rows_of(&self, step: usize) -> Vec<u64> {
+        let mut rows: Vec<u64> = self.steps[step]
+            .row_ranges(&self.chunks)
+            .into_iter()
+            .flatten()
+            .collect();
+        if self.order.shuffles_rows_within_steps() {
+            let seed = self.order.seed();
+            rows.shuffle(&mut seeding::rng(seed, self.epoch, Stream::StepRows(step)));
+        }
+        rows
+    }
+}

@@ -1,0 +1,26 @@
+//! The chunk-window order of the original `ChunkAwareSampler`: chunks (shuffled or in
+//! order) grouped into windows, each window's rows read before the next window's, so
+//! that a cache of a few windows' chunks serves every read.
+
+use rand::seq::SliceRandom;
+
+use super::{ChunkWindowOrder, Step};
+use crate::layout::ChunkLayout;
+use crate::seeding::{self, Stream};
+
+pub(super) fn window_count(order: &ChunkWindowOrder, chunks: &ChunkLayout) -> usize {
+    chunks.num_chunks().div_ceil(order.chunks_per_window.get()) as usize
+}
+
+/// The epoch's windows, in visiting order; only the last may hold fewer chunks.
+pub(super) fn windows(order: &ChunkWindowOrder, chunks: &ChunkLayout, epoch: u64) -> Vec<Step> {
+    let mut ids: Vec<u32> = (0..chunks.num_chunks()).collect();
+    if order.shuffle_chunks {
+        ids.shuffle(&mut seeding::rng(order.seed, epoch, Stream::Steps));
+    }
+    ids.chunks(order.chunks_per_window.get() as usize)
+        .map(|window| Step::Window {
+            chunks: window.to_vec(),
+        })
+        .collect()
+}

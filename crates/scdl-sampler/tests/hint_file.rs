@@ -1,0 +1,214 @@
+//! Specification of the hints a sampler writes: the greeting, `plan <epoch>` at each
+//! epoch start, then this worker's steps, never more than the lookahead ahead of the
+//! reader. The hint file here is a regular file, read back and decoded as the daemon
+//! decodes it.
+
+mod common;
+
+use std::fs;
+use std::num::NonZeroUsize;
+use std::os::unix::fs::symlink;
+
+use common::*;
+use proptest::prelude::*;
+use scdl_format::hint::{HintLine, GREETING, HINT_FILE, VERSION};
+use scdl_sampler::{
+    worker_share, DatasetLayout, EpochPlan, EvenShares, HintWriteError, Order, Sampler, Shard,
+    Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
+};
+
+fn greeting() -> HintLine {
+    HintLine::Greeting { version: VERSION }
+}
+
+fn sampler_of(dir: &std::path::Path, order: Order, shard: Shard, workers: Workers) -> Sampler {
+    let layout = DatasetLayout::discover(dir, DEFAULT_VIRTUAL_CHUNK_SIZE).unwrap();
+    Sampler::new(&layout, order, shard, workers).unwrap()
+}
+
+/// The hint lines of one worker's steps of one epoch, in order.
+fn share_lines(plan: &EpochPlan, shard: &Shard, workers: &Workers) -> Vec<HintLine> {
+    worker_share(plan, shard, workers)
+        .iter()
+        .flat_map(|s| plan.steps()[s.step].hint_lines())
+        .collect()
+}
+
+/// How many steps the lines after the last `plan` announce.
+fn steps_in_current_plan(lines: &[HintLine]) -> usize {
+    let plan_at = lines
+        .iter()
+        .rposition(|l| matches!(l, HintLine::Plan { .. }))
+        .unwrap();
+    lines[plan_at + 1..].len()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A whole epoch announces exactly the worker's steps, in the order it reads them.
+    #[test]
+    fn an_epoch_announces_the_workers_steps_in_order(
+        rows in 0u64..600, chunk_size in 1u32..50, order in orders(), epoch in 0u64..3,
+        world_size in 1u32..4, num_workers in 1u32..3,
+    ) {
+        let dataset = raw_dataset(rows, chunk_size, true);
+        let shard = Shard::new(world_size - 1, nonzero(world_size), EvenShares::Uneven).unwrap();
+        let workers = Workers::new(num_workers - 1, nonzero(num_workers)).unwrap();
+        let mut sampler = sampler_of(dataset.path(), order, shard, workers);
+        prop_assert!(sampler.hints_active());
+        let visited = sampler.epoch(epoch).count();
+
+        let plan = EpochPlan::new(scdl_sampler::ChunkLayout::new(rows, chunk_size as u64).unwrap(), order, epoch);
+        let mut expected = vec![greeting(), HintLine::Plan { epoch }];
+        expected.extend(share_lines(&plan, &shard, &workers));
+        prop_assert_eq!(hint_lines(dataset.path()), expected);
+        prop_assert!(sampler.take_hint_error().is_none());
+        prop_assert_eq!(visited as u64, worker_share(&plan, &shard, &workers).iter().map(|s| s.rows).sum::<u64>());
+    }
+
+    /// While step `i` of the share is being read, steps up to `i + lookahead` (not
+    /// included) have been announced, and no more.
+    #[test]
+    fn announcements_stay_a_bounded_lookahead_ahead_of_the_reader(
+        chunks_total in 1u32..40, lookahead in 1usize..6,
+    ) {
+        let chunk_size = 3;
+        let dataset = raw_dataset(chunks_total as u64 * chunk_size as u64, chunk_size, true);
+        let mut sampler = sampler_of(dataset.path(), window_order(9, 1), Shard::single(), Workers::single())
+            .with_hint_lookahead(NonZeroUsize::new(lookahead).unwrap());
+        let steps = chunks_total as usize;
+        let mut iter = sampler.epoch(0);
+        prop_assert_eq!(steps_in_current_plan(&hint_lines(dataset.path())), lookahead.min(steps));
+        let mut read = 0;
+        while iter.next().is_some() {
+            let reading = read / chunk_size as usize;
+            read += 1;
+            prop_assert_eq!(
+                steps_in_current_plan(&hint_lines(dataset.path())),
+                (reading + lookahead).min(steps)
+            );
+        }
+    }
+}
+
+#[test]
+fn block_order_announces_each_fetch_as_its_sorted_blocks() {
+    let dataset = raw_dataset(1000, 100, true);
+    let order = block_order(5, 10, 16, 2); // 4 blocks per fetch
+    let mut sampler = sampler_of(dataset.path(), order, Shard::single(), Workers::single())
+        .with_hint_lookahead(NonZeroUsize::new(2).unwrap());
+    let mut iter = sampler.epoch(0);
+    iter.next();
+    let lines = hint_lines(dataset.path());
+    assert_eq!(lines[..2], [greeting(), HintLine::Plan { epoch: 0 }]);
+    assert_eq!(lines.len(), 2 + 2 * 4);
+    let starts: Vec<u64> = lines[2..]
+        .iter()
+        .map(|l| match l {
+            HintLine::Rows { start, end } => {
+                assert_eq!(end - start, 10);
+                *start
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    for fetch in starts.chunks(4) {
+        assert!(fetch.is_sorted(), "{starts:?}");
+    }
+}
+
+#[test]
+fn every_epoch_starts_a_new_plan_on_the_same_handle() {
+    let dataset = raw_dataset(200, 10, true);
+    let order = window_order(1, 4);
+    let mut sampler = sampler_of(dataset.path(), order, Shard::single(), Workers::single());
+    sampler.epoch(0).for_each(drop);
+    let mut abandoned = sampler.epoch(1);
+    abandoned.next();
+    drop(abandoned);
+    sampler.epoch(2).for_each(drop);
+
+    let chunks = scdl_sampler::ChunkLayout::new(200, 10).unwrap();
+    let steps = |epoch| {
+        share_lines(
+            &EpochPlan::new(chunks, order, epoch),
+            &Shard::single(),
+            &Workers::single(),
+        )
+    };
+    let mut expected = vec![greeting(), HintLine::Plan { epoch: 0 }];
+    expected.extend(steps(0));
+    expected.push(HintLine::Plan { epoch: 1 });
+    expected.extend(steps(1)); // 5 windows, all within the default lookahead of 8
+    expected.push(HintLine::Plan { epoch: 2 });
+    expected.extend(steps(2));
+    assert_eq!(hint_lines(dataset.path()), expected);
+    assert_eq!(
+        fs::read_to_string(dataset.path().join(HINT_FILE))
+            .unwrap()
+            .lines()
+            .next(),
+        Some(format!("{GREETING} {VERSION}").as_str())
+    );
+}
+
+#[test]
+fn without_a_hint_file_rows_are_the_same_and_nothing_is_written() {
+    let order = block_order(4, 3, 5, 2);
+    let with = raw_dataset(300, 30, true);
+    let without = raw_dataset(300, 30, false);
+    let mut hinted = sampler_of(with.path(), order, Shard::single(), Workers::single());
+    let mut silent = sampler_of(without.path(), order, Shard::single(), Workers::single());
+    assert!(!silent.hints_active());
+    assert_eq!(
+        hinted.epoch(3).collect::<Vec<_>>(),
+        silent.epoch(3).collect::<Vec<_>>()
+    );
+    assert!(silent.take_hint_error().is_none());
+    assert!(!without.path().join(HINT_FILE).exists());
+}
+
+#[test]
+fn a_refused_write_is_reported_and_rows_still_come() {
+    let dataset = raw_dataset(300, 30, false);
+    symlink("/dev/full", dataset.path().join(HINT_FILE)).unwrap();
+    let mut sampler = sampler_of(
+        dataset.path(),
+        window_order(0, 2),
+        Shard::single(),
+        Workers::single(),
+    );
+    assert_eq!(sampler.epoch(0).count(), 300);
+    let err = sampler
+        .take_hint_error()
+        .expect("the write failure is kept");
+    assert!(matches!(err, HintWriteError::Write { .. }));
+    assert!(err.to_string().contains(HINT_FILE), "{err}");
+    assert!(
+        sampler.take_hint_error().is_none(),
+        "a failure is reported once"
+    );
+    assert!(
+        !sampler.hints_active(),
+        "a handle that could not greet stays silent"
+    );
+}
+
+#[test]
+fn a_hint_file_that_cannot_be_opened_is_reported_and_rows_still_come() {
+    let dataset = raw_dataset(300, 30, false);
+    fs::create_dir(dataset.path().join(HINT_FILE)).unwrap();
+    let mut sampler = sampler_of(
+        dataset.path(),
+        window_order(0, 2),
+        Shard::single(),
+        Workers::single(),
+    );
+    assert!(!sampler.hints_active());
+    assert!(matches!(
+        sampler.take_hint_error(),
+        Some(HintWriteError::Open { .. })
+    ));
+    assert_eq!(sampler.epoch(0).count(), 300);
+}

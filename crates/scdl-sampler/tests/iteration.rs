@@ -1,0 +1,113 @@
+//! Specification of iterating a sampler: the rows of this worker's share, step after
+//! step, and minibatches that never cross a fetch.
+
+mod common;
+
+use common::*;
+use proptest::prelude::*;
+use scdl_sampler::{
+    worker_share, DatasetLayout, EpochPlan, EvenShares, Order, Sampler, Shard, ShardError, Workers,
+    DEFAULT_VIRTUAL_CHUNK_SIZE,
+};
+
+fn sampler(dir: &std::path::Path, order: Order, shard: Shard, workers: Workers) -> Sampler {
+    let layout = DatasetLayout::discover(dir, DEFAULT_VIRTUAL_CHUNK_SIZE).unwrap();
+    Sampler::new(&layout, order, shard, workers).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn an_epoch_yields_the_workers_share_row_by_row(
+        rows in 0u64..800, chunk_size in 1u32..100, order in orders(), epoch in 0u64..3,
+        world_size in 1u32..4, num_workers in 1u32..3, rank in any::<prop::sample::Index>(),
+        worker in any::<prop::sample::Index>(),
+    ) {
+        let dataset = raw_dataset(rows, chunk_size, false);
+        let shard = Shard::new(rank.index(world_size as usize) as u32, nonzero(world_size), EvenShares::Uneven).unwrap();
+        let workers = Workers::new(worker.index(num_workers as usize) as u32, nonzero(num_workers)).unwrap();
+        let mut sampler = sampler(dataset.path(), order, shard, workers);
+
+        let chunks = scdl_sampler::ChunkLayout::new(rows, chunk_size as u64).unwrap();
+        let plan = EpochPlan::new(chunks, order, epoch);
+        let expected: Vec<u64> = worker_share(&plan, &shard, &workers)
+            .iter()
+            .flat_map(|s| plan.rows_of(s.step).into_iter().take(s.rows as usize))
+            .collect();
+
+        let iter = sampler.epoch(epoch);
+        prop_assert_eq!(iter.len(), expected.len());
+        prop_assert_eq!(iter.collect::<Vec<_>>(), expected);
+    }
+
+    #[test]
+    fn minibatches_cut_fetches_and_never_cross_them(
+        rows in 0u64..800, chunk_size in 1u32..100, order in block_orders(),
+        world_size in 1u32..4, even in prop_oneof![Just(EvenShares::Uneven), Just(EvenShares::Pad), Just(EvenShares::Drop)],
+    ) {
+        let Order::Blocks(blocks) = order else { unreachable!() };
+        let batch = blocks.batch_size.get() as usize;
+        let dataset = raw_dataset(rows, chunk_size, false);
+        let layout = DatasetLayout::discover(dataset.path(), DEFAULT_VIRTUAL_CHUNK_SIZE).unwrap();
+        let shard = Shard::new(world_size - 1, nonzero(world_size), even).unwrap();
+        let sampler = Sampler::new(&layout, order, shard, Workers::single());
+        prop_assume!(sampler.is_ok(), "too few fetches to even out");
+        let mut sampler = sampler.unwrap();
+        let all_rows: Vec<u64> = sampler.epoch(0).collect();
+
+        let mut iter = sampler.epoch(0);
+        let share = iter.share().to_vec();
+        let mut minibatches = Vec::new();
+        while let Some(minibatch) = iter.next_minibatch() {
+            minibatches.push(minibatch);
+        }
+        prop_assert_eq!(minibatches.concat(), all_rows);
+
+        // Each share step is cut into full minibatches and at most one short last one.
+        let mut cuts = minibatches.iter().map(Vec::len);
+        for step in share {
+            let mut left = step.rows as usize;
+            while left > 0 {
+                let len = cuts.next().unwrap();
+                prop_assert_eq!(len, batch.min(left));
+                left -= len;
+            }
+        }
+        prop_assert_eq!(cuts.next(), None);
+    }
+}
+
+#[test]
+fn a_window_order_minibatch_is_the_rest_of_the_window() {
+    let dataset = raw_dataset(100, 10, false);
+    let mut sampler = sampler(
+        dataset.path(),
+        window_order(3, 2),
+        Shard::single(),
+        Workers::single(),
+    );
+    let mut iter = sampler.epoch(0);
+    let first: Vec<u64> = iter.by_ref().take(5).collect();
+    let rest_of_window = iter.next_minibatch().unwrap();
+    assert_eq!(rest_of_window.len(), 15);
+    let window: Vec<u64> = [first, rest_of_window].concat();
+    let chunks: std::collections::BTreeSet<u64> = window.iter().map(|r| r / 10).collect();
+    assert_eq!(chunks.len(), 2);
+    assert_eq!(iter.next_minibatch().unwrap().len(), 20);
+}
+
+#[test]
+fn evening_out_is_refused_when_a_rank_would_own_no_step() {
+    let dataset = raw_dataset(100, 10, false);
+    let layout = DatasetLayout::discover(dataset.path(), DEFAULT_VIRTUAL_CHUNK_SIZE).unwrap();
+    let shard = Shard::new(0, nonzero(4), EvenShares::Pad).unwrap();
+    let err = Sampler::new(&layout, window_order(0, 4), shard, Workers::single()).unwrap_err();
+    assert_eq!(
+        err,
+        ShardError::FewerStepsThanRanks {
+            steps: 3,
+            world_size: 4
+        }
+    );
+}

@@ -1,0 +1,487 @@
+//! The cache's bookkeeping, without any I/O: which parts are resident, how many bytes
+//! they and the downloads in flight take, which are pinned, and which unit to evict next.
+//!
+//! The policy unit is either a *group* of parts that live and die together (an SCDL
+//! chunk: the parts of its three arrays) or a lone part. Units are kept in LRU order;
+//! eviction takes the least recently used unit that has no pinned part, unless an
+//! [`EvictionAdvisor`] ranks units first. Two budgets bound the cache: bytes (always)
+//! and resident groups (optional, the loader's old `max_cached_chunks`). The invariant
+//! `used + reserved <= budget` holds after every operation, which is what keeps the
+//! cache directory within its budget: a download reserves its bytes before it writes.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use lru::LruCache;
+
+/// Identifies an object within one mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId(pub u64);
+
+/// Identifies a group of parts that are cached and evicted together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupId(pub u64);
+
+/// One fetch unit: part `index` of an object (bytes `index * part_size ..`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PartKey {
+    pub object: ObjectId,
+    pub index: u64,
+}
+
+/// What the LRU orders and eviction removes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unit {
+    Group(GroupId),
+    Part(PartKey),
+}
+
+impl Unit {
+    pub fn of(key: PartKey, group: Option<GroupId>) -> Unit {
+        group.map_or(Unit::Part(key), Unit::Group)
+    }
+}
+
+/// Lets a planner that knows the future order rank eviction candidates.
+pub trait EvictionAdvisor: Send + Sync {
+    /// How soon a group is needed again: `None` if never (evict first); otherwise
+    /// larger means later (evict earlier). Groups the advisor knows nothing of rank
+    /// after every group it has ranked and are taken in LRU order.
+    fn next_use(&self, group: GroupId) -> Option<NextUse>;
+}
+
+/// A group's rank in the planners' view of the future.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NextUse {
+    /// Needed now, by the step being read: never evicted.
+    Current,
+    /// Needed this many steps ahead.
+    Ahead(u64),
+}
+
+#[derive(Debug)]
+struct PartState {
+    bytes: u64,
+    unit: Unit,
+}
+
+#[derive(Debug, Default)]
+struct UnitState {
+    parts: Vec<PartKey>,
+    bytes: u64,
+    pins: u32,
+}
+
+/// Bytes held for a download that has not landed yet.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a reservation must be committed or cancelled"]
+pub struct Reservation {
+    bytes: u64,
+}
+
+#[derive(Debug)]
+pub struct Policy {
+    budget_bytes: u64,
+    max_groups: Option<usize>,
+    used_bytes: u64,
+    reserved_bytes: u64,
+    parts: HashMap<PartKey, PartState>,
+    units: LruCache<Unit, UnitState>,
+    groups_resident: usize,
+    pins: HashMap<PartKey, u32>,
+}
+
+impl Policy {
+    pub fn new(budget_bytes: u64, max_groups: Option<usize>) -> Policy {
+        Policy {
+            budget_bytes,
+            max_groups,
+            used_bytes: 0,
+            reserved_bytes: 0,
+            parts: HashMap::new(),
+            units: LruCache::unbounded(),
+            groups_resident: 0,
+            pins: HashMap::new(),
+        }
+    }
+
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes
+    }
+
+    pub fn reserved_bytes(&self) -> u64 {
+        self.reserved_bytes
+    }
+
+    pub fn budget_bytes(&self) -> u64 {
+        self.budget_bytes
+    }
+
+    pub fn resident_parts(&self) -> usize {
+        self.parts.len()
+    }
+
+    pub fn resident_groups(&self) -> usize {
+        self.groups_resident
+    }
+
+    pub fn contains(&self, key: PartKey) -> bool {
+        self.parts.contains_key(&key)
+    }
+
+    /// Pins a resident part (and marks its unit used); `false` if it is not resident.
+    pub fn pin(&mut self, key: PartKey) -> bool {
+        let Some(state) = self.parts.get(&key) else {
+            return false;
+        };
+        if let Some(unit) = self.units.get_mut(&state.unit) {
+            unit.pins += 1;
+        }
+        *self.pins.entry(key).or_default() += 1;
+        true
+    }
+
+    pub fn unpin(&mut self, key: PartKey) {
+        let Some(count) = self.pins.get_mut(&key) else {
+            debug_assert!(false, "unpin of unpinned {key:?}");
+            return;
+        };
+        *count -= 1;
+        if *count == 0 {
+            self.pins.remove(&key);
+        }
+        if let Some(state) = self.parts.get(&key) {
+            if let Some(unit) = self.units.peek_mut(&state.unit) {
+                unit.pins -= 1;
+            }
+        }
+    }
+
+    /// Reserves `bytes` for a download into `unit`, evicting other units as needed.
+    /// Returns the reservation and the parts whose files must be deleted before the new
+    /// one is written, or `None` (evicting nothing) if pinned or protected data leaves
+    /// no room.
+    pub fn reserve(
+        &mut self,
+        bytes: u64,
+        unit: Unit,
+        advisor: Option<&dyn EvictionAdvisor>,
+    ) -> Option<(Reservation, Vec<PartKey>)> {
+        let needed =
+            (self.used_bytes + self.reserved_bytes + bytes).saturating_sub(self.budget_bytes);
+        if needed > 0 && self.evictable_bytes(unit, advisor) < needed {
+            return None;
+        }
+        let mut victims = Vec::new();
+        while self.used_bytes + self.reserved_bytes + bytes > self.budget_bytes {
+            let victim = self
+                .choose_victim(unit, advisor, false)
+                .expect("evictable bytes were counted");
+            victims.extend(self.evict(victim));
+        }
+        self.reserved_bytes += bytes;
+        Some((Reservation { bytes }, victims))
+    }
+
+    fn evictable_bytes(&self, keep: Unit, advisor: Option<&dyn EvictionAdvisor>) -> u64 {
+        self.units
+            .iter()
+            .filter(|(unit, state)| Self::evictable(**unit, state, keep, advisor))
+            .map(|(_, state)| state.bytes)
+            .sum()
+    }
+
+    fn evictable(
+        unit: Unit,
+        state: &UnitState,
+        keep: Unit,
+        advisor: Option<&dyn EvictionAdvisor>,
+    ) -> bool {
+        let current = match (unit, advisor) {
+            (Unit::Group(group), Some(advisor)) => {
+                advisor.next_use(group) == Some(NextUse::Current)
+            }
+            _ => false,
+        };
+        unit != keep && state.pins == 0 && !current
+    }
+
+    pub fn cancel(&mut self, reservation: Reservation) {
+        self.reserved_bytes -= reservation.bytes;
+    }
+
+    /// Turns a reservation into a resident part. Returns further victims if the group
+    /// budget is now exceeded.
+    pub fn commit(
+        &mut self,
+        reservation: Reservation,
+        key: PartKey,
+        group: Option<GroupId>,
+        advisor: Option<&dyn EvictionAdvisor>,
+    ) -> Vec<PartKey> {
+        self.reserved_bytes -= reservation.bytes;
+        let unit = Unit::of(key, group);
+        if self.parts.contains_key(&key) {
+            return Vec::new();
+        }
+        self.used_bytes += reservation.bytes;
+        self.parts.insert(
+            key,
+            PartState {
+                bytes: reservation.bytes,
+                unit,
+            },
+        );
+        if !self.units.contains(&unit) && matches!(unit, Unit::Group(_)) {
+            self.groups_resident += 1;
+        }
+        let state = self.units.get_or_insert_mut(unit, UnitState::default);
+        state.parts.push(key);
+        state.bytes += reservation.bytes;
+        state.pins += self.pins.get(&key).copied().unwrap_or(0);
+        let mut victims = Vec::new();
+        while self
+            .max_groups
+            .is_some_and(|max| self.groups_resident > max)
+        {
+            match self.choose_victim(unit, advisor, true) {
+                Some(victim) => victims.extend(self.evict(victim)),
+                None => break,
+            }
+        }
+        victims
+    }
+
+    /// Removes `unit` and all its parts from the books, returning the parts.
+    fn evict(&mut self, unit: Unit) -> Vec<PartKey> {
+        let Some(state) = self.units.pop(&unit) else {
+            return Vec::new();
+        };
+        if matches!(unit, Unit::Group(_)) {
+            self.groups_resident -= 1;
+        }
+        for key in &state.parts {
+            if let Some(part) = self.parts.remove(key) {
+                self.used_bytes -= part.bytes;
+            }
+        }
+        state.parts
+    }
+
+    fn choose_victim(
+        &self,
+        keep: Unit,
+        advisor: Option<&dyn EvictionAdvisor>,
+        groups_only: bool,
+    ) -> Option<Unit> {
+        // Least recently used first; `iter` runs from most to least recent.
+        let candidates = self
+            .units
+            .iter()
+            .rev()
+            .filter(|(unit, state)| Self::evictable(**unit, state, keep, advisor))
+            .filter(|(unit, _)| !groups_only || matches!(unit, Unit::Group(_)))
+            .map(|(unit, _)| *unit);
+        let Some(advisor) = advisor else {
+            return candidates.into_iter().next();
+        };
+        // Groups no plan needs, in LRU order; then lone parts, in LRU order; then the
+        // groups needed furthest ahead.
+        candidates
+            .enumerate()
+            .min_by_key(|(position, unit)| match unit {
+                Unit::Group(group) => match advisor.next_use(*group) {
+                    Some(NextUse::Ahead(steps)) => (2, u64::MAX - steps),
+                    _ => (0, *position as u64),
+                },
+                Unit::Part(_) => (1, *position as u64),
+            })
+            .map(|(_, unit)| unit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashSet;
+
+    fn part(object: u64, index: u64) -> PartKey {
+        PartKey {
+            object: ObjectId(object),
+            index,
+        }
+    }
+
+    fn fill(policy: &mut Policy, key: PartKey, group: Option<GroupId>, bytes: u64) -> Vec<PartKey> {
+        let (reservation, mut victims) = policy
+            .reserve(bytes, Unit::of(key, group), None)
+            .expect("room");
+        victims.extend(policy.commit(reservation, key, group, None));
+        victims
+    }
+
+    #[test]
+    fn evicts_the_least_recently_used_unit() {
+        let mut p = Policy::new(300, None);
+        fill(&mut p, part(1, 0), None, 100);
+        fill(&mut p, part(2, 0), None, 100);
+        fill(&mut p, part(3, 0), None, 100);
+        assert!(p.pin(part(1, 0)));
+        p.unpin(part(1, 0));
+        assert_eq!(fill(&mut p, part(4, 0), None, 100), vec![part(2, 0)]);
+    }
+
+    #[test]
+    fn a_group_is_evicted_whole() {
+        let mut p = Policy::new(400, None);
+        let g = Some(GroupId(7));
+        fill(&mut p, part(1, 0), g, 100);
+        fill(&mut p, part(2, 0), g, 100);
+        fill(&mut p, part(3, 0), None, 100);
+        let mut victims = fill(&mut p, part(4, 0), None, 200);
+        victims.sort();
+        assert_eq!(victims, vec![part(1, 0), part(2, 0)]);
+        assert_eq!(p.used_bytes(), 300);
+    }
+
+    #[test]
+    fn pinned_parts_are_never_evicted_and_may_leave_no_room() {
+        let mut p = Policy::new(200, None);
+        fill(&mut p, part(1, 0), None, 100);
+        fill(&mut p, part(2, 0), None, 100);
+        assert!(p.pin(part(1, 0)));
+        assert!(p.pin(part(2, 0)));
+        assert!(p.reserve(100, Unit::Part(part(3, 0)), None).is_none());
+        assert_eq!(
+            p.resident_parts(),
+            2,
+            "a refused reservation evicts nothing"
+        );
+        p.unpin(part(2, 0));
+        let (r, victims) = p.reserve(100, Unit::Part(part(3, 0)), None).unwrap();
+        assert_eq!(victims, vec![part(2, 0)]);
+        p.cancel(r);
+    }
+
+    #[test]
+    fn the_group_budget_counts_groups() {
+        let mut p = Policy::new(10_000, Some(2));
+        fill(&mut p, part(1, 0), Some(GroupId(1)), 10);
+        fill(&mut p, part(2, 0), Some(GroupId(2)), 10);
+        fill(&mut p, part(2, 1), Some(GroupId(2)), 10);
+        assert_eq!(
+            fill(&mut p, part(3, 0), Some(GroupId(3)), 10),
+            vec![part(1, 0)]
+        );
+        assert_eq!(p.resident_groups(), 2);
+    }
+
+    struct Plan(HashMap<GroupId, NextUse>);
+    impl EvictionAdvisor for Plan {
+        fn next_use(&self, group: GroupId) -> Option<NextUse> {
+            self.0.get(&group).copied()
+        }
+    }
+
+    #[test]
+    fn the_advisor_orders_eviction_and_protects_the_current_step() {
+        let mut p = Policy::new(300, None);
+        for g in 1..=3 {
+            fill(&mut p, part(g, 0), Some(GroupId(g)), 100);
+        }
+        let plan = Plan(HashMap::from([
+            (GroupId(1), NextUse::Current),
+            (GroupId(2), NextUse::Ahead(1)),
+            (GroupId(3), NextUse::Ahead(5)),
+        ]));
+        // New data of the current step (group 1) displaces the plan's later chunks.
+        let current = Unit::Group(GroupId(1));
+        let (r, victims) = p.reserve(100, current, Some(&plan)).unwrap();
+        assert_eq!(victims, vec![part(3, 0)], "furthest ahead goes first");
+        assert!(p
+            .commit(r, part(1, 1), Some(GroupId(1)), Some(&plan))
+            .is_empty());
+        let (r, victims) = p.reserve(100, current, Some(&plan)).unwrap();
+        assert_eq!(victims, vec![part(2, 0)]);
+        assert!(p
+            .commit(r, part(1, 2), Some(GroupId(1)), Some(&plan))
+            .is_empty());
+        assert!(
+            p.reserve(100, Unit::Part(part(9, 0)), Some(&plan))
+                .is_none(),
+            "the current step's data stays"
+        );
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Fill {
+            object: u64,
+            index: u64,
+            group: Option<u64>,
+            bytes: u64,
+        },
+        Pin {
+            object: u64,
+            index: u64,
+        },
+        UnpinOne,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u64..6, 0u64..4, proptest::option::of(0u64..3), 1u64..120).prop_map(
+                |(object, index, group, bytes)| Op::Fill {
+                    object,
+                    index,
+                    group,
+                    bytes
+                }
+            ),
+            (0u64..6, 0u64..4).prop_map(|(object, index)| Op::Pin { object, index }),
+            Just(Op::UnpinOne),
+        ]
+    }
+
+    proptest! {
+        /// Whatever happens, resident + reserved bytes stay within the budget, the books
+        /// add up, and pinned parts stay resident.
+        #[test]
+        fn accounting_holds(ops in proptest::collection::vec(op(), 1..80), budget in 100u64..400, max_groups in proptest::option::of(1usize..4)) {
+            let mut p = Policy::new(budget, max_groups);
+            let mut resident: HashMap<PartKey, u64> = HashMap::new();
+            let mut pinned: Vec<PartKey> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Fill { object, index, group, bytes } => {
+                        let key = part(object, index);
+                        if resident.contains_key(&key) { continue; }
+                        // A part belongs to one group for life, as objects do in a mount.
+                        let group = group.map(|_| GroupId(object % 3));
+                        if let Some((r, victims)) = p.reserve(bytes, Unit::of(key, group), None) {
+                            for v in &victims { resident.remove(v); }
+                            for v in p.commit(r, key, group, None) { resident.remove(&v); }
+                            resident.insert(key, bytes);
+                        }
+                        if let (Some(max), true) = (max_groups, pinned.is_empty()) {
+                            prop_assert!(p.resident_groups() <= max);
+                        }
+                    }
+                    Op::Pin { object, index } => {
+                        let key = part(object, index);
+                        if p.pin(key) { pinned.push(key); }
+                    }
+                    Op::UnpinOne => {
+                        if let Some(key) = pinned.pop() { p.unpin(key); }
+                    }
+                }
+                prop_assert!(p.used_bytes() + p.reserved_bytes() <= budget);
+                prop_assert_eq!(p.used_bytes(), resident.values().sum::<u64>());
+                prop_assert_eq!(p.resident_parts(), resident.len());
+                let pinned_set: HashSet<_> = pinned.iter().collect();
+                for key in pinned_set { prop_assert!(p.contains(*key), "pinned {:?} evicted", key); }
+            }
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Chunked SCDL datasets found in the store, checked from sizes alone before they are
+//! presented as flat (monolithic) archives.
+//!
+//! A directory whose `header.sch` decodes as a chunked header becomes a [`FlatDataset`]
+//! only if every chunk's three arrays exist and agree with each other and with the
+//! header: equal value counts in `data.npy` and `col_ptr.npy`, `rows + 1` entries in
+//! `row_ptr.npy`, totals equal to the header's. The contents of each chunk's row
+//! offsets are checked later, on first use, by the read path ([`FlatDataset::row_ptr_check`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use object_store::path::Path as ObjectPath;
+use scdl_format::layout::chunk_dir_name;
+use scdl_format::{ArrayKind, ChunkGeometry, Header};
+
+use super::objects::ObjectInfo;
+use crate::view::flat::{ChunkSizes, FlatLayout};
+
+/// The three array objects of one chunk, in [`ArrayKind::ALL`] order.
+pub type ChunkObjects = [Arc<ObjectInfo>; 3];
+
+/// A chunked dataset presented as a monolithic archive.
+pub struct FlatDataset {
+    /// The dataset directory's key prefix.
+    pub prefix: ObjectPath,
+    /// The chunked header as stored.
+    pub header: Header,
+    /// `header.sch` of the equivalent monolithic archive.
+    pub flat_header: Bytes,
+    pub layout: FlatLayout,
+    pub chunks: Vec<ChunkObjects>,
+    /// Newest modification time among the header and the chunks.
+    pub mtime: SystemTime,
+    row_ptr_checks: Vec<tokio::sync::OnceCell<Result<(), String>>>,
+}
+
+impl FlatDataset {
+    /// Checks a chunked dataset from its header and the objects listed under its prefix
+    /// (keys relative to the prefix). The error names the object and the mismatch.
+    pub fn validate(
+        prefix: ObjectPath,
+        header: Header,
+        header_mtime: SystemTime,
+        objects: &HashMap<String, Arc<ObjectInfo>>,
+    ) -> Result<FlatDataset, String> {
+        let chunked = header.chunked.ok_or("header has no chunk information")?;
+        let [data, row_ptr, col_ptr] = header.csr_arrays().map_err(|e| e.to_string())?;
+        let geometry = ChunkGeometry::new(chunked.total_rows, chunked.chunk_size as u64)
+            .ok_or("header gives a chunk size of 0")?;
+        if geometry.num_chunks() != chunked.num_chunks as u64 {
+            return Err(format!(
+                "header says {} chunks, but {} rows in chunks of {} make {}",
+                chunked.num_chunks,
+                chunked.total_rows,
+                chunked.chunk_size,
+                geometry.num_chunks()
+            ));
+        }
+        if row_ptr.length != chunked.total_rows + 1 {
+            return Err(format!(
+                "header's ROWPTR has {} entries for {} rows (expected rows + 1)",
+                row_ptr.length, chunked.total_rows
+            ));
+        }
+        if data.length != col_ptr.length {
+            return Err(format!(
+                "header's DATA has {} values but COLPTR {}",
+                data.length, col_ptr.length
+            ));
+        }
+        if !row_ptr.dtype.write_uint(&mut [0u8; 8], 0, data.length) {
+            return Err(format!(
+                "{} values do not fit the header's ROWPTR type {}",
+                data.length, row_ptr.dtype
+            ));
+        }
+        let widths = [data.dtype, row_ptr.dtype, col_ptr.dtype].map(|d| d.size().unwrap());
+        let mut chunks = Vec::with_capacity(geometry.num_chunks() as usize);
+        let mut sizes = Vec::with_capacity(chunks.capacity());
+        let mut mtime = header_mtime;
+        for chunk in 0..geometry.num_chunks() {
+            let dir = chunk_dir_name(chunk as u32);
+            let rows = geometry.chunk_rows(chunk);
+            let arrays = ArrayKind::ALL.map(|kind| {
+                let key = format!("{dir}/{}", kind.file_name());
+                objects.get(&key).cloned().ok_or(key)
+            });
+            let [d, r, c] = arrays;
+            let missing = |key: String| format!("{key} is missing");
+            let arrays = [
+                d.map_err(missing)?,
+                r.map_err(missing)?,
+                c.map_err(missing)?,
+            ];
+            for (info, width) in arrays.iter().zip(widths) {
+                if info.size % width != 0 {
+                    return Err(format!(
+                        "{} is {} bytes, not a whole number of {width}-byte elements",
+                        info.key, info.size
+                    ));
+                }
+                mtime = mtime.max(info.mtime);
+            }
+            let [d, r, c] = &arrays;
+            let nnz = d.size / widths[0];
+            if c.size / widths[2] != nnz {
+                return Err(format!(
+                    "{} holds {} values but {} holds {nnz}",
+                    c.key,
+                    c.size / widths[2],
+                    d.key
+                ));
+            }
+            let expected_entries = rows.end - rows.start + 1;
+            if r.size / widths[1] != expected_entries {
+                return Err(format!(
+                    "{} has {} entries; chunk {chunk} has {} rows, so it needs {expected_entries}",
+                    r.key,
+                    r.size / widths[1],
+                    expected_entries - 1
+                ));
+            }
+            sizes.push(ChunkSizes {
+                rows: rows.end - rows.start,
+                nnz,
+            });
+            chunks.push(arrays);
+        }
+        let extra = chunk_dir_name(chunked.num_chunks);
+        if let Some(key) = objects.keys().find(|k| k.starts_with(&format!("{extra}/"))) {
+            return Err(format!(
+                "{key} lies beyond the {} chunks the header declares",
+                chunked.num_chunks
+            ));
+        }
+        let layout = FlatLayout::new(data.dtype, row_ptr.dtype, col_ptr.dtype, &sizes);
+        if layout.total_nnz() != data.length {
+            return Err(format!(
+                "chunks hold {} values in all; the header says {}",
+                layout.total_nnz(),
+                data.length
+            ));
+        }
+        Ok(FlatDataset {
+            prefix,
+            flat_header: Bytes::from(header.to_monolithic().encode()),
+            header,
+            layout,
+            row_ptr_checks: (0..chunks.len()).map(|_| Default::default()).collect(),
+            chunks,
+            mtime,
+        })
+    }
+
+    /// The once-per-mount verdict on chunk `chunk`'s row offsets.
+    pub fn row_ptr_check(&self, chunk: usize) -> &tokio::sync::OnceCell<Result<(), String>> {
+        &self.row_ptr_checks[chunk]
+    }
+
+    /// Checks the bytes of chunk `chunk`'s `row_ptr.npy`: starts at 0, never decreases,
+    /// ends at the chunk's value count.
+    pub fn verify_row_ptr(&self, chunk: usize, bytes: &[u8]) -> Result<(), String> {
+        let dtype = self.layout.row_dtype();
+        let width = dtype.size().unwrap() as usize;
+        let entries = bytes.len() / width;
+        let nnz = self.layout.chunk_sizes(chunk).nnz;
+        let key = &self.chunks[chunk][1].key;
+        let mut previous = 0;
+        for i in 0..entries {
+            let value = dtype.read_uint(bytes, i);
+            if i == 0 && value != 0 {
+                return Err(format!("{key}: first entry is {value}, not 0"));
+            }
+            if value < previous {
+                return Err(format!(
+                    "{key}: entry {i} ({value}) is below entry {} ({previous})",
+                    i - 1
+                ));
+            }
+            previous = value;
+        }
+        if previous != nnz {
+            return Err(format!(
+                "{key}: last entry is {previous}, but the chunk holds {nnz} values"
+            ));
+        }
+        Ok(())
+    }
+}

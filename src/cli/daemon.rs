@@ -1,0 +1,85 @@
+//! Detaching like other mount helpers: the command re-runs itself in the foreground as
+//! a new session, with its log in a file, and waits on a pipe until the child reports
+//! that the mount answers (or why it could not mount).
+
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// The variable through which the parent tells the child where to report readiness.
+pub const READY_FD_VAR: &str = "SCDLFS_READY_FD";
+
+/// Starts the daemon and waits for its verdict.
+pub fn spawn_and_wait(log_file: &Path) -> Result<(), String> {
+    let (read_end, write_end) = pipe().map_err(|e| format!("pipe: {e}"))?;
+    // Only the write end goes to the child.
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe { libc::fcntl(read_end.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_file)
+        .map_err(|e| format!("cannot open log file {}: {e}", log_file.display()))?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut command = Command::new(exe);
+    command
+        .args(std::env::args_os().skip(1))
+        .arg("--foreground")
+        .env(READY_FD_VAR, write_end.as_raw_fd().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe; the write end stays open in the child
+    // because it is not close-on-exec (made by pipe() without O_CLOEXEC).
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        command.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot start the daemon: {e}"))?;
+    drop(write_end);
+    let mut report = String::new();
+    let mut reader = std::fs::File::from(read_end);
+    let _ = reader.read_to_string(&mut report);
+    match report.trim() {
+        "ready" => Ok(()),
+        "" => {
+            let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+            Err(format!(
+                "the daemon exited ({status}) before the mount was ready; see {}",
+                log_file.display()
+            ))
+        }
+        message => Err(message.to_owned()),
+    }
+}
+
+/// In the daemon: reports the mount's fate to the waiting parent, if there is one.
+pub fn report(message: &str) {
+    let Some(fd) = std::env::var(READY_FD_VAR)
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    else {
+        return;
+    };
+    std::env::remove_var(READY_FD_VAR);
+    // SAFETY: the parent passed this descriptor to us for exactly this use, once.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    use std::io::Write;
+    let _ = file.write_all(message.as_bytes());
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds has room for the two descriptors pipe() writes.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe() returned two fresh descriptors that we now own.
+    unsafe { Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))) }
+}

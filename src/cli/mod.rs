@@ -1,0 +1,185 @@
+//! The command line: `mount`, `unmount`, `status`, `chunk` and `demo`.
+
+mod daemon;
+mod demo;
+mod mount_cmd;
+mod status_cmd;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::units::parse_size;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "scdlfs",
+    version,
+    about = "Mount a remote chunked SCDL dataset as a local directory"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Mount SOURCE (s3://, gs://, http(s)://, file:// or a local folder) at MOUNTPOINT.
+    Mount(MountArgs),
+    /// Unmount a scdlfs mount (also one left behind by a killed daemon).
+    Unmount {
+        mountpoint: PathBuf,
+        /// Detach now even if files are open; the mount goes when they close.
+        #[arg(long)]
+        lazy: bool,
+    },
+    /// Print a mount's counters: downloads, waits, cache, prefetch plans.
+    Status {
+        mountpoint: PathBuf,
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+        /// Refresh every SECONDS until interrupted.
+        #[arg(long, value_name = "SECONDS")]
+        watch: Option<f64>,
+    },
+    /// Partition a monolithic SCDL archive into the chunked layout for upload.
+    Chunk {
+        /// The monolithic archive directory (header.sch backend 1).
+        source: PathBuf,
+        /// The new chunked archive directory (must not exist).
+        target: PathBuf,
+        /// Rows per chunk.
+        #[arg(long, default_value_t = 8192)]
+        chunk_rows: u32,
+    },
+    /// Make a synthetic chunked dataset, mount it from a local folder, read one epoch
+    /// through the mount in shuffled chunk-window order, check every row, and report.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum View {
+    /// Chunked datasets appear as monolithic archives (what released readers open).
+    Flat,
+    /// The bucket exactly as stored.
+    Raw,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct MountArgs {
+    /// s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, http(s)://HOST/PREFIX, file:///PATH or a path.
+    pub source: String,
+    pub mountpoint: PathBuf,
+
+    /// How chunked datasets are shown.
+    #[arg(long, value_enum, default_value_t = View::Flat, help_heading = "View")]
+    pub view: View,
+
+    /// Directory for cached parts (one mount per directory).
+    #[arg(long, value_name = "DIR", help_heading = "Cache")]
+    pub cache_dir: Option<PathBuf>,
+    /// Cache budget, e.g. 20GiB [default: half the free space of the cache's filesystem].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Cache")]
+    pub cache_size: Option<u64>,
+    /// Also keep at most this many SCDL chunks cached (the Python loader's knob).
+    #[arg(long, value_name = "N", help_heading = "Cache")]
+    pub max_cached_chunks: Option<usize>,
+
+    /// Custom S3 endpoint (MinIO, Ceph, a test server); path-style requests.
+    #[arg(long, value_name = "URL", help_heading = "Object store")]
+    pub endpoint_url: Option<String>,
+    /// Bucket region.
+    #[arg(long, help_heading = "Object store")]
+    pub region: Option<String>,
+    /// Send unsigned requests (public buckets).
+    #[arg(long, help_heading = "Object store")]
+    pub no_sign_request: bool,
+
+    /// Bytes per ranged GET and per cached part.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "8MiB", help_heading = "Performance")]
+    pub read_part_size: u64,
+    /// Downloads in flight at once, over all files.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 16,
+        help_heading = "Performance"
+    )]
+    pub max_concurrent_requests: usize,
+    /// Steps of an announced plan kept fetching ahead of the reader.
+    #[arg(
+        long,
+        value_name = "STEPS",
+        default_value_t = 4,
+        help_heading = "Performance"
+    )]
+    pub prefetch_lookahead: usize,
+    /// Threads reading FUSE requests from the kernel.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 4,
+        help_heading = "Performance"
+    )]
+    pub fuse_threads: usize,
+
+    /// Let users other than the mounting one use the mount.
+    #[arg(long, help_heading = "Mount")]
+    pub allow_other: bool,
+    /// Stay in the foreground instead of detaching.
+    #[arg(long, short = 'f', help_heading = "Mount")]
+    pub foreground: bool,
+
+    /// error, warn, info, debug or trace (or a tracing filter).
+    #[arg(long, default_value = "info", help_heading = "Logging")]
+    pub log_level: String,
+    /// Where a detached daemon writes its log [default: CACHE_DIR/scdlfs.log].
+    #[arg(long, value_name = "FILE", help_heading = "Logging")]
+    pub log_file: Option<PathBuf>,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Mount(args) => mount_cmd::run(args),
+        Command::Unmount { mountpoint, lazy } => crate::unmount::unmount(&mountpoint, lazy)
+            .map_err(|e| format!("cannot unmount {}: {e}", mountpoint.display())),
+        Command::Status {
+            mountpoint,
+            json,
+            watch,
+        } => status_cmd::run(&mountpoint, json, watch),
+        Command::Chunk {
+            source,
+            target,
+            chunk_rows,
+        } => scdl_format::chunking::partition(&source, &target, chunk_rows)
+            .map(|header| {
+                let chunks = header.chunked.map_or(0, |c| c.num_chunks);
+                println!("wrote {} chunks to {}", chunks, target.display());
+            })
+            .map_err(|e| e.to_string()),
+        Command::Demo(args) => demo::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("scdlfs: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs to stderr, without colours unless stderr is a terminal (journald and files).
+pub fn init_logging(filter: &str) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}

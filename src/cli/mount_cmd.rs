@@ -1,0 +1,149 @@
+//! `scdlfs mount`: resolve the options, detach unless `--foreground`, mount, then serve
+//! until SIGINT/SIGTERM or an external unmount.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{daemon, init_logging, MountArgs, View};
+use crate::catalog::DirMode;
+use crate::mount::{check_mountpoint, Mount, MountSettings};
+use crate::store::{ClientSettings, Source};
+use crate::units::format_size;
+
+const MIN_DEFAULT_CACHE: u64 = 256 << 20;
+
+pub fn run(args: MountArgs) -> Result<(), String> {
+    let source = Source::parse(&args.source).map_err(|e| e.to_string())?;
+    let cache_dir = args
+        .cache_dir
+        .clone()
+        .unwrap_or_else(|| default_cache_dir(&args.mountpoint));
+    std::fs::create_dir_all(&cache_dir)
+        .map_err(|e| format!("cannot create cache directory {}: {e}", cache_dir.display()))?;
+    if !args.foreground {
+        // Obvious mistakes are reported here, before anything detaches.
+        check_mountpoint(&args.mountpoint).map_err(|e| e.to_string())?;
+        let log_file = args
+            .log_file
+            .clone()
+            .unwrap_or_else(|| cache_dir.join("scdlfs.log"));
+        return daemon::spawn_and_wait(&log_file);
+    }
+    init_logging(&args.log_level);
+    match serve(&args, &source, &cache_dir) {
+        Ok(()) => Ok(()),
+        Err(message) => {
+            tracing::error!("{message}");
+            daemon::report(&message);
+            Err(message)
+        }
+    }
+}
+
+fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), String> {
+    if args.read_part_size < 4096 || !args.read_part_size.is_multiple_of(4096) {
+        return Err("--read-part-size must be a positive multiple of 4KiB".into());
+    }
+    let cache_bytes = match args.cache_size {
+        Some(bytes) => bytes,
+        None => default_cache_size(cache_dir),
+    };
+    if cache_bytes < 2 * args.read_part_size {
+        return Err(format!(
+            "--cache-size {} is below two parts of --read-part-size {}",
+            format_size(cache_bytes),
+            format_size(args.read_part_size)
+        ));
+    }
+    let client = ClientSettings {
+        endpoint_url: args.endpoint_url.clone(),
+        region: args.region.clone(),
+        no_sign_request: args.no_sign_request,
+        request_timeout: None,
+    };
+    let (store, prefix) = source.open(&client).map_err(|e| e.to_string())?;
+    let settings = MountSettings {
+        fs_name: source.display_name(),
+        view: match args.view {
+            View::Flat => DirMode::Discover,
+            View::Raw => DirMode::Raw,
+        },
+        cache_dir: cache_dir.to_owned(),
+        cache_bytes,
+        max_cached_chunks: args.max_cached_chunks,
+        part_size: args.read_part_size,
+        max_concurrent_requests: args.max_concurrent_requests.max(1),
+        allow_other: args.allow_other,
+        fuse_threads: args.fuse_threads.max(1),
+        prefetch_lookahead_steps: args.prefetch_lookahead,
+    };
+    let mount =
+        Mount::start(store, prefix, &args.mountpoint, &settings).map_err(|e| e.to_string())?;
+    tracing::info!(
+        source = %settings.fs_name,
+        mountpoint = %mount.mountpoint().display(),
+        cache = %format_size(cache_bytes),
+        cache_dir = %cache_dir.display(),
+        "mounted"
+    );
+    daemon::report("ready");
+    let signalled = mount.runtime().block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        let mut interval = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => return Some("SIGINT"),
+                _ = term.recv() => return Some("SIGTERM"),
+                _ = interval.tick() => if mount.has_ended() { return None },
+            }
+        }
+    });
+    match signalled {
+        Some(signal) => tracing::info!(signal, "unmounting"),
+        None => tracing::info!("unmounted from outside; exiting"),
+    }
+    mount.unmount().map_err(|e| format!("unmount failed: {e}"))
+}
+
+/// One cache directory per mountpoint, under the system's or the user's cache.
+fn default_cache_dir(mountpoint: &Path) -> PathBuf {
+    let absolute = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_owned());
+    let name: String = absolute
+        .to_string_lossy()
+        .trim_matches('/')
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    // SAFETY: geteuid cannot fail.
+    let base = if unsafe { libc::geteuid() } == 0 {
+        PathBuf::from("/var/cache/scdlfs")
+    } else {
+        std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(std::env::temp_dir)
+            .join("scdlfs")
+    };
+    base.join(name)
+}
+
+/// Half of what is free on the cache's filesystem, at least 256 MiB.
+fn default_cache_size(cache_dir: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(cache_dir.as_os_str().as_bytes()).expect("no NUL in path");
+    // SAFETY: statvfs fills the zeroed struct we pass for a valid C string.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    let free = if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } == 0 {
+        stat.f_bavail as u64 * stat.f_frsize as u64
+    } else {
+        0
+    };
+    (free / 2).max(MIN_DEFAULT_CACHE)
+}

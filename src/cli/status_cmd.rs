@@ -1,0 +1,97 @@
+//! `scdlfs status`: reads a mount's figures from its root's `user.scdlfs.status`
+//! extended attribute and prints them for people or, with `--json`, for scripts.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::status::{Status, STATUS_XATTR};
+use crate::units::format_size;
+
+pub fn run(mountpoint: &Path, json: bool, watch: Option<f64>) -> Result<(), String> {
+    loop {
+        let raw = read_status(mountpoint)?;
+        if json {
+            println!("{}", String::from_utf8_lossy(&raw));
+        } else {
+            let status: Status =
+                serde_json::from_slice(&raw).map_err(|e| format!("unreadable status: {e}"))?;
+            if watch.is_some() {
+                print!("\x1b[2J\x1b[H");
+            }
+            print!("{}", render(&status));
+        }
+        match watch {
+            Some(seconds) => std::thread::sleep(Duration::from_secs_f64(seconds.max(0.1))),
+            None => return Ok(()),
+        }
+    }
+}
+
+fn read_status(mountpoint: &Path) -> Result<Vec<u8>, String> {
+    let path = CString::new(mountpoint.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    let name = CString::new(STATUS_XATTR).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    // SAFETY: valid C strings and a buffer of the length we pass.
+    let len = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if len < 0 {
+        let error = std::io::Error::last_os_error();
+        return Err(format!(
+            "{} is not a scdlfs mount ({error})",
+            mountpoint.display()
+        ));
+    }
+    buf.truncate(len as usize);
+    Ok(buf)
+}
+
+fn render(s: &Status) -> String {
+    let c = &s.counters;
+    let waits = c.demand_reads_waited.max(1);
+    let hit_rate = if c.reads > 0 {
+        100.0 * c.reads_from_cache as f64 / c.reads as f64
+    } else {
+        0.0
+    };
+    let mut out = format!(
+        "source            {}\nuptime            {:.0} s\n\
+         reads             {} ({} returned, {:.1}% from cache without waiting)\n\
+         waited on network {} reads, {:.1} ms mean wait\n\
+         fetched           {} in {} parts ({} errors), {} in flight\n\
+         prefetch          {} parts asked, {} hits\n\
+         cache             {} of {} in {} parts, {} chunks; {} parts evicted\n",
+        s.source,
+        s.uptime_seconds,
+        c.reads,
+        format_size(c.bytes_read),
+        hit_rate,
+        c.demand_reads_waited,
+        c.demand_wait_micros as f64 / 1000.0 / waits as f64,
+        format_size(c.bytes_fetched),
+        c.parts_fetched,
+        c.fetch_errors,
+        s.downloads_in_flight,
+        c.prefetch_requests,
+        c.prefetch_hits,
+        format_size(s.cache.cached_bytes),
+        format_size(s.cache.budget_bytes),
+        s.cache.cached_parts,
+        s.cache.cached_groups,
+        s.cache.evicted_parts,
+    );
+    for plan in &s.active_plans {
+        out.push_str(&format!(
+            "plan              {} epoch {}: step {} of {}\n",
+            plan.dataset, plan.epoch, plan.position, plan.steps
+        ));
+    }
+    out
+}

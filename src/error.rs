@@ -1,0 +1,71 @@
+//! The filesystem's error type, and the one place where errors become errno values.
+//!
+//! Every failure a FUSE reply can carry is an [`FsError`]; the glue in [`crate::fs`]
+//! turns it into an errno with [`FsError::errno`] and nowhere else, so a reader of
+//! this file sees the whole mapping at once.
+
+use std::sync::Arc;
+
+use fuser::Errno;
+
+/// Why an operation on the mount failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FsError {
+    #[error("no such entry")]
+    NotFound,
+    #[error("not a directory")]
+    NotADirectory,
+    #[error("is a directory")]
+    IsADirectory,
+    #[error("the mount is read-only")]
+    ReadOnly,
+    #[error("invalid hint: {0}")]
+    InvalidHint(String),
+    #[error("object store request for {key} failed: {message}")]
+    Store { key: String, message: String },
+    #[error("{key} changed in the store since it was listed (ETag {pinned} no longer matches); unmount and mount again to see the new version")]
+    ObjectChanged { key: String, pinned: String },
+    #[error("{key} returned {got} bytes for a range of {expected}: truncated or changed object")]
+    ShortRead {
+        key: String,
+        expected: u64,
+        got: u64,
+    },
+    #[error("{0}")]
+    CorruptData(String),
+    #[error("local cache I/O failed: {0}")]
+    CacheIo(Arc<std::io::Error>),
+}
+
+impl FsError {
+    /// The errno a FUSE reply carries for this error.
+    pub fn errno(&self) -> Errno {
+        match self {
+            FsError::NotFound => Errno::ENOENT,
+            FsError::NotADirectory => Errno::ENOTDIR,
+            FsError::IsADirectory => Errno::EISDIR,
+            FsError::ReadOnly => Errno::EROFS,
+            FsError::InvalidHint(_) => Errno::EINVAL,
+            FsError::Store { .. }
+            | FsError::ObjectChanged { .. }
+            | FsError::ShortRead { .. }
+            | FsError::CorruptData(_)
+            | FsError::CacheIo(_) => Errno::EIO,
+        }
+    }
+
+    pub fn store(key: &str, error: &object_store::Error) -> FsError {
+        FsError::Store {
+            key: key.to_owned(),
+            message: error.to_string(),
+        }
+    }
+}
+
+impl From<std::io::Error> for FsError {
+    fn from(error: std::io::Error) -> Self {
+        FsError::CacheIo(Arc::new(error))
+    }
+}
+
+pub type FsResult<T> = Result<T, FsError>;

@@ -1,0 +1,179 @@
+//! Download slots with two priorities: demand reads (a reader is waiting) always go
+//! before prefetches, and prefetches never take the last free slot, so a demand read
+//! never queues behind read-ahead. A queued prefetch becomes a demand request when a
+//! reader starts waiting for the same part.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+/// Whether a reader waits for this download; can be raised while the request queues.
+#[derive(Debug, Default)]
+pub struct Urgency(AtomicBool);
+
+impl Urgency {
+    pub fn demand() -> Arc<Urgency> {
+        Arc::new(Urgency(AtomicBool::new(true)))
+    }
+
+    pub fn prefetch() -> Arc<Urgency> {
+        Arc::new(Urgency(AtomicBool::new(false)))
+    }
+
+    pub fn raise(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_demand(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+struct Waiter {
+    urgency: Arc<Urgency>,
+    grant: oneshot::Sender<bool>,
+}
+
+struct State {
+    free: usize,
+    prefetch_running: usize,
+    waiters: VecDeque<Waiter>,
+}
+
+pub struct Permits {
+    state: Mutex<State>,
+    max_prefetch: usize,
+}
+
+/// A held slot; released on drop.
+pub struct Permit {
+    permits: Arc<Permits>,
+    as_prefetch: bool,
+}
+
+impl Permits {
+    /// `slots` downloads at once, of which at most `slots - 1` prefetches.
+    pub fn new(slots: usize) -> Arc<Permits> {
+        let slots = slots.max(1);
+        Arc::new(Permits {
+            state: Mutex::new(State {
+                free: slots,
+                prefetch_running: 0,
+                waiters: VecDeque::new(),
+            }),
+            max_prefetch: slots.saturating_sub(1).max(1),
+        })
+    }
+
+    pub async fn acquire(self: &Arc<Self>, urgency: Arc<Urgency>) -> Permit {
+        let (grant, granted) = oneshot::channel();
+        {
+            let mut state = self.state.lock();
+            state.waiters.push_back(Waiter { urgency, grant });
+            self.dispatch(&mut state);
+        }
+        let as_prefetch = granted.await.expect("permits outlive their waiters");
+        Permit {
+            permits: self.clone(),
+            as_prefetch,
+        }
+    }
+
+    /// Hands free slots to waiters: demand first, in arrival order; then prefetches
+    /// while they are under their cap.
+    fn dispatch(&self, state: &mut State) {
+        while state.free > 0 {
+            let demand = state.waiters.iter().position(|w| w.urgency.is_demand());
+            let next = match demand {
+                Some(i) => i,
+                None if !state.waiters.is_empty() && state.prefetch_running < self.max_prefetch => {
+                    0
+                }
+                None => return,
+            };
+            let waiter = state.waiters.remove(next).unwrap();
+            let as_prefetch = !waiter.urgency.is_demand();
+            if waiter.grant.send(as_prefetch).is_ok() {
+                state.free -= 1;
+                if as_prefetch {
+                    state.prefetch_running += 1;
+                }
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn free(&self) -> usize {
+        self.state.lock().free
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut state = self.permits.state.lock();
+        state.free += 1;
+        if self.as_prefetch {
+            state.prefetch_running -= 1;
+        }
+        self.permits.dispatch(&mut state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn prefetches_leave_a_slot_for_demand() {
+        let permits = Permits::new(2);
+        let _p1 = permits.acquire(Urgency::prefetch()).await;
+        let second = tokio::time::timeout(
+            Duration::from_millis(50),
+            permits.acquire(Urgency::prefetch()),
+        )
+        .await;
+        assert!(
+            second.is_err(),
+            "a second prefetch must not take the last slot"
+        );
+        let demand = tokio::time::timeout(
+            Duration::from_millis(50),
+            permits.acquire(Urgency::demand()),
+        )
+        .await;
+        assert!(demand.is_ok());
+    }
+
+    #[tokio::test]
+    async fn demand_overtakes_queued_prefetches_and_raising_counts() {
+        let permits = Permits::new(1);
+        let held = permits.acquire(Urgency::demand()).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        let raised = Urgency::prefetch();
+        for (name, urgency) in [
+            ("prefetch", Urgency::prefetch()),
+            ("raised", raised.clone()),
+            ("demand", Urgency::demand()),
+        ] {
+            let (permits, order) = (permits.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let _p = permits.acquire(urgency).await;
+                order.lock().push(name);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        raised.raise();
+        drop(held);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock(), vec!["raised", "demand", "prefetch"]);
+        assert_eq!(permits.free(), 1);
+    }
+}

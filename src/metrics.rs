@@ -1,0 +1,58 @@
+//! The daemon's counters: plain atomics bumped on the read path, read by `scdlfs status`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($(#[$doc:meta] $name:ident),* $(,)?) => {
+        /// Monotonic counters of one mount.
+        #[derive(Debug, Default)]
+        pub struct Metrics {
+            $(#[$doc] pub $name: AtomicU64,)*
+        }
+
+        /// A copy of the counters at one moment.
+        #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+        pub struct MetricsSnapshot {
+            $(#[$doc] pub $name: u64,)*
+        }
+
+        impl Metrics {
+            pub fn snapshot(&self) -> MetricsSnapshot {
+                MetricsSnapshot {
+                    $($name: self.$name.load(Ordering::Relaxed),)*
+                }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Bytes received from the object store.
+    bytes_fetched,
+    /// Part downloads completed.
+    parts_fetched,
+    /// Part downloads that failed after retries.
+    fetch_errors,
+    /// Reads answered by the FUSE layer.
+    reads,
+    /// Bytes returned to readers.
+    bytes_read,
+    /// Reads answered from the disk cache without waiting.
+    reads_from_cache,
+    /// Reads that waited for at least one download.
+    demand_reads_waited,
+    /// Total time reads spent waiting for downloads, in microseconds.
+    demand_wait_micros,
+    /// Reads that found a part already fetched by the prefetcher.
+    prefetch_hits,
+    /// Parts the prefetcher asked for.
+    prefetch_requests,
+    /// Reads that failed with an error.
+    read_errors,
+}
+
+impl Metrics {
+    pub fn add(counter: &AtomicU64, value: u64) {
+        counter.fetch_add(value, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,246 @@
+//! Assembling and running one mount: store → cache → fetcher → read path → prefetcher
+//! → FUSE session, on a runtime of its own, plus the checks that make mounting fail
+//! early and clearly (unreachable store, missing bucket, bad or stale mountpoint).
+
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use object_store::path::Path as ObjectPath;
+use object_store::ObjectStore;
+
+use crate::cache::DiskCache;
+use crate::catalog::{DirMode, Tree};
+use crate::fetch::Fetcher;
+use crate::fs::ScdlFs;
+use crate::metrics::Metrics;
+use crate::prefetch::{PrefetchConfig, Prefetcher};
+use crate::read::ReadPath;
+use crate::status::{Observer, Status};
+
+/// Everything that shapes a mount besides its store.
+#[derive(Clone, Debug)]
+pub struct MountSettings {
+    /// Shown in the mount table.
+    pub fs_name: String,
+    pub view: DirMode,
+    pub cache_dir: PathBuf,
+    pub cache_bytes: u64,
+    pub max_cached_chunks: Option<usize>,
+    pub part_size: u64,
+    pub max_concurrent_requests: usize,
+    pub allow_other: bool,
+    pub fuse_threads: usize,
+    pub prefetch_lookahead_steps: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("mountpoint {0} does not exist")]
+    MissingMountpoint(PathBuf),
+    #[error("mountpoint {0} is not a directory")]
+    NotADirectory(PathBuf),
+    #[error("a previous mount at {0} is dead (its daemon was killed); clean it up with `scdlfs unmount {0}`")]
+    StaleMount(PathBuf),
+    #[error("{0} is already a mount point; unmount it first")]
+    AlreadyMounted(PathBuf),
+    #[error("the store does not answer at {location}: {source}")]
+    StoreUnreachable {
+        location: String,
+        source: object_store::Error,
+    },
+    #[error("cache: {0}")]
+    Cache(io::Error),
+    #[error("FUSE mount failed: {0}")]
+    Fuse(io::Error),
+    #[error("the mount did not answer within {0:?}")]
+    NotReady(Duration),
+}
+
+/// A live mount. Dropping it unmounts.
+pub struct Mount {
+    session: Option<BackgroundSession>,
+    mountpoint: PathBuf,
+    observer: Observer,
+    // Last: the runtime outlives the session that spawns onto it.
+    runtime: tokio::runtime::Runtime,
+}
+
+/// Checks that `mountpoint` can take a mount: a directory, not a live or dead mount.
+pub fn check_mountpoint(mountpoint: &Path) -> Result<(), MountError> {
+    let meta = match std::fs::metadata(mountpoint) {
+        Ok(meta) => meta,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            return Err(MountError::StaleMount(mountpoint.to_owned()))
+        }
+        Err(_) => return Err(MountError::MissingMountpoint(mountpoint.to_owned())),
+    };
+    if !meta.is_dir() {
+        return Err(MountError::NotADirectory(mountpoint.to_owned()));
+    }
+    let parent = mountpoint.parent().unwrap_or(Path::new("/"));
+    if std::fs::metadata(parent).is_ok_and(|p| p.dev() != meta.dev()) {
+        return Err(MountError::AlreadyMounted(mountpoint.to_owned()));
+    }
+    Ok(())
+}
+
+impl Mount {
+    /// Mounts `store` (under `prefix`) at `mountpoint` and returns once the mount
+    /// answers.
+    pub fn start(
+        store: Arc<dyn ObjectStore>,
+        prefix: ObjectPath,
+        mountpoint: &Path,
+        settings: &MountSettings,
+    ) -> Result<Mount, MountError> {
+        check_mountpoint(mountpoint)?;
+        let mountpoint = mountpoint.canonicalize().map_err(MountError::Fuse)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("scdlfs-io")
+            .build()
+            .map_err(MountError::Fuse)?;
+        // Fail now, with the store's own words, rather than on the first `ls`.
+        runtime
+            .block_on(store.list_with_delimiter((!prefix.as_ref().is_empty()).then_some(&prefix)))
+            .map_err(|source| MountError::StoreUnreachable {
+                location: settings.fs_name.clone(),
+                source,
+            })?;
+        let cache = Arc::new(
+            DiskCache::open(
+                &settings.cache_dir,
+                settings.cache_bytes,
+                settings.max_cached_chunks,
+            )
+            .map_err(MountError::Cache)?,
+        );
+        let metrics = Arc::new(Metrics::default());
+        let _entered = runtime.enter();
+        let fetcher = Fetcher::new(
+            store.clone(),
+            cache,
+            settings.part_size,
+            settings.max_concurrent_requests,
+            metrics.clone(),
+        );
+        let read_path = ReadPath::new(fetcher.clone(), metrics.clone());
+        let prefetcher = Prefetcher::new(
+            fetcher.clone(),
+            read_path.clone(),
+            PrefetchConfig {
+                lookahead_steps: settings.prefetch_lookahead_steps,
+                max_ahead_bytes: settings.cache_bytes / 2,
+                max_sequential_window: 8 * settings.part_size,
+            },
+        );
+        let tree = Arc::new(Tree::new(store, prefix, settings.view));
+        let observer = Observer::new(
+            settings.fs_name.clone(),
+            metrics.clone(),
+            fetcher.clone(),
+            prefetcher.clone(),
+        );
+        let fs = ScdlFs::new(
+            tree,
+            read_path,
+            prefetcher,
+            metrics,
+            runtime.handle().clone(),
+            observer.clone(),
+        );
+        let mut config = Config::default();
+        config.mount_options = vec![
+            MountOption::FSName(settings.fs_name.clone()),
+            MountOption::Subtype("scdlfs".into()),
+            MountOption::NoDev,
+            MountOption::NoSuid,
+            MountOption::NoAtime,
+        ];
+        if settings.allow_other {
+            config.acl = SessionACL::All;
+        }
+        config.n_threads = Some(settings.fuse_threads.max(1));
+        config.clone_fd = settings.fuse_threads > 1;
+        let session = fuser::spawn_mount(fs, &mountpoint, &config).map_err(MountError::Fuse)?;
+        drop(_entered);
+        let mount = Mount {
+            session: Some(session),
+            mountpoint,
+            observer,
+            runtime,
+        };
+        mount.wait_until_answering(Duration::from_secs(30))?;
+        Ok(mount)
+    }
+
+    /// Waits until the kernel routes the mountpoint to us and the root lists.
+    fn wait_until_answering(&self, limit: Duration) -> Result<(), MountError> {
+        let started = Instant::now();
+        let parent_dev = std::fs::metadata(self.mountpoint.parent().unwrap_or(Path::new("/")))
+            .map(|m| m.dev())
+            .ok();
+        while started.elapsed() < limit {
+            let mounted =
+                std::fs::metadata(&self.mountpoint).is_ok_and(|m| Some(m.dev()) != parent_dev);
+            if mounted && std::fs::read_dir(&self.mountpoint).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(MountError::NotReady(limit))
+    }
+
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    pub fn observer(&self) -> &Observer {
+        &self.observer
+    }
+
+    pub fn status(&self) -> Status {
+        self.observer.status()
+    }
+
+    /// Whether the session ended by itself (an external `umount`).
+    pub fn has_ended(&self) -> bool {
+        self.session.as_ref().is_none_or(|s| s.guard.is_finished())
+    }
+
+    /// The runtime the mount's tasks run on, for callers that add their own.
+    pub fn runtime(&self) -> &tokio::runtime::Runtime {
+        &self.runtime
+    }
+
+    /// Unmounts (detaching lazily if files are still open) and waits for the session.
+    pub fn unmount(mut self) -> io::Result<()> {
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> io::Result<()> {
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        if session.guard.is_finished() {
+            return session.join();
+        }
+        if let Err(error) = crate::unmount::unmount(&self.mountpoint, false) {
+            tracing::warn!(%error, "unmount failed; detaching lazily");
+            crate::unmount::unmount(&self.mountpoint, true)?;
+        }
+        session.join()
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Err(error) = self.shut_down() {
+            tracing::error!(mountpoint = %self.mountpoint.display(), %error, "unmount failed");
+        }
+    }
+}

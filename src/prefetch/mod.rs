@@ -1,0 +1,357 @@
+//! The prefetcher: keeps what readers will need next arriving before they need it.
+//!
+//! Readers announce their order through hint files ([`plan`]); the prefetcher keeps the
+//! next steps of every plan downloading, in plan order, up to a lookahead of steps and a
+//! share of the cache budget, and it tells the cache which chunks to evict first (those
+//! no plan needs again, then those needed furthest ahead; never those of a step being
+//! read). The reader's position comes from the reads actually served, so a sampler that
+//! runs ahead of its workers does not drag the prefetch along. Readers that give no hint
+//! get sequential read-ahead per open handle ([`sequential`]).
+//!
+//! Prefetches use the fetcher's low priority, which never delays a demand read.
+
+pub mod plan;
+pub mod sequential;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use scdl_format::hint::HintLine;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use crate::cache::{EvictionAdvisor, GroupId, NextUse};
+use crate::catalog::{FileContent, FlatDataset, ObjectInfo};
+use crate::fetch::Fetcher;
+use crate::read::ReadPath;
+use crate::view::{plan_read, Piece, ReadPlan};
+use plan::{Plan, Step};
+use sequential::SequentialWindow;
+
+/// How the prefetcher is bounded.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefetchConfig {
+    /// Plan steps kept fetching ahead of the current one.
+    pub lookahead_steps: usize,
+    /// Bytes kept fetching ahead, at most (a share of the cache budget).
+    pub max_ahead_bytes: u64,
+    /// Largest sequential read-ahead window of a hint-less handle.
+    pub max_sequential_window: u64,
+}
+
+struct ActivePlan {
+    dataset: Arc<FlatDataset>,
+    plan: Plan,
+}
+
+/// What `scdlfs status` shows of one plan.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PlanStatus {
+    pub dataset: String,
+    pub epoch: u64,
+    pub steps: usize,
+    pub position: usize,
+}
+
+pub struct Prefetcher {
+    fetcher: Arc<Fetcher>,
+    read_path: Arc<ReadPath>,
+    config: PrefetchConfig,
+    plans: Mutex<HashMap<u64, ActivePlan>>,
+    plan_count: AtomicUsize,
+    /// Group ranks derived from the plans, read by the cache on eviction.
+    advice: Arc<Advice>,
+    sequential: Mutex<HashMap<u64, SequentialWindow>>,
+    next_handle: AtomicU64,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Advice {
+    ranks: RwLock<HashMap<GroupId, NextUse>>,
+}
+
+impl EvictionAdvisor for Advice {
+    fn next_use(&self, group: GroupId) -> Option<NextUse> {
+        self.ranks.read().get(&group).copied()
+    }
+}
+
+impl Prefetcher {
+    pub fn new(
+        fetcher: Arc<Fetcher>,
+        read_path: Arc<ReadPath>,
+        config: PrefetchConfig,
+    ) -> Arc<Prefetcher> {
+        let prefetcher = Arc::new(Prefetcher {
+            fetcher,
+            read_path,
+            config,
+            plans: Mutex::new(HashMap::new()),
+            plan_count: AtomicUsize::new(0),
+            advice: Arc::default(),
+            sequential: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            wake: Notify::new(),
+        });
+        tokio::spawn(drive(Arc::downgrade(&prefetcher)));
+        prefetcher
+    }
+
+    /// Applies hint lines written on handle `handle`. All or nothing.
+    pub fn apply(
+        &self,
+        handle: u64,
+        dataset: &Arc<FlatDataset>,
+        lines: &[HintLine],
+    ) -> Result<(), String> {
+        let mut plans = self.plans.lock();
+        let active = plans.entry(handle).or_insert_with(|| ActivePlan {
+            dataset: dataset.clone(),
+            plan: Plan::default(),
+        });
+        let result = active.plan.apply(lines, &dataset.layout);
+        self.after_plans_changed(&plans);
+        drop(plans);
+        self.wake.notify_one();
+        result
+    }
+
+    pub fn drop_plan(&self, handle: u64) {
+        let mut plans = self.plans.lock();
+        plans.remove(&handle);
+        self.after_plans_changed(&plans);
+    }
+
+    pub fn plan_status(&self) -> Vec<PlanStatus> {
+        self.plans
+            .lock()
+            .values()
+            .map(|a| PlanStatus {
+                dataset: a.dataset.prefix.to_string(),
+                epoch: a.plan.epoch,
+                steps: a.plan.steps.len(),
+                position: a.plan.position,
+            })
+            .collect()
+    }
+
+    fn after_plans_changed(&self, plans: &HashMap<u64, ActivePlan>) {
+        self.plan_count.store(plans.len(), Ordering::Relaxed);
+        let mut ranks: HashMap<GroupId, NextUse> = HashMap::new();
+        for active in plans.values() {
+            for (chunk, distance) in active.plan.chunks_ahead(&active.dataset.layout) {
+                let rank = if distance == 0 {
+                    NextUse::Current
+                } else {
+                    NextUse::Ahead(distance)
+                };
+                for object in &active.dataset.chunks[chunk] {
+                    if let Some(group) = object.group {
+                        let entry = ranks.entry(group).or_insert(rank);
+                        *entry = (*entry).min(rank);
+                    }
+                }
+            }
+        }
+        *self.advice.ranks.write() = ranks;
+        let advisor: Option<Arc<dyn EvictionAdvisor>> = if plans.is_empty() {
+            None
+        } else {
+            Some(self.advice.clone())
+        };
+        self.fetcher.cache().set_advisor(advisor);
+    }
+
+    /// A handle id for a newly opened data file.
+    pub fn open_handle(&self) -> u64 {
+        self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn close_handle(&self, handle: u64) {
+        self.sequential.lock().remove(&handle);
+    }
+
+    /// Called for every read served: moves plan positions, and reads ahead for a
+    /// hint-less sequential reader.
+    pub fn observe_read(
+        &self,
+        handle: u64,
+        content: &FileContent,
+        file_size: u64,
+        offset: u64,
+        len: u64,
+        plan: &ReadPlan,
+    ) {
+        let planned_dataset = match &plan.chunks_to_check {
+            Some((dataset, chunks)) if self.plan_count.load(Ordering::Relaxed) > 0 => {
+                let mut plans = self.plans.lock();
+                let mut moved = false;
+                let mut covered = false;
+                for active in plans
+                    .values_mut()
+                    .filter(|a| Arc::ptr_eq(&a.dataset, dataset))
+                {
+                    covered = true;
+                    moved |= active.plan.observe(chunks, &dataset.layout);
+                }
+                if moved {
+                    self.after_plans_changed(&plans);
+                    drop(plans);
+                    self.wake.notify_one();
+                }
+                covered
+            }
+            _ => false,
+        };
+        if planned_dataset || handle == 0 {
+            return;
+        }
+        let ahead = {
+            let mut windows = self.sequential.lock();
+            let window = windows.entry(handle).or_default();
+            window.observe(
+                offset,
+                len,
+                self.fetcher.part_size(),
+                self.config.max_sequential_window,
+            )
+        };
+        if !ahead.is_empty() {
+            let read_ahead = plan_read(content, file_size, ahead.start, ahead.end - ahead.start);
+            for piece in &read_ahead.pieces {
+                if let Piece::Object { object, range, .. } = piece {
+                    for index in self.fetcher.parts_of(range) {
+                        self.fetcher.prefetch(object, index);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Issues prefetches for every plan's next steps, within the bounds.
+    fn top_up(&self) {
+        let snapshot: Vec<(Arc<FlatDataset>, Vec<Step>)> = self
+            .plans
+            .lock()
+            .values()
+            .map(|a| {
+                let start = a.plan.position.min(a.plan.steps.len());
+                let end = (start + 1 + self.config.lookahead_steps).min(a.plan.steps.len());
+                (a.dataset.clone(), a.plan.steps[start..end].to_vec())
+            })
+            .collect();
+        let max_in_flight = 2 * self.fetcher.max_concurrent_requests();
+        let mut ahead_bytes = 0u64;
+        for (dataset, steps) in snapshot {
+            for step in steps {
+                for (object, range) in self.step_ranges(&dataset, &step) {
+                    for index in self.fetcher.parts_of(&range) {
+                        if ahead_bytes >= self.config.max_ahead_bytes
+                            || self.fetcher.in_flight_count() >= max_in_flight
+                        {
+                            return;
+                        }
+                        ahead_bytes += self.fetcher.part_size();
+                        self.fetcher.prefetch(&object, index);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The byte ranges of objects a step reads. A row step needs its chunk's row
+    /// offsets first; until they are cached, only they are asked for.
+    fn step_ranges(
+        &self,
+        dataset: &Arc<FlatDataset>,
+        step: &Step,
+    ) -> Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)> {
+        let mut ranges = Vec::new();
+        match step {
+            Step::Window(chunks) => {
+                for &chunk in chunks {
+                    for object in &dataset.chunks[chunk as usize] {
+                        ranges.push((object.clone(), 0..object.size));
+                    }
+                }
+            }
+            Step::Rows(rows) => {
+                for chunk in dataset.layout.chunks_of_rows(rows.clone()) {
+                    let [data, row_ptr, col_ptr] = &dataset.chunks[chunk];
+                    ranges.push((row_ptr.clone(), 0..row_ptr.size));
+                    let chunk_rows = dataset.layout.chunk_rows(chunk);
+                    let local = rows.start.max(chunk_rows.start) - chunk_rows.start
+                        ..rows.end.min(chunk_rows.end) - chunk_rows.start;
+                    if let Some(values) = self.cached_value_range(dataset, chunk, local) {
+                        let nnz = dataset.layout.chunk_sizes(chunk).nnz.max(1);
+                        for object in [data, col_ptr] {
+                            let width = object.size / nnz;
+                            ranges.push((object.clone(), values.start * width..values.end * width));
+                        }
+                    }
+                }
+            }
+        }
+        ranges
+    }
+
+    /// The value range `[row_ptr[rows.start], row_ptr[rows.end])` of a chunk, if its
+    /// row offsets are cached and verified.
+    fn cached_value_range(
+        &self,
+        dataset: &Arc<FlatDataset>,
+        chunk: usize,
+        rows: std::ops::Range<u64>,
+    ) -> Option<std::ops::Range<u64>> {
+        let row_ptr = &dataset.chunks[chunk][1];
+        let dtype = dataset.layout.row_dtype();
+        let width = dtype.size().unwrap();
+        match dataset.row_ptr_check(chunk).get() {
+            Some(Ok(())) => {}
+            Some(Err(_)) => return None,
+            None => {
+                // Check the offsets once they are local, so the values they point at can
+                // be fetched; the check itself then costs no download.
+                let parts = self.fetcher.parts_of(&(0..row_ptr.size));
+                if parts
+                    .clone()
+                    .all(|index| self.fetcher.cache().contains(Fetcher::key(row_ptr, index)))
+                {
+                    let (read_path, dataset) = (self.read_path.clone(), dataset.clone());
+                    tokio::spawn(async move { read_path.check_row_ptr(&dataset, chunk).await });
+                }
+                return None;
+            }
+        }
+        let entry = |i: u64| -> Option<u64> {
+            let offset = i * width;
+            let index = offset / self.fetcher.part_size();
+            let part = self.fetcher.cache().get(Fetcher::key(row_ptr, index))?;
+            let mut bytes = [0u8; 8];
+            let bytes = &mut bytes[..width as usize];
+            part.read_exact_at(bytes, offset - index * self.fetcher.part_size())
+                .ok()?;
+            Some(dtype.read_uint(bytes, 0))
+        };
+        Some(entry(rows.start)?..entry(rows.end)?)
+    }
+}
+
+/// The prefetcher's background loop: tops up after every change and on a short tick
+/// (downloads finishing free room for more), until the prefetcher is dropped.
+async fn drive(prefetcher: Weak<Prefetcher>) {
+    loop {
+        let Some(this) = prefetcher.upgrade() else {
+            return;
+        };
+        if this.plan_count.load(Ordering::Relaxed) > 0 {
+            this.top_up();
+        }
+        let wake = async { this.wake.notified().await };
+        let _ = tokio::time::timeout(Duration::from_millis(20), wake).await;
+    }
+}

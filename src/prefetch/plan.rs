@@ -1,0 +1,225 @@
+//! A reader's announced order (a plan) and where the reader is in it. Pure logic: the
+//! steps, their validation against the dataset, matching served reads to steps, and the
+//! eviction ranks the plan implies.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use scdl_format::hint::HintLine;
+
+use crate::view::flat::FlatLayout;
+
+/// A plan longer than this is refused (EINVAL): the daemon keeps plans in memory.
+pub const MAX_PLAN_STEPS: usize = 1 << 20;
+/// How far from the current step a served read is matched to a step.
+const MATCH_HORIZON: usize = 64;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Chunks read together, in any order.
+    Window(Vec<u32>),
+    /// Rows `[start, end)` read together.
+    Rows(Range<u64>),
+}
+
+impl Step {
+    /// The chunks the step reads from.
+    pub fn chunks(&self, layout: &FlatLayout) -> Vec<usize> {
+        match self {
+            Step::Window(chunks) => chunks.iter().map(|&c| c as usize).collect(),
+            Step::Rows(rows) => layout.chunks_of_rows(rows.clone()).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub epoch: u64,
+    pub steps: Vec<Step>,
+    /// The step the reader is in, as inferred from the reads served.
+    pub position: usize,
+}
+
+impl Plan {
+    /// Applies a batch of protocol lines, all or nothing: on error the plan is unchanged.
+    pub fn apply(&mut self, lines: &[HintLine], layout: &FlatLayout) -> Result<(), String> {
+        let mut next = Plan {
+            epoch: self.epoch,
+            steps: Vec::new(),
+            position: self.position,
+        };
+        let mut replaced = false;
+        let mut appended = Vec::new();
+        for line in lines {
+            match line {
+                HintLine::Greeting { .. } => {}
+                HintLine::Plan { epoch } => {
+                    next.epoch = *epoch;
+                    next.position = 0;
+                    replaced = true;
+                    appended.clear();
+                }
+                HintLine::Window { chunks } => {
+                    if let Some(bad) = chunks.iter().find(|&&c| c as usize >= layout.num_chunks()) {
+                        return Err(format!(
+                            "window names chunk {bad}, but the dataset has {} chunks",
+                            layout.num_chunks()
+                        ));
+                    }
+                    appended.push(Step::Window(chunks.clone()));
+                }
+                HintLine::Rows { start, end } => {
+                    if *end > layout.total_rows() {
+                        return Err(format!(
+                            "rows {start}..{end} end past the dataset's {} rows",
+                            layout.total_rows()
+                        ));
+                    }
+                    appended.push(Step::Rows(*start..*end));
+                }
+            }
+        }
+        let kept = if replaced { 0 } else { self.steps.len() };
+        if kept + appended.len() > MAX_PLAN_STEPS {
+            return Err(format!("plan longer than {MAX_PLAN_STEPS} steps"));
+        }
+        if replaced {
+            self.steps = appended;
+        } else {
+            self.steps.extend(appended);
+        }
+        self.epoch = next.epoch;
+        self.position = next.position.min(self.steps.len());
+        Ok(())
+    }
+
+    /// Moves the position to the step a read of `chunks` belongs to, searching forward
+    /// from the current step first, then backward. Returns whether it moved.
+    pub fn observe(&mut self, chunks: &[usize], layout: &FlatLayout) -> bool {
+        let touches = |step: &Step| step.chunks(layout).iter().any(|c| chunks.contains(c));
+        let forward = self.position..(self.position + MATCH_HORIZON).min(self.steps.len());
+        let found = forward
+            .clone()
+            .find(|&i| touches(&self.steps[i]))
+            .or_else(|| {
+                (self.position.saturating_sub(MATCH_HORIZON)..self.position)
+                    .rev()
+                    .find(|&i| touches(&self.steps[i]))
+            });
+        match found {
+            Some(i) if i != self.position => {
+                self.position = i;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// For each chunk the plan still needs, how many steps ahead of the current step
+    /// it is first needed (0: the current step).
+    pub fn chunks_ahead(&self, layout: &FlatLayout) -> HashMap<usize, u64> {
+        let mut ahead = HashMap::new();
+        for (distance, step) in self.steps[self.position.min(self.steps.len())..]
+            .iter()
+            .enumerate()
+        {
+            for chunk in step.chunks(layout) {
+                ahead.entry(chunk).or_insert(distance as u64);
+            }
+        }
+        ahead
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::flat::ChunkSizes;
+    use scdl_format::Dtype;
+
+    fn layout(chunks: usize, rows_per_chunk: u64) -> FlatLayout {
+        let sizes = vec![
+            ChunkSizes {
+                rows: rows_per_chunk,
+                nnz: rows_per_chunk * 3
+            };
+            chunks
+        ];
+        FlatLayout::new(Dtype::F32, Dtype::U32, Dtype::U32, &sizes)
+    }
+
+    fn window(chunks: &[u32]) -> HintLine {
+        HintLine::Window {
+            chunks: chunks.to_vec(),
+        }
+    }
+
+    #[test]
+    fn out_of_range_steps_are_refused_and_change_nothing() {
+        let l = layout(4, 10);
+        let mut plan = Plan::default();
+        plan.apply(&[HintLine::Plan { epoch: 1 }, window(&[0, 1])], &l)
+            .unwrap();
+        assert!(plan.apply(&[window(&[2]), window(&[4])], &l).is_err());
+        assert!(plan
+            .apply(&[HintLine::Rows { start: 30, end: 41 }], &l)
+            .is_err());
+        assert_eq!(plan.steps, vec![Step::Window(vec![0, 1])]);
+    }
+
+    #[test]
+    fn a_new_plan_replaces_the_old_and_steps_append() {
+        let l = layout(4, 10);
+        let mut plan = Plan::default();
+        plan.apply(&[HintLine::Plan { epoch: 1 }, window(&[0])], &l)
+            .unwrap();
+        plan.apply(&[window(&[1])], &l).unwrap();
+        assert_eq!(plan.steps.len(), 2);
+        plan.apply(&[HintLine::Plan { epoch: 2 }, window(&[3])], &l)
+            .unwrap();
+        assert_eq!(
+            (plan.epoch, plan.steps.clone()),
+            (2, vec![Step::Window(vec![3])])
+        );
+    }
+
+    #[test]
+    fn reads_move_the_position_forward_and_back() {
+        let l = layout(6, 10);
+        let mut plan = Plan::default();
+        let lines: Vec<_> = [[3u32, 1], [0, 5], [2, 4]]
+            .iter()
+            .map(|w| window(w))
+            .collect();
+        plan.apply(&lines, &l).unwrap();
+        assert!(plan.observe(&[5], &l));
+        assert_eq!(plan.position, 1);
+        assert!(!plan.observe(&[0], &l), "same step");
+        assert!(
+            plan.observe(&[1], &l),
+            "a reader behind moves the position back"
+        );
+        assert_eq!(plan.position, 0);
+        let ahead = plan.chunks_ahead(&l);
+        assert_eq!(ahead[&3], 0);
+        assert_eq!(ahead[&5], 1);
+        assert_eq!(ahead[&4], 2);
+    }
+
+    #[test]
+    fn row_steps_map_to_the_chunks_they_span() {
+        let l = layout(4, 10);
+        let mut plan = Plan::default();
+        plan.apply(
+            &[
+                HintLine::Rows { start: 8, end: 12 },
+                HintLine::Rows { start: 35, end: 40 },
+            ],
+            &l,
+        )
+        .unwrap();
+        assert_eq!(plan.steps[0].chunks(&l), vec![0, 1]);
+        assert!(plan.observe(&[3], &l));
+        assert_eq!(plan.position, 1);
+    }
+}

@@ -1,0 +1,199 @@
+//! The read path: a resolved read ([`ReadPlan`]) becomes bytes. Parts already on disk
+//! are read in the caller's thread ([`ReadPath::read_cached`]); anything that needs the
+//! network is awaited in a task ([`ReadPath::read`]), so the FUSE threads never wait
+//! on a download. Row offsets are rebased here, and a read touching a flat chunk waits
+//! for that chunk's row offsets to pass their check: wrong numbers are never served.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::try_join_all;
+use scdl_format::Dtype;
+
+use crate::cache::PartKey;
+use crate::catalog::{FlatDataset, ObjectInfo};
+use crate::error::{FsError, FsResult};
+use crate::fetch::{Fetcher, PartBytes};
+use crate::metrics::Metrics;
+use crate::view::{Piece, ReadPlan};
+
+pub struct ReadPath {
+    fetcher: Arc<Fetcher>,
+    metrics: Arc<Metrics>,
+}
+
+impl ReadPath {
+    pub fn new(fetcher: Arc<Fetcher>, metrics: Arc<Metrics>) -> Arc<ReadPath> {
+        Arc::new(ReadPath { fetcher, metrics })
+    }
+
+    pub fn fetcher(&self) -> &Arc<Fetcher> {
+        &self.fetcher
+    }
+
+    /// The parts a plan needs, each once.
+    fn parts_needed<'a>(&self, plan: &'a ReadPlan) -> Vec<(PartKey, &'a Arc<ObjectInfo>, u64)> {
+        let mut seen = std::collections::HashSet::new();
+        let mut parts = Vec::new();
+        for piece in &plan.pieces {
+            if let Piece::Object { object, range, .. } = piece {
+                for index in self.fetcher.parts_of(range) {
+                    let key = Fetcher::key(object, index);
+                    if seen.insert(key) {
+                        self.fetcher.note_demand(key);
+                        parts.push((key, object, index));
+                    }
+                }
+            }
+        }
+        parts
+    }
+
+    /// Serves the read from the disk cache alone, if every part is there and every
+    /// chunk check has passed; `None` if the read must wait for something.
+    pub fn read_cached(&self, plan: &ReadPlan) -> Option<FsResult<Vec<u8>>> {
+        if let Some((dataset, chunks)) = &plan.chunks_to_check {
+            for &chunk in chunks {
+                match dataset.row_ptr_check(chunk).get() {
+                    Some(Ok(())) => {}
+                    Some(Err(reason)) => return Some(Err(FsError::CorruptData(reason.clone()))),
+                    None => return None,
+                }
+            }
+        }
+        let mut parts = HashMap::new();
+        for (key, _, _) in self.parts_needed(plan) {
+            parts.insert(key, PartBytes::Cached(self.fetcher.cache().get(key)?));
+        }
+        Metrics::add(&self.metrics.reads_from_cache, 1);
+        Some(self.finish(plan, &parts))
+    }
+
+    /// Serves the read, downloading what is missing.
+    pub async fn read(self: &Arc<Self>, plan: ReadPlan) -> FsResult<Vec<u8>> {
+        let started = Instant::now();
+        let checks = async {
+            if let Some((dataset, chunks)) = &plan.chunks_to_check {
+                let mut unique = chunks.clone();
+                unique.dedup();
+                try_join_all(unique.into_iter().map(|c| self.check_row_ptr(dataset, c))).await?;
+            }
+            Ok::<_, FsError>(())
+        };
+        let parts = try_join_all(self.parts_needed(&plan).into_iter().map(
+            |(key, object, index)| async move {
+                Ok::<_, FsError>((key, self.fetcher.part(object, index).await?))
+            },
+        ));
+        let ((), parts) = futures::try_join!(checks, parts)?;
+        Metrics::add(&self.metrics.demand_reads_waited, 1);
+        Metrics::add(
+            &self.metrics.demand_wait_micros,
+            started.elapsed().as_micros() as u64,
+        );
+        self.finish(&plan, &parts.into_iter().collect())
+    }
+
+    /// Checks chunk `chunk`'s row offsets once per mount; later reads reuse the verdict.
+    pub async fn check_row_ptr(&self, dataset: &Arc<FlatDataset>, chunk: usize) -> FsResult<()> {
+        let verdict = dataset
+            .row_ptr_check(chunk)
+            .get_or_try_init(|| async {
+                let object = &dataset.chunks[chunk][1];
+                let whole = ReadPlan {
+                    pieces: vec![Piece::Object {
+                        object: object.clone(),
+                        range: 0..object.size,
+                        rebase: None,
+                    }],
+                    skip: 0,
+                    len: object.size,
+                    chunks_to_check: None,
+                };
+                let parts = try_join_all(
+                    self.parts_needed(&whole)
+                        .into_iter()
+                        .map(|(key, object, index)| async move { Ok::<_, FsError>((key, self.fetcher.part(object, index).await?)) }),
+                )
+                .await;
+                let bytes = parts.and_then(|parts| self.finish(&whole, &parts.into_iter().collect()));
+                // A failed download is not a verdict on the data: a later read retries.
+                let verdict = dataset.verify_row_ptr(chunk, &bytes?);
+                if let Err(reason) = &verdict {
+                    tracing::error!(%reason, "corrupt row offsets: reads of this chunk fail with EIO");
+                }
+                Ok::<_, FsError>(verdict)
+            })
+            .await?;
+        verdict.clone().map_err(FsError::CorruptData)
+    }
+
+    /// Assembles a plan's bytes from its parts.
+    fn finish(&self, plan: &ReadPlan, parts: &HashMap<PartKey, PartBytes>) -> FsResult<Vec<u8>> {
+        let total: u64 = plan
+            .pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Object { range, .. } => range.end - range.start,
+                Piece::Bytes(b) => b.len() as u64,
+            })
+            .sum();
+        let mut out = vec![0u8; total as usize];
+        let mut at = 0usize;
+        let part_size = self.fetcher.part_size();
+        for piece in &plan.pieces {
+            match piece {
+                Piece::Bytes(bytes) => {
+                    out[at..at + bytes.len()].copy_from_slice(bytes);
+                    at += bytes.len();
+                }
+                Piece::Object {
+                    object,
+                    range,
+                    rebase,
+                } => {
+                    let piece_start = at;
+                    for index in self.fetcher.parts_of(range) {
+                        let part_start = index * part_size;
+                        let from = range.start.max(part_start);
+                        let to = range.end.min(part_start + part_size);
+                        let dest = piece_start + (from - range.start) as usize;
+                        let part = &parts[&Fetcher::key(object, index)];
+                        part.copy_to(
+                            &mut out[dest..dest + (to - from) as usize],
+                            from - part_start,
+                        )?;
+                    }
+                    at += (range.end - range.start) as usize;
+                    if let Some((dtype, add)) = rebase {
+                        rebase_in_place(&mut out[piece_start..at], *dtype, *add, object)?;
+                    }
+                }
+            }
+        }
+        let skip = plan.skip as usize;
+        if skip > 0 {
+            out.drain(..skip);
+        }
+        out.truncate(plan.len as usize);
+        Ok(out)
+    }
+}
+
+fn rebase_in_place(bytes: &mut [u8], dtype: Dtype, add: u64, object: &ObjectInfo) -> FsResult<()> {
+    if add == 0 {
+        return Ok(());
+    }
+    let width = dtype.size().expect("row offsets are integers") as usize;
+    for i in 0..bytes.len() / width {
+        let value = dtype.read_uint(bytes, i).checked_add(add);
+        if !value.is_some_and(|v| dtype.write_uint(bytes, i, v)) {
+            return Err(FsError::CorruptData(format!(
+                "{}: a row offset shifted by {add} overflows {dtype}",
+                object.key
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,53 @@
+//! A test double that counts ranged reads per object and range, to prove that each part
+//! is downloaded once however many readers want it.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use async_trait::async_trait;
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, GetResult, ObjectStore, Result};
+use parking_lot::Mutex;
+
+use super::wrapper::GetHook;
+
+/// An object key and the byte range asked for (`None`: the whole object).
+pub type ReadKey = (String, Option<Range<u64>>);
+
+/// Counts reads by (object, requested range).
+#[derive(Debug, Default)]
+pub struct CountReads {
+    counts: Mutex<HashMap<ReadKey, u64>>,
+}
+
+impl CountReads {
+    /// Every (object, range) read so far with its count.
+    pub fn snapshot(&self) -> HashMap<ReadKey, u64> {
+        self.counts.lock().clone()
+    }
+
+    pub fn total(&self) -> u64 {
+        self.counts.lock().values().sum()
+    }
+}
+
+#[async_trait]
+impl GetHook for CountReads {
+    async fn get(
+        &self,
+        inner: &dyn ObjectStore,
+        location: &Path,
+        options: GetOptions,
+    ) -> Result<GetResult> {
+        let range = match &options.range {
+            Some(GetRange::Bounded(r)) => Some(r.clone()),
+            _ => None,
+        };
+        *self
+            .counts
+            .lock()
+            .entry((location.to_string(), range))
+            .or_default() += 1;
+        inner.get_opts(location, options).await
+    }
+}

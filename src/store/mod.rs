@@ -1,0 +1,230 @@
+//! The object client: where the bytes come from.
+//!
+//! scdlfs talks to every backend through one trait, `object_store::ObjectStore`. This
+//! module turns a user's SOURCE (`s3://`, `gs://`, `http(s)://`, `file://` or a plain
+//! path) into such a store plus the key prefix under which the mount's tree lives, with
+//! credentials taken the way each cloud's own tools take them ([`credentials`]).
+//!
+//! Beside it live the test doubles that wrap any store: [`counting`] counts requests,
+//! [`throttled`] adds latency and a bandwidth cap, [`faulty`] injects failures. The
+//! benchmarks and the failure tests use them; the daemon never does.
+
+pub mod counting;
+mod credentials;
+pub mod faulty;
+pub mod throttled;
+pub mod wrapper;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::http::HttpBuilder;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
+use object_store::{ClientOptions, ObjectStore, RetryConfig};
+
+/// Where a mount's objects live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    S3 { bucket: String, prefix: String },
+    Gcs { bucket: String, prefix: String },
+    Http { base_url: String },
+    Local { root: PathBuf },
+}
+
+/// Options that shape the client, from the command line.
+#[derive(Clone, Debug, Default)]
+pub struct ClientSettings {
+    pub endpoint_url: Option<String>,
+    pub region: Option<String>,
+    pub no_sign_request: bool,
+    /// Give up on a request after this long, retries included.
+    pub request_timeout: Option<Duration>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("unsupported source {0:?}: use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, http(s)://HOST/PREFIX, file:///PATH or a local path")]
+    Unsupported(String),
+    #[error("source {0:?} names no bucket")]
+    NoBucket(String),
+    #[error("local source {0} is not a directory")]
+    NotADirectory(PathBuf),
+    #[error("cannot open the store: {0}")]
+    Client(#[from] object_store::Error),
+}
+
+impl Source {
+    pub fn parse(text: &str) -> Result<Source, SourceError> {
+        let split_bucket = |rest: &str| -> Result<(String, String), SourceError> {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(SourceError::NoBucket(text.to_owned()));
+            }
+            Ok((bucket.to_owned(), prefix.trim_matches('/').to_owned()))
+        };
+        if let Some(rest) = text.strip_prefix("s3://") {
+            let (bucket, prefix) = split_bucket(rest)?;
+            Ok(Source::S3 { bucket, prefix })
+        } else if let Some(rest) = text.strip_prefix("gs://") {
+            let (bucket, prefix) = split_bucket(rest)?;
+            Ok(Source::Gcs { bucket, prefix })
+        } else if text.starts_with("http://") || text.starts_with("https://") {
+            Ok(Source::Http {
+                base_url: text.trim_end_matches('/').to_owned(),
+            })
+        } else if let Some(path) = text.strip_prefix("file://") {
+            Ok(Source::Local {
+                root: PathBuf::from(path),
+            })
+        } else if text.contains("://") {
+            Err(SourceError::Unsupported(text.to_owned()))
+        } else {
+            Ok(Source::Local {
+                root: PathBuf::from(text),
+            })
+        }
+    }
+
+    /// A short name for the mount table (`fsname`).
+    pub fn display_name(&self) -> String {
+        match self {
+            Source::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
+            Source::Gcs { bucket, prefix } => format!("gs://{bucket}/{prefix}"),
+            Source::Http { base_url } => base_url.clone(),
+            Source::Local { root } => root.display().to_string(),
+        }
+    }
+
+    /// Builds the client and the prefix of the mount's root inside it.
+    pub fn open(
+        &self,
+        settings: &ClientSettings,
+    ) -> Result<(Arc<dyn ObjectStore>, ObjectPath), SourceError> {
+        let retry = RetryConfig {
+            max_retries: 4,
+            retry_timeout: settings.request_timeout.unwrap_or(Duration::from_secs(60)),
+            ..RetryConfig::default()
+        };
+        let client_options = || {
+            let mut options = ClientOptions::new()
+                .with_connect_timeout(Duration::from_secs(10))
+                .with_timeout(Duration::from_secs(120));
+            if settings
+                .endpoint_url
+                .as_deref()
+                .is_some_and(|e| e.starts_with("http://"))
+            {
+                options = options.with_allow_http(true);
+            }
+            options
+        };
+        match self {
+            Source::S3 { bucket, prefix } => {
+                let mut builder = AmazonS3Builder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_client_options(client_options())
+                    .with_retry(retry);
+                if let Some(region) = &settings.region {
+                    builder = builder.with_region(region);
+                }
+                if let Some(endpoint) = &settings.endpoint_url {
+                    // Custom endpoints (MinIO, Ceph, test servers) expect path-style URLs.
+                    builder = builder
+                        .with_endpoint(endpoint)
+                        .with_virtual_hosted_style_request(false);
+                }
+                if settings.no_sign_request {
+                    builder = builder.with_skip_signature(true);
+                } else {
+                    builder = credentials::apply_aws_profile(builder);
+                }
+                Ok((
+                    Arc::new(builder.build()?),
+                    ObjectPath::from(prefix.as_str()),
+                ))
+            }
+            Source::Gcs { bucket, prefix } => {
+                let mut builder = GoogleCloudStorageBuilder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_client_options(client_options())
+                    .with_retry(retry);
+                if settings.no_sign_request {
+                    builder = builder.with_skip_signature(true);
+                }
+                Ok((
+                    Arc::new(builder.build()?),
+                    ObjectPath::from(prefix.as_str()),
+                ))
+            }
+            Source::Http { base_url } => {
+                let mut options = client_options();
+                if base_url.starts_with("http://") {
+                    options = options.with_allow_http(true);
+                }
+                let store = HttpBuilder::new()
+                    .with_url(base_url)
+                    .with_client_options(options)
+                    .with_retry(retry)
+                    .build()?;
+                Ok((Arc::new(store), ObjectPath::default()))
+            }
+            Source::Local { root } => {
+                if !root.is_dir() {
+                    return Err(SourceError::NotADirectory(root.clone()));
+                }
+                let root = root
+                    .canonicalize()
+                    .map_err(|_| SourceError::NotADirectory(root.clone()))?;
+                let store = LocalFileSystem::new_with_prefix(root)?;
+                Ok((Arc::new(store), ObjectPath::default()))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_parse_by_scheme() {
+        assert_eq!(
+            Source::parse("s3://bucket/a/b/").unwrap(),
+            Source::S3 {
+                bucket: "bucket".into(),
+                prefix: "a/b".into()
+            }
+        );
+        assert_eq!(
+            Source::parse("gs://b").unwrap(),
+            Source::Gcs {
+                bucket: "b".into(),
+                prefix: "".into()
+            }
+        );
+        assert_eq!(
+            Source::parse("file:///data/x").unwrap(),
+            Source::Local {
+                root: "/data/x".into()
+            }
+        );
+        assert_eq!(
+            Source::parse("./rel").unwrap(),
+            Source::Local {
+                root: "./rel".into()
+            }
+        );
+        assert!(matches!(
+            Source::parse("s3:///x"),
+            Err(SourceError::NoBucket(_))
+        ));
+        assert!(matches!(
+            Source::parse("ftp://x/y"),
+            Err(SourceError::Unsupported(_))
+        ));
+    }
+}

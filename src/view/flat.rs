@@ -1,0 +1,328 @@
+//! The geometry of a flat view: how byte ranges of the virtual monolithic arrays map to
+//! byte ranges of the chunks' arrays. Pure arithmetic, no I/O, property-tested.
+//!
+//! `data.npy` and `col_ptr.npy` are the chunks' arrays one after the other. `row_ptr.npy`
+//! is the global index: for each chunk, its first `rows` entries shifted by the values
+//! of all earlier chunks, then one final entry, the total value count. A chunk's own last
+//! entry (its nnz) is never served: the next chunk's first entry, shifted, stands there.
+
+use std::ops::Range;
+
+use scdl_format::{ArrayKind, Dtype};
+
+/// Sizes of one chunk, from the listing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkSizes {
+    pub rows: u64,
+    pub nnz: u64,
+}
+
+/// Where the bytes of a virtual array come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FlatPiece {
+    /// Bytes `range` of chunk `chunk`'s array `array`, each element increased by `add`
+    /// (non-zero only for row offsets).
+    Chunk {
+        chunk: usize,
+        array: ArrayKind,
+        range: Range<u64>,
+        add: u64,
+    },
+    /// The final row offset: the total number of values.
+    TotalNnz,
+}
+
+/// A read of a virtual array: the pieces to concatenate, then `skip` bytes to drop from
+/// the front and `len` bytes to keep (pieces are whole elements, reads need not be).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlatRead {
+    pub pieces: Vec<FlatPiece>,
+    pub skip: u64,
+    pub len: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct FlatLayout {
+    data_dtype: Dtype,
+    col_dtype: Dtype,
+    row_dtype: Dtype,
+    rows_before: Vec<u64>,
+    nnz_before: Vec<u64>,
+}
+
+impl FlatLayout {
+    /// `dtypes` are the element types of (DATA, ROWPTR, COLPTR), all fixed-size.
+    pub fn new(
+        data_dtype: Dtype,
+        row_dtype: Dtype,
+        col_dtype: Dtype,
+        chunks: &[ChunkSizes],
+    ) -> FlatLayout {
+        let mut rows_before = vec![0];
+        let mut nnz_before = vec![0];
+        for c in chunks {
+            rows_before.push(rows_before.last().unwrap() + c.rows);
+            nnz_before.push(nnz_before.last().unwrap() + c.nnz);
+        }
+        FlatLayout {
+            data_dtype,
+            col_dtype,
+            row_dtype,
+            rows_before,
+            nnz_before,
+        }
+    }
+
+    pub fn num_chunks(&self) -> usize {
+        self.rows_before.len() - 1
+    }
+
+    pub fn total_rows(&self) -> u64 {
+        *self.rows_before.last().unwrap()
+    }
+
+    pub fn total_nnz(&self) -> u64 {
+        *self.nnz_before.last().unwrap()
+    }
+
+    pub fn row_dtype(&self) -> Dtype {
+        self.row_dtype
+    }
+
+    /// Values stored by chunks before `chunk`: what its row offsets are shifted by.
+    pub fn nnz_before(&self, chunk: usize) -> u64 {
+        self.nnz_before[chunk]
+    }
+
+    /// The dataset rows that chunk `chunk` holds.
+    pub fn chunk_rows(&self, chunk: usize) -> Range<u64> {
+        self.rows_before[chunk]..self.rows_before[chunk + 1]
+    }
+
+    pub fn chunk_sizes(&self, chunk: usize) -> ChunkSizes {
+        ChunkSizes {
+            rows: self.rows_before[chunk + 1] - self.rows_before[chunk],
+            nnz: self.nnz_before[chunk + 1] - self.nnz_before[chunk],
+        }
+    }
+
+    /// The chunks holding rows `rows` (a row range of the dataset).
+    pub fn chunks_of_rows(&self, rows: Range<u64>) -> Range<usize> {
+        if rows.is_empty() {
+            return 0..0;
+        }
+        let first = self.rows_before.partition_point(|&b| b <= rows.start) - 1;
+        let last = self.rows_before.partition_point(|&b| b < rows.end) - 1;
+        first..last + 1
+    }
+
+    fn width(&self, kind: ArrayKind) -> u64 {
+        let dtype = match kind {
+            ArrayKind::Data => self.data_dtype,
+            ArrayKind::RowPtr => self.row_dtype,
+            ArrayKind::ColPtr => self.col_dtype,
+        };
+        dtype.size().expect("flat arrays have fixed-size types")
+    }
+
+    /// The exact size of a virtual array file.
+    pub fn file_len(&self, kind: ArrayKind) -> u64 {
+        let elements = match kind {
+            ArrayKind::RowPtr => self.total_rows() + 1,
+            _ => self.total_nnz(),
+        };
+        elements * self.width(kind)
+    }
+
+    /// Maps `len` bytes at `offset` of a virtual array (clamped to its end).
+    pub fn map(&self, kind: ArrayKind, offset: u64, len: u64) -> FlatRead {
+        let end = offset.saturating_add(len).min(self.file_len(kind));
+        if offset >= end {
+            return FlatRead {
+                pieces: Vec::new(),
+                skip: 0,
+                len: 0,
+            };
+        }
+        let w = self.width(kind);
+        let (first, last) = (offset / w, end.div_ceil(w));
+        let before = match kind {
+            ArrayKind::RowPtr => &self.rows_before,
+            _ => &self.nnz_before,
+        };
+        let mut pieces = Vec::new();
+        let covered_end = last.min(*before.last().unwrap());
+        let mut element = first;
+        while element < covered_end {
+            // The chunk holding `element`: the last one that starts at or before it and
+            // is non-empty.
+            let chunk = before.partition_point(|&b| b <= element) - 1;
+            let chunk_end = before[chunk + 1].min(covered_end);
+            let local = element - before[chunk];
+            pieces.push(FlatPiece::Chunk {
+                chunk,
+                array: kind,
+                range: local * w..(local + chunk_end - element) * w,
+                add: if kind == ArrayKind::RowPtr {
+                    self.nnz_before[chunk]
+                } else {
+                    0
+                },
+            });
+            element = chunk_end;
+        }
+        if kind == ArrayKind::RowPtr && last > self.total_rows() {
+            pieces.push(FlatPiece::TotalNnz);
+        }
+        FlatRead {
+            pieces,
+            skip: offset - first * w,
+            len: end - offset,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The monolithic arrays a chunk layout stands for, built the slow obvious way.
+    struct Monolith {
+        data: Vec<u8>,
+        row_ptr: Vec<u8>,
+        col_ptr: Vec<u8>,
+        chunk_arrays: Vec<[Vec<u8>; 3]>,
+    }
+
+    fn build(chunks: &[Vec<u64>], row_dtype: Dtype) -> Monolith {
+        let (mut data, mut col, mut rows) = (Vec::new(), Vec::new(), vec![0u64]);
+        let mut chunk_arrays = Vec::new();
+        let mut value = 0u32;
+        for row_lens in chunks {
+            let (mut cd, mut cc, mut cr) = (Vec::new(), Vec::new(), vec![0u64]);
+            for &n in row_lens {
+                for _ in 0..n {
+                    value += 1;
+                    cd.extend_from_slice(&(value as f32).to_le_bytes());
+                    cc.extend_from_slice(&((value % 65_000) as u16).to_le_bytes());
+                }
+                cr.push(cr.last().unwrap() + n);
+                rows.push(rows.last().unwrap() + n);
+            }
+            data.extend_from_slice(&cd);
+            col.extend_from_slice(&cc);
+            let w = row_dtype.size().unwrap() as usize;
+            let mut crb = vec![0u8; cr.len() * w];
+            for (i, v) in cr.iter().enumerate() {
+                assert!(row_dtype.write_uint(&mut crb, i, *v));
+            }
+            chunk_arrays.push([cd, crb, cc]);
+        }
+        let w = row_dtype.size().unwrap() as usize;
+        let mut row_ptr = vec![0u8; rows.len() * w];
+        for (i, v) in rows.iter().enumerate() {
+            assert!(row_dtype.write_uint(&mut row_ptr, i, *v));
+        }
+        Monolith {
+            data,
+            row_ptr,
+            col_ptr: col,
+            chunk_arrays,
+        }
+    }
+
+    /// Serves a read from the chunk arrays exactly as the read path does.
+    fn serve(layout: &FlatLayout, m: &Monolith, kind: ArrayKind, offset: u64, len: u64) -> Vec<u8> {
+        let read = layout.map(kind, offset, len);
+        let mut out = Vec::new();
+        let dtype = layout.row_dtype();
+        for piece in &read.pieces {
+            match piece {
+                FlatPiece::Chunk {
+                    chunk,
+                    array,
+                    range,
+                    add,
+                } => {
+                    let index = ArrayKind::ALL.iter().position(|k| k == array).unwrap();
+                    let mut bytes = m.chunk_arrays[*chunk][index]
+                        [range.start as usize..range.end as usize]
+                        .to_vec();
+                    if *add > 0 {
+                        let n = bytes.len() / dtype.size().unwrap() as usize;
+                        for i in 0..n {
+                            let v = dtype.read_uint(&bytes, i) + add;
+                            assert!(dtype.write_uint(&mut bytes, i, v));
+                        }
+                    }
+                    out.extend_from_slice(&bytes);
+                }
+                FlatPiece::TotalNnz => {
+                    let mut b = vec![0u8; dtype.size().unwrap() as usize];
+                    assert!(dtype.write_uint(&mut b, 0, layout.total_nnz()));
+                    out.extend_from_slice(&b);
+                }
+            }
+        }
+        out[read.skip as usize..(read.skip + read.len) as usize].to_vec()
+    }
+
+    fn layout_strategy() -> impl Strategy<Value = (Vec<Vec<u64>>, Dtype)> {
+        // Chunks of one to a few rows, rows of zero to several values: short last chunks,
+        // empty rows, one-row chunks and empty-valued chunks all occur.
+        (
+            proptest::collection::vec(proptest::collection::vec(0u64..6, 1..6), 1..7),
+            prop_oneof![
+                Just(Dtype::U8),
+                Just(Dtype::U16),
+                Just(Dtype::U32),
+                Just(Dtype::U64)
+            ],
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn every_byte_range_equals_the_monolithic_arrays(
+            (chunks, row_dtype) in layout_strategy(),
+            offset in 0u64..400,
+            len in 0u64..400,
+        ) {
+            let m = build(&chunks, row_dtype);
+            let sizes: Vec<ChunkSizes> = chunks
+                .iter()
+                .map(|r| ChunkSizes { rows: r.len() as u64, nnz: r.iter().sum() })
+                .collect();
+            let layout = FlatLayout::new(Dtype::F32, row_dtype, Dtype::U16, &sizes);
+            for (kind, whole) in [
+                (ArrayKind::Data, &m.data),
+                (ArrayKind::RowPtr, &m.row_ptr),
+                (ArrayKind::ColPtr, &m.col_ptr),
+            ] {
+                prop_assert_eq!(layout.file_len(kind), whole.len() as u64);
+                let start = offset.min(whole.len() as u64) as usize;
+                let end = (offset + len).min(whole.len() as u64) as usize;
+                prop_assert_eq!(serve(&layout, &m, kind, offset, len), whole[start..end.max(start)].to_vec(), "{:?}", kind);
+            }
+        }
+
+        #[test]
+        fn chunks_of_rows_covers_exactly_the_rows(
+            (chunks, _) in layout_strategy(),
+            a in 0u64..40,
+            b in 0u64..40,
+        ) {
+            let sizes: Vec<ChunkSizes> = chunks.iter().map(|r| ChunkSizes { rows: r.len() as u64, nnz: 0 }).collect();
+            let layout = FlatLayout::new(Dtype::F32, Dtype::U32, Dtype::U32, &sizes);
+            let rows = a.min(layout.total_rows())..b.min(layout.total_rows());
+            let found = layout.chunks_of_rows(rows.clone());
+            for c in 0..layout.num_chunks() {
+                let start: u64 = sizes[..c].iter().map(|s| s.rows).sum();
+                let end = start + sizes[c].rows;
+                let overlaps = !rows.is_empty() && rows.start < end && start < rows.end;
+                prop_assert_eq!(found.contains(&c), overlaps);
+            }
+        }
+    }
+}
