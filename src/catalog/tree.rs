@@ -7,7 +7,8 @@
 //! is shown as the equivalent monolithic archive: synthesized `header.sch`, virtual
 //! `data.npy`, `row_ptr.npy`, `col_ptr.npy`, the other entries passed through, and the
 //! dataset's objects as stored under `.chunked/`. Below `.chunked/`, and everywhere in
-//! the raw view, directories show exactly the store's objects.
+//! the raw view, directories show exactly the store's objects, plus a hint file in each
+//! chunked dataset's directory.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,17 +18,14 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, ObjectStore};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use scdl_format::hint::HINT_FILE;
-use scdl_format::layout::{parse_chunk_dir_name, HEADER_FILE};
+use scdl_format::layout::{parse_chunk_dir_name, CHUNKED_DIR, HEADER_FILE};
 use scdl_format::{ArrayKind, Backend, Header};
 
 use super::dataset::FlatDataset;
 use super::objects::{ObjectInfo, ObjectRegistry};
 use crate::error::{FsError, FsResult};
-
-/// The directory under a flat dataset that shows its objects as stored.
-pub const CHUNKED_DIR: &str = ".chunked";
 
 /// Whether a directory's subtree looks for chunked datasets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +85,9 @@ impl Listing {
 pub struct Tree {
     store: Arc<dyn ObjectStore>,
     registry: ObjectRegistry,
+    /// Datasets by prefix, so the flat view and `.chunked/` share one dataset (one
+    /// set of plans and checks); `None` for a directory found not to be one.
+    datasets: Mutex<HashMap<String, Option<Arc<FlatDataset>>>>,
     nodes: RwLock<Vec<Arc<Node>>>,
     mount_time: SystemTime,
 }
@@ -111,6 +112,7 @@ impl Tree {
         Tree {
             store,
             registry: ObjectRegistry::default(),
+            datasets: Mutex::new(HashMap::new()),
             nodes: RwLock::new(vec![root]),
             mount_time: SystemTime::now(),
         }
@@ -207,12 +209,29 @@ impl Tree {
                 entries.push((name.to_owned(), Pending::Dir(dir.clone(), mode)));
             }
         }
-        if let (DirMode::Discover, Some(header)) = (mode, header) {
-            if let Some(dataset) = self.discover_dataset(prefix, &header).await {
-                return Ok(flat_entries(prefix, dataset, entries));
+        let Some(header) = header else {
+            return Ok(entries);
+        };
+        let known = self.datasets.lock().get(prefix.as_ref()).cloned();
+        let dataset = match known {
+            Some(dataset) => dataset,
+            None => {
+                let found = self.discover_dataset(prefix, &header).await;
+                self.datasets
+                    .lock()
+                    .entry(prefix.as_ref().to_owned())
+                    .or_insert(found)
+                    .clone()
             }
-        }
-        Ok(entries)
+        };
+        Ok(match (dataset, mode) {
+            (Some(dataset), DirMode::Discover) => flat_entries(prefix, dataset, entries),
+            (Some(dataset), DirMode::Raw) => {
+                entries.push((HINT_FILE.to_owned(), hint_file(dataset)));
+                entries
+            }
+            (None, _) => entries,
+        })
     }
 
     /// The flat dataset at `prefix`, if its header is chunked and its objects agree
@@ -311,6 +330,14 @@ fn file_of_object(info: Arc<ObjectInfo>) -> Pending {
         size: info.size,
         mtime: info.mtime,
         content: FileContent::Object(info),
+    })
+}
+
+fn hint_file(dataset: Arc<FlatDataset>) -> Pending {
+    Pending::File(FileNode {
+        size: 0,
+        mtime: dataset.mtime,
+        content: FileContent::Hints(dataset),
     })
 }
 

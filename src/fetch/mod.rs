@@ -65,9 +65,12 @@ pub struct Fetcher {
     prefetched: Mutex<HashSet<PartKey>>,
     in_flight: Mutex<HashMap<PartKey, InFlight>>,
     metrics: Arc<Metrics>,
+    /// Downloads are started from FUSE threads, outside the runtime.
+    runtime: tokio::runtime::Handle,
 }
 
 impl Fetcher {
+    /// Must be called within the runtime that will run the downloads.
     pub fn new(
         store: Arc<dyn ObjectStore>,
         cache: Arc<DiskCache>,
@@ -84,6 +87,7 @@ impl Fetcher {
             prefetched: Mutex::new(HashSet::new()),
             in_flight: Mutex::new(HashMap::new()),
             metrics,
+            runtime: tokio::runtime::Handle::current(),
         })
     }
 
@@ -135,6 +139,10 @@ impl Fetcher {
         self.in_flight.lock().contains_key(&key)
     }
 
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+
     /// The part, waiting for a download if it is not cached.
     pub async fn part(
         self: &Arc<Self>,
@@ -175,7 +183,7 @@ impl Fetcher {
             }
             return existing.download.clone();
         }
-        let task = tokio::spawn({
+        let task = self.runtime.spawn({
             let (this, object, urgency) = (self.clone(), object.clone(), urgency.clone());
             async move {
                 let result = this.download(&object, index, urgency.clone()).await;

@@ -64,6 +64,8 @@ pub struct Prefetcher {
     plan_count: AtomicUsize,
     /// Group ranks derived from the plans, read by the cache on eviction.
     advice: Arc<Advice>,
+    /// Which dataset chunk each cache group is, for the datasets that have plans.
+    chunk_of_group: Mutex<HashMap<GroupId, (Arc<FlatDataset>, usize)>>,
     sequential: Mutex<HashMap<u64, SequentialWindow>>,
     next_handle: AtomicU64,
     wake: Notify,
@@ -93,6 +95,7 @@ impl Prefetcher {
             plans: Mutex::new(HashMap::new()),
             plan_count: AtomicUsize::new(0),
             advice: Arc::default(),
+            chunk_of_group: Mutex::new(HashMap::new()),
             sequential: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             wake: Notify::new(),
@@ -109,6 +112,14 @@ impl Prefetcher {
         lines: &[HintLine],
     ) -> Result<(), String> {
         let mut plans = self.plans.lock();
+        if !plans.values().any(|a| Arc::ptr_eq(&a.dataset, dataset)) {
+            let mut index = self.chunk_of_group.lock();
+            for (chunk, objects) in dataset.chunks.iter().enumerate() {
+                if let Some(group) = objects[0].group {
+                    index.insert(group, (dataset.clone(), chunk));
+                }
+            }
+        }
         let active = plans.entry(handle).or_insert_with(|| ActivePlan {
             dataset: dataset.clone(),
             plan: Plan::default(),
@@ -123,6 +134,9 @@ impl Prefetcher {
     pub fn drop_plan(&self, handle: u64) {
         let mut plans = self.plans.lock();
         plans.remove(&handle);
+        self.chunk_of_group
+            .lock()
+            .retain(|_, (dataset, _)| plans.values().any(|a| Arc::ptr_eq(&a.dataset, dataset)));
         self.after_plans_changed(&plans);
     }
 
@@ -186,28 +200,10 @@ impl Prefetcher {
         len: u64,
         plan: &ReadPlan,
     ) {
-        let planned_dataset = match &plan.chunks_to_check {
-            Some((dataset, chunks)) if self.plan_count.load(Ordering::Relaxed) > 0 => {
-                let mut plans = self.plans.lock();
-                let mut moved = false;
-                let mut covered = false;
-                for active in plans
-                    .values_mut()
-                    .filter(|a| Arc::ptr_eq(&a.dataset, dataset))
-                {
-                    covered = true;
-                    moved |= active.plan.observe(chunks, &dataset.layout);
-                }
-                if moved {
-                    self.after_plans_changed(&plans);
-                    drop(plans);
-                    self.wake.notify_one();
-                }
-                covered
-            }
-            _ => false,
-        };
-        if planned_dataset || handle == 0 {
+        if self.plan_count.load(Ordering::Relaxed) > 0 && self.advance_plans(plan) {
+            return;
+        }
+        if handle == 0 {
             return;
         }
         let ahead = {
@@ -230,6 +226,43 @@ impl Prefetcher {
                 }
             }
         }
+    }
+
+    /// Moves the positions of the plans whose dataset the read touches, through either
+    /// view. Returns whether any plan covers the read's dataset.
+    fn advance_plans(&self, read: &ReadPlan) -> bool {
+        let mut touched: Vec<(Arc<FlatDataset>, usize)> = Vec::new();
+        {
+            let index = self.chunk_of_group.lock();
+            for piece in &read.pieces {
+                if let Piece::Object { object, .. } = piece {
+                    if let Some(found) = object.group.and_then(|g| index.get(&g)) {
+                        touched.push(found.clone());
+                    }
+                }
+            }
+        }
+        if touched.is_empty() {
+            return false;
+        }
+        let mut plans = self.plans.lock();
+        let mut moved = false;
+        for active in plans.values_mut() {
+            let chunks: Vec<usize> = touched
+                .iter()
+                .filter(|(dataset, _)| Arc::ptr_eq(dataset, &active.dataset))
+                .map(|(_, chunk)| *chunk)
+                .collect();
+            if !chunks.is_empty() {
+                moved |= active.plan.observe(&chunks, &active.dataset.layout);
+            }
+        }
+        if moved {
+            self.after_plans_changed(&plans);
+            drop(plans);
+            self.wake.notify_one();
+        }
+        true
     }
 
     /// Issues prefetches for every plan's next steps, within the bounds.
@@ -322,7 +355,9 @@ impl Prefetcher {
                     .all(|index| self.fetcher.cache().contains(Fetcher::key(row_ptr, index)))
                 {
                     let (read_path, dataset) = (self.read_path.clone(), dataset.clone());
-                    tokio::spawn(async move { read_path.check_row_ptr(&dataset, chunk).await });
+                    self.fetcher
+                        .runtime()
+                        .spawn(async move { read_path.check_row_ptr(&dataset, chunk).await });
                 }
                 return None;
             }

@@ -79,13 +79,21 @@ impl Plan {
                 }
             }
         }
-        let kept = if replaced { 0 } else { self.steps.len() };
+        // Steps the reader has passed are retired, so a plan that grows as the epoch
+        // advances stays as long as its lookahead.
+        let kept = if replaced {
+            0
+        } else {
+            self.steps.len() - self.position
+        };
         if kept + appended.len() > MAX_PLAN_STEPS {
             return Err(format!("plan longer than {MAX_PLAN_STEPS} steps"));
         }
         if replaced {
             self.steps = appended;
         } else {
+            self.steps.drain(..self.position);
+            next.position = 0;
             self.steps.extend(appended);
         }
         self.epoch = next.epoch;
@@ -204,6 +212,29 @@ mod tests {
         assert_eq!(ahead[&3], 0);
         assert_eq!(ahead[&5], 1);
         assert_eq!(ahead[&4], 2);
+    }
+
+    #[test]
+    fn passed_steps_are_retired_when_steps_are_appended() {
+        let l = layout(6, 10);
+        let mut plan = Plan::default();
+        plan.apply(
+            &[
+                HintLine::Plan { epoch: 1 },
+                window(&[0]),
+                window(&[1]),
+                window(&[2]),
+            ],
+            &l,
+        )
+        .unwrap();
+        assert!(plan.observe(&[2], &l));
+        plan.apply(&[window(&[3])], &l).unwrap();
+        assert_eq!(
+            plan.steps,
+            vec![Step::Window(vec![2]), Step::Window(vec![3])]
+        );
+        assert_eq!(plan.position, 0);
     }
 
     #[test]

@@ -268,10 +268,22 @@ def reference_chunk(mono: Path, out: Path, chunk_rows: int) -> Path:
 # --------------------------------------------------------------------------
 
 
-def tree_files(root: Path) -> dict:
-    """{relative path: (size, sha256)} of every regular file under root."""
+# What an scdlfs mount adds to a dataset directory: the read-ahead hint file, and in
+# the flat view the dataset's objects as stored under .chunked/ (docs/usage.md).
+HINT_FILE = ".scdlfs-hints"
+CHUNKED_DIR = ".chunked"
+
+
+def tree_files(root: Path, *, mount_additions: bool = False) -> dict:
+    """{relative path: (size, sha256)} of every regular file under root.
+
+    With mount_additions=True the entries scdlfs adds (hint files, .chunked/) are
+    left out, so a mounted view compares with the archive it stands for."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
+        if mount_additions:
+            dirnames[:] = [d for d in dirnames if d != CHUNKED_DIR]
+            filenames = [f for f in filenames if f != HINT_FILE]
         dirnames.sort()
         for fn in sorted(filenames):
             p = Path(dirpath) / fn

@@ -152,7 +152,7 @@ def test_monolithic_view_header_bytes(name, mono_mount, monolithic):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_monolithic_view_files_identical(name, mono_mount, monolithic):
+def test_monolithic_view_files_identical(name, mono_mount, monolithic, chunked):
     """data.npy, row_ptr.npy, col_ptr.npy and every other file, byte for byte."""
     mnt = mono_mount.mountpoint / name
     for arr in ("data.npy", "row_ptr.npy", "col_ptr.npy"):
@@ -162,7 +162,9 @@ def test_monolithic_view_files_identical(name, mono_mount, monolithic):
         if got != want:
             first = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
             pytest.fail(f"{arr}: first differing byte at offset {first}")
-    assert H.tree_files(mnt) == H.tree_files(monolithic[name])
+    assert H.tree_files(mnt, mount_additions=True) == H.tree_files(monolithic[name])
+    # The dataset's objects as stored stay reachable under .chunked/.
+    assert H.tree_files(mnt / H.CHUNKED_DIR, mount_additions=True) == H.tree_files(chunked[name])
 
 
 def _compare_datasets(m, o, spec) -> None:
@@ -214,7 +216,7 @@ def test_bionemo_reader_on_mount(name, mono_mount, monolithic, monolithic_digest
     del m, o
     gc.collect()  # drop the memmaps (and their shared writable mappings)
 
-    assert H.tree_files(mnt) == monolithic_digests[name], "mounted files changed after the reader ran"
+    assert H.tree_files(mnt, mount_additions=True) == monolithic_digests[name], "mounted files changed after the reader ran"
     assert H.tree_files(monolithic[name]) == monolithic_digests[name], "the local original changed"
     assert H.bucket_snapshot(bucket.client, bucket.name) == bucket.snapshot, "the bucket changed"
 
@@ -238,7 +240,7 @@ def test_raw_view_shows_chunked_objects(name, raw_mount, chunked, bucket):
     for arr in ("data.npy", "row_ptr.npy", "col_ptr.npy"):
         for chunk in ("chunk_00000", last):
             assert (mnt / chunk / arr).read_bytes() == (chunked[name] / chunk / arr).read_bytes(), f"{chunk}/{arr}"
-    assert H.tree_files(mnt) == H.tree_files(chunked[name])
+    assert H.tree_files(mnt, mount_additions=True) == H.tree_files(chunked[name])
     assert H.bucket_snapshot(bucket.client, bucket.name) == bucket.snapshot, "the bucket changed"
 
 

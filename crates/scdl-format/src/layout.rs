@@ -47,6 +47,10 @@ impl ArrayKind {
 /// The name of an archive's header file.
 pub const HEADER_FILE: &str = "header.sch";
 
+/// In an scdlfs mount's flat view, the directory under a dataset that shows its objects
+/// as stored in the chunked layout.
+pub const CHUNKED_DIR: &str = ".chunked";
+
 /// The directory name of chunk `index`: `chunk_00042`.
 pub fn chunk_dir_name(index: u32) -> String {
     format!("chunk_{index:05}")

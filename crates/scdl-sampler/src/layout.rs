@@ -22,12 +22,8 @@ use std::num::NonZeroU64;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use scdl_format::layout::HEADER_FILE;
+use scdl_format::layout::{CHUNKED_DIR, HEADER_FILE};
 use scdl_format::{ArrayKind, Backend, ChunkGeometry, Header, HeaderError};
-
-/// The directory inside a flat view that holds the dataset's objects as stored,
-/// chunked header included.
-pub const CHUNKED_DIR: &str = ".chunked";
 
 /// Rows per virtual chunk of a plain monolithic directory, unless the caller says
 /// otherwise.

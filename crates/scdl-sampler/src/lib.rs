@@ -59,7 +59,7 @@ mod shard;
 pub use epoch::EpochIter;
 pub use hints::{HintWriteError, HintWriter};
 pub use layout::{
-    ChunkLayout, DatasetKind, DatasetLayout, LayoutError, CHUNKED_DIR, DEFAULT_VIRTUAL_CHUNK_SIZE,
+    ChunkLayout, DatasetKind, DatasetLayout, LayoutError, DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
 pub use order::{BlockOrder, ChunkWindowOrder, EpochPlan, Order, Step};
 pub use sampler::{Sampler, DEFAULT_HINT_LOOKAHEAD};
