@@ -24,6 +24,7 @@ pub mod prefetch;
 pub mod read;
 pub mod status;
 pub mod store;
+pub mod synthetic;
 pub mod units;
 pub mod unmount;
 pub mod view;

@@ -175,7 +175,10 @@ pub fn main() -> ExitCode {
 /// Logs to stderr, without colours unless stderr is a terminal (journald and files).
 pub fn init_logging(filter: &str) {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+    // fuser warns when its own unmount-on-drop finds the mount already gone, which is
+    // how every clean shutdown here ends.
+    let filter = format!("{filter},fuser::mnt=error");
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -13,6 +13,10 @@ use crate::view::flat::FlatLayout;
 pub const MAX_PLAN_STEPS: usize = 1 << 20;
 /// How far from the current step a served read is matched to a step.
 const MATCH_HORIZON: usize = 64;
+/// Reads of another step it takes to move there. One stray read (the kernel's
+/// read-ahead crossing into the next chunk of the flat file) must not move the
+/// position: that would mark the step being read as done and let it be evicted.
+const READS_TO_MOVE: u32 = 3;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
@@ -38,6 +42,8 @@ pub struct Plan {
     pub steps: Vec<Step>,
     /// The step the reader is in, as inferred from the reads served.
     pub position: usize,
+    /// Another step recent reads went to, and how many in a row.
+    candidate: Option<(usize, u32)>,
 }
 
 impl Plan {
@@ -47,6 +53,7 @@ impl Plan {
             epoch: self.epoch,
             steps: Vec::new(),
             position: self.position,
+            candidate: None,
         };
         let mut replaced = false;
         let mut appended = Vec::new();
@@ -98,29 +105,39 @@ impl Plan {
         }
         self.epoch = next.epoch;
         self.position = next.position.min(self.steps.len());
+        self.candidate = None;
         Ok(())
     }
 
-    /// Moves the position to the step a read of `chunks` belongs to, searching forward
-    /// from the current step first, then backward. Returns whether it moved.
+    /// Moves the position to the step reads of `chunks` belong to, once several reads
+    /// in a row went there, searching forward from the current step first, then
+    /// backward. Returns whether it moved.
     pub fn observe(&mut self, chunks: &[usize], layout: &FlatLayout) -> bool {
         let touches = |step: &Step| step.chunks(layout).iter().any(|c| chunks.contains(c));
-        let forward = self.position..(self.position + MATCH_HORIZON).min(self.steps.len());
-        let found = forward
-            .clone()
-            .find(|&i| touches(&self.steps[i]))
-            .or_else(|| {
-                (self.position.saturating_sub(MATCH_HORIZON)..self.position)
-                    .rev()
-                    .find(|&i| touches(&self.steps[i]))
-            });
-        match found {
-            Some(i) if i != self.position => {
-                self.position = i;
-                true
-            }
-            _ => false,
+        if self.steps.get(self.position).is_some_and(touches) {
+            self.candidate = None;
+            return false;
         }
+        let forward = self.position + 1..(self.position + MATCH_HORIZON).min(self.steps.len());
+        let backward = self.position.saturating_sub(MATCH_HORIZON)..self.position;
+        let Some(step) = forward
+            .into_iter()
+            .find(|&i| touches(&self.steps[i]))
+            .or_else(|| backward.rev().find(|&i| touches(&self.steps[i])))
+        else {
+            return false;
+        };
+        let reads = match self.candidate {
+            Some((candidate, reads)) if candidate == step => reads + 1,
+            _ => 1,
+        };
+        if reads < READS_TO_MOVE {
+            self.candidate = Some((step, reads));
+            return false;
+        }
+        self.position = step;
+        self.candidate = None;
+        true
     }
 
     /// For each chunk the plan still needs, how many steps ahead of the current step
@@ -200,9 +217,14 @@ mod tests {
             .map(|w| window(w))
             .collect();
         plan.apply(&lines, &l).unwrap();
+        assert!(!plan.observe(&[5], &l), "one read elsewhere is not a move");
+        assert!(!plan.observe(&[5], &l));
         assert!(plan.observe(&[5], &l));
         assert_eq!(plan.position, 1);
         assert!(!plan.observe(&[0], &l), "same step");
+        for _ in 1..READS_TO_MOVE {
+            assert!(!plan.observe(&[1], &l));
+        }
         assert!(
             plan.observe(&[1], &l),
             "a reader behind moves the position back"
@@ -212,6 +234,19 @@ mod tests {
         assert_eq!(ahead[&3], 0);
         assert_eq!(ahead[&5], 1);
         assert_eq!(ahead[&4], 2);
+    }
+
+    #[test]
+    fn a_stray_read_in_between_does_not_move_the_position() {
+        let l = layout(6, 10);
+        let mut plan = Plan::default();
+        plan.apply(&[window(&[0]), window(&[1]), window(&[2])], &l)
+            .unwrap();
+        for _ in 0..10 {
+            assert!(!plan.observe(&[2], &l));
+            assert!(!plan.observe(&[0], &l));
+        }
+        assert_eq!(plan.position, 0);
     }
 
     #[test]
@@ -228,7 +263,7 @@ mod tests {
             &l,
         )
         .unwrap();
-        assert!(plan.observe(&[2], &l));
+        while !plan.observe(&[2], &l) {}
         plan.apply(&[window(&[3])], &l).unwrap();
         assert_eq!(
             plan.steps,
@@ -250,7 +285,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plan.steps[0].chunks(&l), vec![0, 1]);
-        assert!(plan.observe(&[3], &l));
+        while !plan.observe(&[3], &l) {}
         assert_eq!(plan.position, 1);
     }
 }
