@@ -7,9 +7,10 @@ use std::fs;
 use std::num::NonZeroU64;
 
 use common::*;
+use scdl_format::layout::CHUNKED_DIR;
 use scdl_format::layout::HEADER_FILE;
 use scdl_sampler::{
-    ChunkLayout, DatasetKind, DatasetLayout, LayoutError, CHUNKED_DIR, DEFAULT_VIRTUAL_CHUNK_SIZE,
+    ChunkLayout, DatasetKind, DatasetLayout, LayoutError, DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
 
 fn discover(dir: &std::path::Path) -> Result<DatasetLayout, LayoutError> {
