@@ -10,7 +10,8 @@
 //! - [`cache`]: parts on local disk under a byte budget.
 //! - [`store`]: the object client for S3, GCS, HTTP and local folders, and test doubles.
 //!
-//! [`mount`] assembles them; [`cli`] is the command line.
+//! [`mount`] assembles them; [`cli`] is the command line; [`status`] and
+//! [`metrics_http`] report on a running mount.
 
 pub mod cache;
 pub mod catalog;
@@ -19,6 +20,7 @@ pub mod error;
 pub mod fetch;
 pub mod fs;
 pub mod metrics;
+pub mod metrics_http;
 pub mod mount;
 pub mod prefetch;
 pub mod read;

@@ -3,17 +3,25 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 macro_rules! counters {
-    ($(#[$doc:meta] $name:ident),* $(,)?) => {
+    ($(#[doc = $doc:literal] $name:ident),* $(,)?) => {
         /// Monotonic counters of one mount.
         #[derive(Debug, Default)]
         pub struct Metrics {
-            $(#[$doc] pub $name: AtomicU64,)*
+            $(#[doc = $doc] pub $name: AtomicU64,)*
         }
 
         /// A copy of the counters at one moment.
         #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
         pub struct MetricsSnapshot {
-            $(#[$doc] pub $name: u64,)*
+            $(#[doc = $doc] pub $name: u64,)*
+        }
+
+        impl MetricsSnapshot {
+            /// Every counter as (name, description, value), in declaration order, for
+            /// exporters that list them all (the Prometheus endpoint).
+            pub fn described(&self) -> Vec<(&'static str, &'static str, u64)> {
+                vec![$((stringify!($name), $doc.trim(), self.$name),)*]
+            }
         }
 
         impl Metrics {

@@ -3,6 +3,7 @@
 mod daemon;
 mod demo;
 mod mount_cmd;
+mod notify;
 mod status_cmd;
 
 use std::path::PathBuf;
@@ -26,7 +27,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Mount SOURCE (s3://, gs://, http(s)://, file:// or a local folder) at MOUNTPOINT.
-    Mount(MountArgs),
+    Mount(Box<MountArgs>),
     /// Unmount a scdlfs mount (also one left behind by a killed daemon).
     Unmount {
         mountpoint: PathBuf,
@@ -138,12 +139,17 @@ pub struct MountArgs {
     /// Where a detached daemon writes its log [default: CACHE_DIR/scdlfs.log].
     #[arg(long, value_name = "FILE", help_heading = "Logging")]
     pub log_file: Option<PathBuf>,
+
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464. No
+    /// authentication: keep it on loopback [default: off].
+    #[arg(long, value_name = "ADDR", help_heading = "Monitoring")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Mount(args) => mount_cmd::run(args),
+        Command::Mount(args) => mount_cmd::run(*args),
         Command::Unmount { mountpoint, lazy } => crate::unmount::unmount(&mountpoint, lazy)
             .map_err(|e| format!("cannot unmount {}: {e}", mountpoint.display())),
         Command::Status {

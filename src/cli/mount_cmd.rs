@@ -1,11 +1,13 @@
 //! `scdlfs mount`: resolve the options, detach unless `--foreground`, mount, then serve
-//! until SIGINT/SIGTERM or an external unmount.
+//! until SIGINT/SIGTERM or an external unmount. Readiness and shutdown are reported to
+//! the detaching parent and, under systemd (`Type=notify`), to systemd.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{daemon, init_logging, MountArgs, View};
+use super::{daemon, init_logging, notify, MountArgs, View};
 use crate::catalog::DirMode;
+use crate::metrics_http;
 use crate::mount::{check_mountpoint, Mount, MountSettings};
 use crate::store::{ClientSettings, Source};
 use crate::units::format_size;
@@ -62,6 +64,13 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), Stri
         request_timeout: None,
     };
     let (store, prefix) = source.open(&client).map_err(|e| e.to_string())?;
+    let metrics_listener = args
+        .metrics_addr
+        .map(|address| {
+            metrics_http::bind(address)
+                .map_err(|e| format!("cannot serve metrics at {address}: {e}"))
+        })
+        .transpose()?;
     let settings = MountSettings {
         fs_name: source.display_name(),
         view: match args.view {
@@ -86,22 +95,47 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), Stri
         cache_dir = %cache_dir.display(),
         "mounted"
     );
+    // Before reporting ready: a stop that follows at once must find the handlers (the
+    // default action would kill the daemon and leave a dead mount).
+    let (mut interrupt, mut terminate) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _entered = mount.runtime().enter();
+        (
+            signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT handler: {e}"))?,
+            signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM handler: {e}"))?,
+        )
+    };
+    if let Some(listener) = metrics_listener {
+        let address = listener.local_addr().map_err(|e| e.to_string())?;
+        metrics_http::serve(listener, mount.observer().clone(), mount.runtime().handle())
+            .map_err(|e| format!("cannot serve metrics at {address}: {e}"))?;
+        tracing::info!(url = %format!("http://{address}/metrics"), "serving metrics");
+    }
     daemon::report("ready");
+    notify::ready(&format!(
+        "Mounted {} at {}",
+        settings.fs_name,
+        mount.mountpoint().display()
+    ));
     let signalled = mount.runtime().block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
         let mut interval = tokio::time::interval(Duration::from_millis(200));
         loop {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => return Some("SIGINT"),
-                _ = term.recv() => return Some("SIGTERM"),
+                _ = interrupt.recv() => return Some("SIGINT"),
+                _ = terminate.recv() => return Some("SIGTERM"),
                 _ = interval.tick() => if mount.has_ended() { return None },
             }
         }
     });
     match signalled {
-        Some(signal) => tracing::info!(signal, "unmounting"),
-        None => tracing::info!("unmounted from outside; exiting"),
+        Some(signal) => {
+            notify::stopping(&format!("Unmounting after {signal}"));
+            tracing::info!(signal, "unmounting");
+        }
+        None => {
+            notify::stopping("Unmounted from outside");
+            tracing::info!("unmounted from outside; exiting");
+        }
     }
     mount.unmount().map_err(|e| format!("unmount failed: {e}"))
 }

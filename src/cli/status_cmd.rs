@@ -55,32 +55,37 @@ fn read_status(mountpoint: &Path) -> Result<Vec<u8>, String> {
 
 fn render(s: &Status) -> String {
     let c = &s.counters;
+    let r = &s.rates;
     let waits = c.demand_reads_waited.max(1);
-    let hit_rate = if c.reads > 0 {
-        100.0 * c.reads_from_cache as f64 / c.reads as f64
-    } else {
-        0.0
-    };
     let mut out = format!(
         "source            {}\nuptime            {:.0} s\n\
          reads             {} ({} returned, {:.1}% from cache without waiting)\n\
          waited on network {} reads, {:.1} ms mean wait\n\
          fetched           {} in {} parts ({} errors), {} in flight\n\
-         prefetch          {} parts asked, {} hits\n\
+         network           {}/s over the last {:.0} s, {}/s since the start\n\
+         readers got       {}/s over the last {:.0} s, {}/s since the start\n\
+         prefetch          {} parts asked, {} hits ({:.1}% of prefetched parts used)\n\
          cache             {} of {} in {} parts, {} chunks; {} parts evicted\n",
         s.source,
         s.uptime_seconds,
         c.reads,
         format_size(c.bytes_read),
-        hit_rate,
+        100.0 * r.cache_hit_ratio,
         c.demand_reads_waited,
         c.demand_wait_micros as f64 / 1000.0 / waits as f64,
         format_size(c.bytes_fetched),
         c.parts_fetched,
         c.fetch_errors,
         s.downloads_in_flight,
+        format_size(r.recent_fetched_bytes_per_second as u64),
+        r.recent_seconds,
+        format_size(r.fetched_bytes_per_second as u64),
+        format_size(r.recent_read_bytes_per_second as u64),
+        r.recent_seconds,
+        format_size(r.read_bytes_per_second as u64),
         c.prefetch_requests,
         c.prefetch_hits,
+        100.0 * r.prefetch_use_ratio,
         format_size(s.cache.cached_bytes),
         format_size(s.cache.budget_bytes),
         s.cache.cached_parts,
