@@ -47,9 +47,9 @@ counters! {
     bytes_read,
     /// Reads answered from the disk cache without waiting.
     reads_from_cache,
-    /// Reads that waited for at least one download.
+    /// Reads that found a part they needed not yet on local disk, so waited on the network.
     demand_reads_waited,
-    /// Total time reads spent waiting for downloads, in microseconds.
+    /// Total time those reads waited, in microseconds.
     demand_wait_micros,
     /// Reads that found a part already fetched by the prefetcher.
     prefetch_hits,

@@ -83,6 +83,11 @@ pub fn check_mountpoint(mountpoint: &Path) -> Result<(), MountError> {
     }
     let parent = mountpoint.parent().unwrap_or(Path::new("/"));
     if std::fs::metadata(parent).is_ok_and(|p| p.dev() != meta.dev()) {
+        // The kernel answers stat from its attribute cache even when the daemon is
+        // gone; listing the directory reaches the daemon.
+        if std::fs::read_dir(mountpoint).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN)) {
+            return Err(MountError::StaleMount(mountpoint.to_owned()));
+        }
         return Err(MountError::AlreadyMounted(mountpoint.to_owned()));
     }
     Ok(())

@@ -73,6 +73,9 @@ impl ReadPath {
     /// Serves the read, downloading what is missing.
     pub async fn read(self: &Arc<Self>, plan: ReadPlan) -> FsResult<Vec<u8>> {
         let started = Instant::now();
+        let needed = self.parts_needed(&plan);
+        let cache = self.fetcher.cache();
+        let mut on_network = needed.iter().any(|(key, _, _)| !cache.contains(*key));
         let checks = async {
             if let Some((dataset, chunks)) = &plan.chunks_to_check {
                 let mut unique = chunks.clone();
@@ -81,17 +84,27 @@ impl ReadPath {
             }
             Ok::<_, FsError>(())
         };
-        let parts = try_join_all(self.parts_needed(&plan).into_iter().map(
-            |(key, object, index)| async move {
-                Ok::<_, FsError>((key, self.fetcher.part(object, index).await?))
-            },
-        ));
+        if let Some((dataset, chunks)) = &plan.chunks_to_check {
+            on_network |= chunks.iter().any(|&c| {
+                let row_ptr = &dataset.chunks[c][1];
+                dataset.row_ptr_check(c).get().is_none()
+                    && self
+                        .fetcher
+                        .parts_of(&(0..row_ptr.size))
+                        .any(|index| !cache.contains(Fetcher::key(row_ptr, index)))
+            });
+        }
+        let parts = try_join_all(needed.into_iter().map(|(key, object, index)| async move {
+            Ok::<_, FsError>((key, self.fetcher.part(object, index).await?))
+        }));
         let ((), parts) = futures::try_join!(checks, parts)?;
-        Metrics::add(&self.metrics.demand_reads_waited, 1);
-        Metrics::add(
-            &self.metrics.demand_wait_micros,
-            started.elapsed().as_micros() as u64,
-        );
+        if on_network {
+            Metrics::add(&self.metrics.demand_reads_waited, 1);
+            Metrics::add(
+                &self.metrics.demand_wait_micros,
+                started.elapsed().as_micros() as u64,
+            );
+        }
         self.finish(&plan, &parts.into_iter().collect())
     }
 

@@ -31,6 +31,10 @@ use crate::view::{plan_read, Piece, ReadPlan};
 use plan::{Plan, Step};
 use sequential::SequentialWindow;
 
+/// How far on either side of a touched page the kernel reads a memory-mapped FUSE
+/// file: half its 128 KiB read-ahead window, which it centres on the fault.
+const KERNEL_READ_AROUND: u64 = 64 << 10;
+
 /// How the prefetcher is bounded.
 #[derive(Clone, Copy, Debug)]
 pub struct PrefetchConfig {
@@ -307,23 +311,44 @@ impl Prefetcher {
         match step {
             Step::Window(chunks) => {
                 for &chunk in chunks {
-                    for object in &dataset.chunks[chunk as usize] {
+                    let chunk = chunk as usize;
+                    for object in &dataset.chunks[chunk] {
                         ranges.push((object.clone(), 0..object.size));
+                    }
+                    // A reader mapping the flat arrays reads around every page it
+                    // touches, so the edges of the neighbouring chunks are read too.
+                    for array in [0, 2] {
+                        if let Some(before) =
+                            chunk.checked_sub(1).map(|c| &dataset.chunks[c][array])
+                        {
+                            ranges.push((
+                                before.clone(),
+                                before.size.saturating_sub(KERNEL_READ_AROUND)..before.size,
+                            ));
+                        }
+                        if let Some(after) = dataset.chunks.get(chunk + 1).map(|c| &c[array]) {
+                            ranges.push((after.clone(), 0..after.size.min(KERNEL_READ_AROUND)));
+                        }
                     }
                 }
             }
             Step::Rows(rows) => {
-                for chunk in dataset.layout.chunks_of_rows(rows.clone()) {
-                    let [data, row_ptr, col_ptr] = &dataset.chunks[chunk];
-                    ranges.push((row_ptr.clone(), 0..row_ptr.size));
-                    let chunk_rows = dataset.layout.chunk_rows(chunk);
-                    let local = rows.start.max(chunk_rows.start) - chunk_rows.start
-                        ..rows.end.min(chunk_rows.end) - chunk_rows.start;
-                    if let Some(values) = self.cached_value_range(dataset, chunk, local) {
-                        let nnz = dataset.layout.chunk_sizes(chunk).nnz.max(1);
-                        for object in [data, col_ptr] {
-                            let width = object.size / nnz;
-                            ranges.push((object.clone(), values.start * width..values.end * width));
+                for rows in rows {
+                    for chunk in dataset.layout.chunks_of_rows(rows.clone()) {
+                        let [data, row_ptr, col_ptr] = &dataset.chunks[chunk];
+                        ranges.push((row_ptr.clone(), 0..row_ptr.size));
+                        let chunk_rows = dataset.layout.chunk_rows(chunk);
+                        let local = rows.start.max(chunk_rows.start) - chunk_rows.start
+                            ..rows.end.min(chunk_rows.end) - chunk_rows.start;
+                        if let Some(values) = self.cached_value_range(dataset, chunk, local) {
+                            let nnz = dataset.layout.chunk_sizes(chunk).nnz.max(1);
+                            for object in [data, col_ptr] {
+                                let width = object.size / nnz;
+                                ranges.push((
+                                    object.clone(),
+                                    values.start * width..values.end * width,
+                                ));
+                            }
                         }
                     }
                 }

@@ -13,17 +13,20 @@ use crate::view::flat::FlatLayout;
 pub const MAX_PLAN_STEPS: usize = 1 << 20;
 /// How far from the current step a served read is matched to a step.
 const MATCH_HORIZON: usize = 64;
-/// Reads of another step it takes to move there. One stray read (the kernel's
-/// read-ahead crossing into the next chunk of the flat file) must not move the
-/// position: that would mark the step being read as done and let it be evicted.
-const READS_TO_MOVE: u32 = 3;
+/// Reads of the next step it takes to move there. A stray read (the kernel's
+/// read-around crossing into a neighbouring chunk of the flat file) must not move the
+/// position: that would mark the step being read as done.
+const READS_TO_ADVANCE: u32 = 3;
+/// Reads it takes to move anywhere else: readers go step by step, so a jump needs
+/// more evidence than strays give.
+const READS_TO_JUMP: u32 = 12;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Chunks read together, in any order.
     Window(Vec<u32>),
-    /// Rows `[start, end)` read together.
-    Rows(Range<u64>),
+    /// Row ranges `[start, end)` read together (one fetch of a block order).
+    Rows(Vec<Range<u64>>),
 }
 
 impl Step {
@@ -31,7 +34,14 @@ impl Step {
     pub fn chunks(&self, layout: &FlatLayout) -> Vec<usize> {
         match self {
             Step::Window(chunks) => chunks.iter().map(|&c| c as usize).collect(),
-            Step::Rows(rows) => layout.chunks_of_rows(rows.clone()).collect(),
+            Step::Rows(ranges) => {
+                let mut chunks: Vec<usize> = ranges
+                    .iter()
+                    .flat_map(|r| layout.chunks_of_rows(r.clone()))
+                    .collect();
+                chunks.dedup();
+                chunks
+            }
         }
     }
 }
@@ -42,8 +52,8 @@ pub struct Plan {
     pub steps: Vec<Step>,
     /// The step the reader is in, as inferred from the reads served.
     pub position: usize,
-    /// Another step recent reads went to, and how many in a row.
-    candidate: Option<(usize, u32)>,
+    /// Reads of other steps since the position last moved, by step.
+    reads_elsewhere: HashMap<usize, u32>,
 }
 
 impl Plan {
@@ -53,7 +63,7 @@ impl Plan {
             epoch: self.epoch,
             steps: Vec::new(),
             position: self.position,
-            candidate: None,
+            reads_elsewhere: HashMap::new(),
         };
         let mut replaced = false;
         let mut appended = Vec::new();
@@ -75,14 +85,16 @@ impl Plan {
                     }
                     appended.push(Step::Window(chunks.clone()));
                 }
-                HintLine::Rows { start, end } => {
-                    if *end > layout.total_rows() {
+                HintLine::Rows { ranges } => {
+                    if let Some(bad) = ranges.iter().find(|r| r.end > layout.total_rows()) {
                         return Err(format!(
-                            "rows {start}..{end} end past the dataset's {} rows",
+                            "rows {}..{} end past the dataset's {} rows",
+                            bad.start,
+                            bad.end,
                             layout.total_rows()
                         ));
                     }
-                    appended.push(Step::Rows(*start..*end));
+                    appended.push(Step::Rows(ranges.clone()));
                 }
             }
         }
@@ -105,17 +117,16 @@ impl Plan {
         }
         self.epoch = next.epoch;
         self.position = next.position.min(self.steps.len());
-        self.candidate = None;
+        self.reads_elsewhere.clear();
         Ok(())
     }
 
-    /// Moves the position to the step reads of `chunks` belong to, once several reads
-    /// in a row went there, searching forward from the current step first, then
-    /// backward. Returns whether it moved.
+    /// Counts a read of `chunks` towards the step it belongs to (searching forward
+    /// from the current step first, then backward), and moves the position there once
+    /// enough reads went there. Returns whether it moved.
     pub fn observe(&mut self, chunks: &[usize], layout: &FlatLayout) -> bool {
         let touches = |step: &Step| step.chunks(layout).iter().any(|c| chunks.contains(c));
         if self.steps.get(self.position).is_some_and(touches) {
-            self.candidate = None;
             return false;
         }
         let forward = self.position + 1..(self.position + MATCH_HORIZON).min(self.steps.len());
@@ -127,35 +138,37 @@ impl Plan {
         else {
             return false;
         };
-        let reads = match self.candidate {
-            Some((candidate, reads)) if candidate == step => reads + 1,
-            _ => 1,
+        let reads = self.reads_elsewhere.entry(step).or_default();
+        *reads += 1;
+        let needed = if step == self.position + 1 {
+            READS_TO_ADVANCE
+        } else {
+            READS_TO_JUMP
         };
-        if reads < READS_TO_MOVE {
-            self.candidate = Some((step, reads));
+        if *reads < needed {
             return false;
         }
         self.position = step;
-        self.candidate = None;
+        self.reads_elsewhere.clear();
         true
     }
 
     /// For each chunk the plan still needs, how many steps ahead of the current step
-    /// it is first needed (0: the current step).
+    /// it is first needed (0: the current step). The step before the current one
+    /// counts as current too: its last rows may still be in a reader's hands when the
+    /// position moves on.
     pub fn chunks_ahead(&self, layout: &FlatLayout) -> HashMap<usize, u64> {
+        let first = self.position.saturating_sub(1).min(self.steps.len());
         let mut ahead = HashMap::new();
-        for (distance, step) in self.steps[self.position.min(self.steps.len())..]
-            .iter()
-            .enumerate()
-        {
+        for (index, step) in self.steps.iter().enumerate().skip(first) {
+            let distance = index.saturating_sub(self.position) as u64;
             for chunk in step.chunks(layout) {
-                ahead.entry(chunk).or_insert(distance as u64);
+                ahead.entry(chunk).or_insert(distance);
             }
         }
         ahead
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,7 +200,12 @@ mod tests {
             .unwrap();
         assert!(plan.apply(&[window(&[2]), window(&[4])], &l).is_err());
         assert!(plan
-            .apply(&[HintLine::Rows { start: 30, end: 41 }], &l)
+            .apply(
+                &[HintLine::Rows {
+                    ranges: vec![0..3, 30..41]
+                }],
+                &l
+            )
             .is_err());
         assert_eq!(plan.steps, vec![Step::Window(vec![0, 1])]);
     }
@@ -222,7 +240,7 @@ mod tests {
         assert!(plan.observe(&[5], &l));
         assert_eq!(plan.position, 1);
         assert!(!plan.observe(&[0], &l), "same step");
-        for _ in 1..READS_TO_MOVE {
+        for _ in 1..READS_TO_JUMP {
             assert!(!plan.observe(&[1], &l));
         }
         assert!(
@@ -234,6 +252,12 @@ mod tests {
         assert_eq!(ahead[&3], 0);
         assert_eq!(ahead[&5], 1);
         assert_eq!(ahead[&4], 2);
+        while !plan.observe(&[5], &l) {}
+        assert_eq!(
+            plan.chunks_ahead(&l)[&3],
+            0,
+            "the step just left still counts as current"
+        );
     }
 
     #[test]
@@ -278,8 +302,12 @@ mod tests {
         let mut plan = Plan::default();
         plan.apply(
             &[
-                HintLine::Rows { start: 8, end: 12 },
-                HintLine::Rows { start: 35, end: 40 },
+                HintLine::Rows {
+                    ranges: std::iter::once(8..12).collect(),
+                },
+                HintLine::Rows {
+                    ranges: std::iter::once(35..40).collect(),
+                },
             ],
             &l,
         )

@@ -8,7 +8,7 @@
 //! scdlfs-hints 1            first line of every handle: protocol and version
 //! plan 3                    start a new plan (here for epoch 3), dropping the old one
 //! window 17 4 9             next step: read chunks 17, 4 and 9 (any order inside)
-//! rows 1024 1088            next step: read rows [1024, 1088)
+//! rows 1024 1088 5120 5184  next step: read rows [1024, 1088) and [5120, 5184)
 //! ```
 //!
 //! A plan is the ordered list of steps written since the last `plan` line; `window` and
@@ -30,10 +30,19 @@ pub const MAX_LINE_LEN: usize = 64 * 1024;
 /// One line of the protocol.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HintLine {
-    Greeting { version: u32 },
-    Plan { epoch: u64 },
-    Window { chunks: Vec<u32> },
-    Rows { start: u64, end: u64 },
+    Greeting {
+        version: u32,
+    },
+    Plan {
+        epoch: u64,
+    },
+    Window {
+        chunks: Vec<u32>,
+    },
+    /// One step reading several row ranges `[start, end)` together (one fetch).
+    Rows {
+        ranges: Vec<std::ops::Range<u64>>,
+    },
 }
 
 /// Why a line was refused.
@@ -72,7 +81,13 @@ impl fmt::Display for HintLine {
                 }
                 Ok(())
             }
-            HintLine::Rows { start, end } => write!(f, "rows {start} {end}"),
+            HintLine::Rows { ranges } => {
+                f.write_str("rows")?;
+                for r in ranges {
+                    write!(f, " {} {}", r.start, r.end)?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -129,20 +144,23 @@ impl HintLine {
                 }
                 Ok(HintLine::Window { chunks })
             }
-            "rows" => match numbers::<u64>("rows", words)?.as_slice() {
-                [start, end] if start < end => Ok(HintLine::Rows {
-                    start: *start,
-                    end: *end,
-                }),
-                [_, _] => Err(HintError::BadArguments {
-                    keyword: "rows",
-                    reason: "start must be below end".into(),
-                }),
-                _ => Err(HintError::BadArguments {
-                    keyword: "rows",
-                    reason: "takes a start and an end row".into(),
-                }),
-            },
+            "rows" => {
+                let bounds = numbers::<u64>("rows", words)?;
+                if bounds.is_empty() || bounds.len() % 2 != 0 {
+                    return Err(HintError::BadArguments {
+                        keyword: "rows",
+                        reason: "takes pairs of start and end rows".into(),
+                    });
+                }
+                let ranges: Vec<_> = bounds.chunks(2).map(|p| p[0]..p[1]).collect();
+                if ranges.iter().any(|r| r.start >= r.end) {
+                    return Err(HintError::BadArguments {
+                        keyword: "rows",
+                        reason: "each start must be below its end".into(),
+                    });
+                }
+                Ok(HintLine::Rows { ranges })
+            }
             other => Err(HintError::UnknownKeyword(
                 other.chars().take(32).collect::<String>(),
             )),
@@ -225,7 +243,9 @@ mod tests {
             HintLine::Window {
                 chunks: vec![3, 0, 12],
             },
-            HintLine::Rows { start: 5, end: 70 },
+            HintLine::Rows {
+                ranges: vec![5..70, 100..101],
+            },
         ] {
             assert_eq!(HintLine::parse(line.to_string().as_bytes()), Ok(line));
         }
@@ -242,7 +262,9 @@ mod tests {
         );
         assert_eq!(
             d.feed(b"4\n").unwrap(),
-            vec![HintLine::Rows { start: 0, end: 4 }]
+            vec![HintLine::Rows {
+                ranges: std::iter::once(0..4).collect()
+            }]
         );
     }
 
@@ -273,6 +295,8 @@ mod tests {
         for bad in [
             &b"rows 5 5"[..],
             b"rows 1",
+            b"rows 1 2 3",
+            b"rows 1 2 7 4",
             b"window",
             b"window -1",
             b"window 99999999999",
@@ -310,7 +334,7 @@ mod tests {
             let mut text = greeting();
             let mut expected = vec![HintLine::Greeting { version: VERSION }];
             for (start, len) in steps {
-                let line = HintLine::Rows { start, end: start + len };
+                let line = HintLine::Rows { ranges: std::iter::once(start..start + len).collect() };
                 text.push_str(&format!("{line}\n"));
                 expected.push(line);
             }

@@ -128,8 +128,7 @@ mod tests {
             proptest::collection::vec(any::<u32>(), 1..1200)
                 .prop_map(|chunks| HintLine::Window { chunks }),
             (0u64..u64::MAX / 2, 1u64..1000).prop_map(|(start, len)| HintLine::Rows {
-                start,
-                end: start + len
+                ranges: std::iter::once(start..start + len).collect()
             }),
         ]
     }

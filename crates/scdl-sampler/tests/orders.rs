@@ -150,10 +150,7 @@ proptest! {
         for step in plan.steps() {
             let expected = match step {
                 Step::Window { chunks } => vec![HintLine::Window { chunks: chunks.clone() }],
-                Step::Fetch { blocks } => blocks
-                    .iter()
-                    .map(|b| HintLine::Rows { start: b.start, end: b.end })
-                    .collect(),
+                Step::Fetch { blocks } => vec![HintLine::Rows { ranges: blocks.clone() }],
             };
             prop_assert_eq!(step.hint_lines(), expected);
         }

@@ -105,20 +105,16 @@ impl Step {
         }
     }
 
-    /// The hint lines that announce this step: one `window` line, or one `rows` line
-    /// per block.
+    /// The hint line that announces this step: a `window` line, or a `rows` line with
+    /// the fetch's blocks.
     pub fn hint_lines(&self) -> Vec<HintLine> {
         match self {
             Step::Window { chunks } => vec![HintLine::Window {
                 chunks: chunks.clone(),
             }],
-            Step::Fetch { blocks } => blocks
-                .iter()
-                .map(|b| HintLine::Rows {
-                    start: b.start,
-                    end: b.end,
-                })
-                .collect(),
+            Step::Fetch { blocks } => vec![HintLine::Rows {
+                ranges: blocks.clone(),
+            }],
         }
     }
 }

@@ -1,0 +1,757 @@
+//! The `scdlfs` command as users run it: `mount` detaches and returns only once the
+//! mount answers, `unmount` ends the daemon, mistakes fail fast with a message that
+//! says what is wrong, a mount left behind by a killed daemon is named for what it is
+//! and cleaned up, `--foreground` unmounts cleanly on SIGINT and SIGTERM, `status`
+//! reports JSON counters, and `chunk` refuses what is not an archive.
+//!
+//! Every test cleans up after itself, even when it fails: a guard lazily unmounts its
+//! mountpoints and kills the processes it started.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::s3::{moto, unique_bucket};
+use common::*;
+use scdl_format::ArrayKind;
+
+const SCDLFS: &str = env!("CARGO_BIN_EXE_scdlfs");
+
+// ---------------------------------------------------------------------------------------
+// Harness.
+
+/// What a finished command said.
+struct Outcome {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Outcome {
+    #[track_caller]
+    fn assert_success(&self, what: &str) {
+        assert!(
+            self.status.success(),
+            "{what}: {}\nstdout: {}\nstderr: {}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+    }
+
+    /// Asserts a non-zero exit with a closing `scdlfs: ...` message (after any log
+    /// lines) that holds every one of `words` (in any case).
+    #[track_caller]
+    fn assert_failure_saying(&self, what: &str, words: &[&str]) {
+        assert!(
+            !self.status.success(),
+            "{what}: succeeded\nstdout: {}\nstderr: {}",
+            self.stdout,
+            self.stderr
+        );
+        assert_eq!(
+            self.status.code(),
+            Some(1),
+            "{what}: {}\nstderr: {}",
+            self.status,
+            self.stderr
+        );
+        let verdict = match self.stderr.rfind("\nscdlfs: ") {
+            Some(at) => &self.stderr[at + 1..],
+            None if self.stderr.starts_with("scdlfs: ") => &self.stderr[..],
+            None => panic!("{what}: no closing message:\n{}", self.stderr),
+        };
+        let said = verdict.to_lowercase();
+        for word in words {
+            assert!(
+                said.contains(&word.to_lowercase()),
+                "{what}: the message does not say {word:?}:\n{verdict}"
+            );
+        }
+    }
+}
+
+/// Cleans up whatever a test left, even when it panics: lazily unmounts its mountpoints,
+/// then kills the processes it started or found, and reaps them.
+#[derive(Default)]
+struct Cleanup {
+    mountpoints: Vec<PathBuf>,
+    pids: Vec<i32>,
+    children: Vec<Child>,
+}
+
+impl Cleanup {
+    fn unmounting(mountpoint: PathBuf) -> Cleanup {
+        let mut cleanup = Cleanup::default();
+        cleanup.mountpoints.push(mountpoint);
+        cleanup
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for mountpoint in &self.mountpoints {
+            let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).unwrap();
+            // SAFETY: a valid C string; failing (not mounted) is fine.
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        }
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for &pid in &self.pids {
+            // SAFETY: signalling and reaping a process this test started (a daemon
+            // reparented to us); ECHILD/ESRCH when it is gone already.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
+/// Makes this test process the reaper of the daemons its `scdlfs mount` children
+/// detach, so that a test can wait for a daemon and see how it exited.
+fn adopt_orphans() {
+    // SAFETY: sets a flag of this process.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    assert_eq!(rc, 0, "PR_SET_CHILD_SUBREAPER");
+}
+
+fn command(args: &[&OsStr]) -> Command {
+    let mut command = Command::new(SCDLFS);
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+        .env_remove("AWS_PROFILE")
+        .env_remove("RUST_LOG");
+    command
+}
+
+/// Runs a command to its end, or kills it and fails the test after `limit`.
+fn run_with_limit(mut command: Command, limit: Duration, cleanup: &mut Cleanup) -> Outcome {
+    let out = tempfile::tempdir().unwrap();
+    let (stdout, stderr) = (out.path().join("stdout"), out.path().join("stderr"));
+    command
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        .stderr(std::fs::File::create(&stderr).unwrap());
+    let started = Instant::now();
+    let child = command.spawn().expect("spawn scdlfs");
+    cleanup.children.push(child);
+    let child = cleanup.children.last_mut().unwrap();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{command:?} still runs after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Outcome {
+        status,
+        stdout: std::fs::read_to_string(stdout).unwrap(),
+        stderr: std::fs::read_to_string(stderr).unwrap(),
+        took: started.elapsed(),
+    }
+}
+
+fn scdlfs(args: &[&OsStr], cleanup: &mut Cleanup) -> Outcome {
+    run_with_limit(command(args), Duration::from_secs(90), cleanup)
+}
+
+fn os<S: AsRef<OsStr> + ?Sized>(s: &S) -> &OsStr {
+    s.as_ref()
+}
+
+/// A source folder with the harness's plain files and a chunked dataset `ds`, a
+/// mountpoint and a cache directory, all in one temporary directory.
+struct Setup {
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        write_files(&dir.path().join("src"), &plain_files());
+        small_dataset()
+            .write_chunked(&dir.path().join("src/ds"))
+            .unwrap();
+        std::fs::create_dir(dir.path().join("mnt")).unwrap();
+        Setup { dir }
+    }
+
+    fn src(&self) -> PathBuf {
+        self.dir.path().join("src")
+    }
+
+    fn mnt(&self) -> PathBuf {
+        self.dir.path().join("mnt")
+    }
+
+    fn cache(&self) -> PathBuf {
+        self.dir.path().join("cache")
+    }
+
+    /// `scdlfs mount SRC MNT --cache-dir CACHE --cache-size 64MiB EXTRA...`.
+    fn mount_args<'a>(&'a self, paths: &'a [PathBuf; 3], extra: &'a [&'a str]) -> Vec<&'a OsStr> {
+        let mut args = vec![os("mount"), paths[0].as_os_str(), paths[1].as_os_str()];
+        args.extend([
+            os("--cache-dir"),
+            paths[2].as_os_str(),
+            os("--cache-size"),
+            os("64MiB"),
+        ]);
+        args.extend(extra.iter().map(os));
+        args
+    }
+
+    fn paths(&self) -> [PathBuf; 3] {
+        [self.src(), self.mnt(), self.cache()]
+    }
+}
+
+/// Whether `path` is a mount point now, from the mount table.
+fn is_mounted(path: &Path) -> bool {
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_owned());
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    table
+        .lines()
+        .any(|line| line.split(' ').nth(4) == Some(&*path.to_string_lossy()))
+}
+
+/// The running scdlfs daemons serving `mountpoint`, found by their command lines.
+fn daemons_of(mountpoint: &Path) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let is_scdlfs = args.first().is_some_and(|a| a.ends_with(b"scdlfs"));
+        let serves = args.iter().any(|a| *a == mountpoint.as_os_str().as_bytes());
+        let is_zombie = std::fs::read_to_string(entry.path().join("stat"))
+            .map(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true);
+        if is_scdlfs && serves && args.iter().any(|a| *a == b"--foreground") && !is_zombie {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// The one daemon serving `mountpoint`.
+fn daemon_of(mountpoint: &Path) -> i32 {
+    match daemons_of(mountpoint).as_slice() {
+        [pid] => *pid,
+        other => panic!(
+            "expected one daemon for {}, found {other:?}",
+            mountpoint.display()
+        ),
+    }
+}
+
+/// How a process exited: waits for it (it must be our child, or an orphan we adopted).
+fn wait_for_exit(pid: i32, limit: Duration) -> ExitStatus {
+    use std::os::unix::process::ExitStatusExt;
+    let started = Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on a process of ours with a valid status pointer.
+        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if rc == pid {
+            return ExitStatus::from_raw(status);
+        }
+        assert_eq!(rc, 0, "waitpid({pid}): {}", std::io::Error::last_os_error());
+        assert!(
+            started.elapsed() < limit,
+            "process {pid} still runs after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the mount at `mountpoint` answers, failing if `child` exits first.
+fn wait_until_mounted(mountpoint: &Path, child: &mut Child) {
+    let started = Instant::now();
+    while !(is_mounted(mountpoint) && std::fs::read_dir(mountpoint).is_ok()) {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the daemon exited ({status}) before mounting");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not mounted after 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every file reads back exactly through the mount.
+fn assert_serves(mnt: &Path) {
+    for (name, want) in plain_files() {
+        assert!(std::fs::read(mnt.join(&name)).unwrap() == want, "{name}");
+    }
+    let mono = Monolithic::of(&small_dataset());
+    let data = std::fs::read(mnt.join("ds").join(ArrayKind::Data.file_name())).unwrap();
+    assert!(data == mono.data, "ds/data.npy");
+}
+
+/// Asserts that nothing is left of a mount that failed: no mount, no daemon.
+#[track_caller]
+fn assert_nothing_left(mountpoint: &Path) {
+    assert!(
+        !is_mounted(mountpoint),
+        "{} is mounted",
+        mountpoint.display()
+    );
+    let started = Instant::now();
+    while !daemons_of(mountpoint).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "a daemon is left: {:?}",
+            daemons_of(mountpoint)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Mounting and unmounting.
+
+#[test]
+fn mount_detaches_once_the_mount_answers_and_unmount_ends_the_daemon() {
+    adopt_orphans();
+    let setup = Setup::new();
+    let mut cleanup = Cleanup::unmounting(setup.mnt());
+    let paths = setup.paths();
+    let mounted = scdlfs(&setup.mount_args(&paths, &[]), &mut cleanup);
+    mounted.assert_success("scdlfs mount");
+    // The very first access after `mount` returns is served.
+    let first = std::fs::read(setup.mnt().join("tiny.txt"));
+    let daemon = daemon_of(&setup.mnt());
+    cleanup.pids.push(daemon);
+    assert_eq!(first.unwrap(), plain_files()["tiny.txt"]);
+    assert!(is_mounted(&setup.mnt()));
+    assert_serves(&setup.mnt());
+    // The detached daemon logs to the cache directory by default.
+    let log = std::fs::read_to_string(setup.cache().join("scdlfs.log")).unwrap();
+    assert!(log.contains("mounted"), "{log}");
+
+    // A second mount on the same mountpoint is refused and leaves the first alone.
+    let again = scdlfs(&setup.mount_args(&paths, &[]), &mut cleanup);
+    again.assert_failure_saying("mounting twice", &["already a mount point"]);
+    assert_eq!(daemons_of(&setup.mnt()), vec![daemon]);
+    assert_serves(&setup.mnt());
+
+    let unmounted = scdlfs(&[os("unmount"), setup.mnt().as_os_str()], &mut cleanup);
+    unmounted.assert_success("scdlfs unmount");
+    assert!(!is_mounted(&setup.mnt()));
+    let status = wait_for_exit(daemon, Duration::from_secs(20));
+    assert!(status.success(), "the daemon exited with {status}");
+    assert!(
+        std::fs::read_dir(setup.mnt()).unwrap().next().is_none(),
+        "the mountpoint is its empty self again"
+    );
+}
+
+#[test]
+fn mount_refuses_obvious_mistakes_with_a_clear_message() {
+    let setup = Setup::new();
+    let mut cleanup = Cleanup::unmounting(setup.mnt());
+    let cache = setup.cache();
+    let file = setup.dir.path().join("a_file");
+    std::fs::write(&file, b"x").unwrap();
+    let missing = setup.dir.path().join("no/such/dir");
+    let (src, mnt) = (setup.src(), setup.mnt());
+    let cases: [(&str, &OsStr, &OsStr, &[&str]); 4] = [
+        (
+            "an unsupported URL",
+            os("ftp://x/y"),
+            mnt.as_os_str(),
+            &["unsupported", "ftp://x/y"],
+        ),
+        (
+            "a mountpoint that is a file",
+            src.as_os_str(),
+            file.as_os_str(),
+            &["not a directory", "a_file"],
+        ),
+        (
+            "a missing mountpoint",
+            src.as_os_str(),
+            missing.as_os_str(),
+            &["does not exist", "no/such/dir"],
+        ),
+        (
+            "a missing source folder",
+            os("/no/such/source"),
+            mnt.as_os_str(),
+            &["/no/such/source", "not a directory"],
+        ),
+    ];
+    for (what, source, mountpoint, words) in cases {
+        for foreground in [false, true] {
+            let mut args = vec![
+                os("mount"),
+                source,
+                mountpoint,
+                os("--cache-dir"),
+                cache.as_os_str(),
+            ];
+            if foreground {
+                args.push(os("--foreground"));
+            }
+            let outcome = scdlfs(&args, &mut cleanup);
+            outcome.assert_failure_saying(&format!("{what} (foreground: {foreground})"), words);
+            assert!(
+                outcome.took < Duration::from_secs(10),
+                "{what}: took {:?}",
+                outcome.took
+            );
+        }
+    }
+    assert_nothing_left(&setup.mnt());
+    assert!(!file.with_file_name("no").exists());
+}
+
+fn s3_env(command: &mut Command) {
+    command
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_REGION", "us-east-1");
+}
+
+#[test]
+fn an_unreachable_endpoint_fails_the_mount_quickly_and_clearly() {
+    let setup = Setup::new();
+    let mut cleanup = Cleanup::unmounting(setup.mnt());
+    let (cache, mnt) = (setup.cache(), setup.mnt());
+    for foreground in [false, true] {
+        let mut args = vec![os("mount"), os("s3://bucket/p"), mnt.as_os_str()];
+        args.extend([
+            os("--endpoint-url"),
+            os("http://127.0.0.1:1"),
+            os("--cache-dir"),
+            cache.as_os_str(),
+        ]);
+        if foreground {
+            args.push(os("--foreground"));
+        }
+        let mut command = command(&args);
+        s3_env(&mut command);
+        let outcome = run_with_limit(command, Duration::from_secs(120), &mut cleanup);
+        eprintln!(
+            "unreachable endpoint (foreground: {foreground}) failed after {:?}",
+            outcome.took
+        );
+        outcome.assert_failure_saying(
+            "an unreachable endpoint",
+            &["does not answer", "s3://bucket/p"],
+        );
+        let said = outcome.stderr.to_lowercase();
+        assert!(
+            said.contains("connect") || said.contains("refused") || said.contains("127.0.0.1:1"),
+            "the message does not say the endpoint refused: {}",
+            outcome.stderr
+        );
+        assert!(
+            outcome.took < Duration::from_secs(30),
+            "took {:?}",
+            outcome.took
+        );
+    }
+    assert_nothing_left(&setup.mnt());
+}
+
+#[test]
+fn a_missing_bucket_fails_the_mount_clearly() {
+    let setup = Setup::new();
+    let mut cleanup = Cleanup::unmounting(setup.mnt());
+    let server = moto();
+    let bucket = unique_bucket("missing");
+    let source = format!("s3://{bucket}/some/prefix");
+    let (cache, mnt) = (setup.cache(), setup.mnt());
+    let args = [
+        os("mount"),
+        os(&source),
+        mnt.as_os_str(),
+        os("--endpoint-url"),
+        os(&server.endpoint),
+        os("--cache-dir"),
+        cache.as_os_str(),
+    ];
+    let mut command = command(&args);
+    s3_env(&mut command);
+    let outcome = run_with_limit(command, Duration::from_secs(120), &mut cleanup);
+    outcome.assert_failure_saying("a missing bucket", &[&bucket]);
+    let said = outcome.stderr.to_lowercase();
+    assert!(
+        said.contains("nosuchbucket")
+            || said.contains("does not exist")
+            || said.contains("no such bucket"),
+        "the message does not say the bucket is missing: {}",
+        outcome.stderr
+    );
+    assert!(
+        outcome.took < Duration::from_secs(30),
+        "took {:?}",
+        outcome.took
+    );
+    assert_nothing_left(&setup.mnt());
+}
+
+#[test]
+fn a_mount_left_by_a_killed_daemon_is_named_and_cleaned_up() {
+    adopt_orphans();
+    let setup = Setup::new();
+    let mut cleanup = Cleanup::unmounting(setup.mnt());
+    let paths = setup.paths();
+    scdlfs(&setup.mount_args(&paths, &[]), &mut cleanup).assert_success("scdlfs mount");
+    let daemon = daemon_of(&setup.mnt());
+    cleanup.pids.push(daemon);
+    assert_serves(&setup.mnt());
+    // SAFETY: killing the daemon this test started.
+    assert_eq!(unsafe { libc::kill(daemon, libc::SIGKILL) }, 0);
+    let status = wait_for_exit(daemon, Duration::from_secs(10));
+    assert!(!status.success());
+    // The kernel still knows the mountpoint's attributes, but nothing answers.
+    let dead = std::fs::read_dir(setup.mnt()).unwrap_err();
+    assert_eq!(dead.raw_os_error(), Some(libc::ENOTCONN), "{dead}");
+
+    for foreground in [false, true] {
+        let extra: &[&str] = if foreground { &["--foreground"] } else { &[] };
+        let outcome = scdlfs(&setup.mount_args(&paths, extra), &mut cleanup);
+        outcome.assert_failure_saying("mounting over a dead mount", &["dead", "scdlfs unmount"]);
+        assert!(
+            outcome.stderr.contains(&*setup.mnt().to_string_lossy()),
+            "{}",
+            outcome.stderr
+        );
+    }
+    assert!(daemons_of(&setup.mnt()).is_empty());
+
+    scdlfs(&[os("unmount"), setup.mnt().as_os_str()], &mut cleanup)
+        .assert_success("unmounting a dead mount");
+    assert!(!is_mounted(&setup.mnt()));
+    assert!(std::fs::metadata(setup.mnt()).unwrap().is_dir());
+
+    // And the mountpoint takes a new mount, which serves everything (from a cache
+    // directory the killed daemon left as it was).
+    scdlfs(&setup.mount_args(&paths, &[]), &mut cleanup).assert_success("mounting again");
+    let daemon = daemon_of(&setup.mnt());
+    cleanup.pids.push(daemon);
+    assert_serves(&setup.mnt());
+    scdlfs(&[os("unmount"), setup.mnt().as_os_str()], &mut cleanup)
+        .assert_success("scdlfs unmount");
+    assert!(wait_for_exit(daemon, Duration::from_secs(20)).success());
+}
+
+#[test]
+fn unmount_of_something_that_is_not_mounted_fails_clearly() {
+    let setup = Setup::new();
+    let mut cleanup = Cleanup::default();
+    let outcome = scdlfs(&[os("unmount"), setup.mnt().as_os_str()], &mut cleanup);
+    outcome.assert_failure_saying(
+        "unmounting a plain directory",
+        &["cannot unmount", &setup.mnt().to_string_lossy()],
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The foreground daemon and signals.
+
+fn foreground_mount_ends_cleanly_on(signal: i32) {
+    let setup = Setup::new();
+    let mut cleanup = Cleanup::unmounting(setup.mnt());
+    let paths = setup.paths();
+    let mut command = command(&setup.mount_args(&paths, &["--foreground"]));
+    let log = setup.dir.path().join("foreground.log");
+    command
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    cleanup.children.push(command.spawn().unwrap());
+    let child = cleanup.children.last_mut().unwrap();
+    wait_until_mounted(&setup.mnt(), child);
+    assert_serves(&setup.mnt());
+
+    // SAFETY: signalling the child this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still running 20 s after signal {signal}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        status.success(),
+        "exit {status} after signal {signal}; log:\n{log}"
+    );
+    assert!(
+        !is_mounted(&setup.mnt()),
+        "still mounted after signal {signal}"
+    );
+    assert!(std::fs::read_dir(setup.mnt()).unwrap().next().is_none());
+    assert!(log.contains("unmounting"), "{log}");
+    assert!(!log.contains("ERROR"), "{log}");
+}
+
+#[test]
+fn a_foreground_mount_unmounts_cleanly_on_sigint() {
+    foreground_mount_ends_cleanly_on(libc::SIGINT);
+}
+
+#[test]
+fn a_foreground_mount_unmounts_cleanly_on_sigterm() {
+    foreground_mount_ends_cleanly_on(libc::SIGTERM);
+}
+
+#[test]
+fn a_foreground_mount_exits_when_unmounted_from_outside() {
+    let setup = Setup::new();
+    let mut cleanup = Cleanup::unmounting(setup.mnt());
+    let paths = setup.paths();
+    let mut command = command(&setup.mount_args(&paths, &["--foreground"]));
+    command.stdout(Stdio::null()).stderr(Stdio::null());
+    cleanup.children.push(command.spawn().unwrap());
+    wait_until_mounted(&setup.mnt(), cleanup.children.last_mut().unwrap());
+    let outcome = scdlfs(&[os("unmount"), setup.mnt().as_os_str()], &mut cleanup);
+    outcome.assert_success("scdlfs unmount");
+    let child = cleanup.children.first_mut().unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still running 20 s after the unmount"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+}
+
+// ---------------------------------------------------------------------------------------
+// status and chunk.
+
+#[test]
+fn status_prints_json_counters_of_a_mount_and_refuses_other_directories() {
+    adopt_orphans();
+    let setup = Setup::new();
+    let mut cleanup = Cleanup::unmounting(setup.mnt());
+    let paths = setup.paths();
+    scdlfs(&setup.mount_args(&paths, &[]), &mut cleanup).assert_success("scdlfs mount");
+    cleanup.pids.push(daemon_of(&setup.mnt()));
+    let big = std::fs::read(setup.mnt().join("nested/big.bin")).unwrap();
+
+    let outcome = scdlfs(
+        &[os("status"), setup.mnt().as_os_str(), os("--json")],
+        &mut cleanup,
+    );
+    outcome.assert_success("scdlfs status --json");
+    let status: serde_json::Value = serde_json::from_str(&outcome.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", outcome.stdout));
+    let counters = status["counters"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no counters: {status}"));
+    for name in [
+        "reads",
+        "bytes_read",
+        "bytes_fetched",
+        "parts_fetched",
+        "fetch_errors",
+        "read_errors",
+    ] {
+        assert!(
+            counters.get(name).is_some_and(|v| v.is_u64()),
+            "counter {name}: {status}"
+        );
+    }
+    assert!(
+        counters["bytes_read"].as_u64().unwrap() >= big.len() as u64,
+        "{status}"
+    );
+    assert!(
+        counters["bytes_fetched"].as_u64().unwrap() >= big.len() as u64,
+        "{status}"
+    );
+    assert_eq!(counters["fetch_errors"], 0);
+    assert!(
+        status["source"].as_str().is_some_and(|s| s.contains("src")),
+        "{status}"
+    );
+
+    // The human form says the same.
+    let human = scdlfs(&[os("status"), setup.mnt().as_os_str()], &mut cleanup);
+    human.assert_success("scdlfs status");
+    assert!(human.stdout.contains("reads"), "{}", human.stdout);
+
+    let plain = setup.dir.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    for not_a_mount in [plain.as_path(), &setup.src(), Path::new("/no/such/dir")] {
+        let outcome = scdlfs(
+            &[os("status"), not_a_mount.as_os_str(), os("--json")],
+            &mut cleanup,
+        );
+        outcome.assert_failure_saying(
+            "status of a directory that is not a mount",
+            &["not a scdlfs mount", &not_a_mount.to_string_lossy()],
+        );
+        assert!(outcome.stdout.is_empty(), "{}", outcome.stdout);
+    }
+    scdlfs(&[os("unmount"), setup.mnt().as_os_str()], &mut cleanup)
+        .assert_success("scdlfs unmount");
+}
+
+#[test]
+fn chunk_refuses_what_is_not_a_monolithic_archive() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cleanup = Cleanup::default();
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let chunked = dir.path().join("chunked");
+    small_dataset().write_chunked(&chunked).unwrap();
+    let target = dir.path().join("target");
+    let cases: [(&str, &Path, &[&str]); 3] = [
+        (
+            "a directory without header.sch",
+            &empty,
+            &["header.sch", "no such file"],
+        ),
+        (
+            "a missing directory",
+            Path::new("/no/such/archive"),
+            &["/no/such/archive/header.sch"],
+        ),
+        ("a chunked archive", &chunked, &["not a monolithic archive"]),
+    ];
+    for (what, source, words) in cases {
+        let outcome = scdlfs(
+            &[os("chunk"), source.as_os_str(), target.as_os_str()],
+            &mut cleanup,
+        );
+        outcome.assert_failure_saying(what, words);
+        assert!(!target.exists(), "{what}: the target was created");
+    }
+}

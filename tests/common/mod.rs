@@ -1,0 +1,231 @@
+//! Shared harness of the integration tests: real FUSE mounts of real stores (a local
+//! folder, or moto_server on 127.0.0.1), with the test doubles of `scdlfs::store` in
+//! between where a test needs to count, slow down or break requests.
+#![allow(dead_code)] // each test binary uses its own part of the harness
+
+pub mod s3;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
+use object_store::ObjectStore;
+use scdl_format::{ArrayKind, Dtype};
+use scdlfs::catalog::DirMode;
+use scdlfs::mount::{Mount, MountSettings};
+use scdlfs::synthetic::SyntheticDataset;
+
+/// Mount settings for tests: small parts so that small files span several.
+pub fn settings(cache_dir: &Path) -> MountSettings {
+    MountSettings {
+        fs_name: "scdlfs-test".into(),
+        view: DirMode::Discover,
+        cache_dir: cache_dir.to_owned(),
+        cache_bytes: 256 << 20,
+        max_cached_chunks: None,
+        part_size: 64 << 10,
+        max_concurrent_requests: 8,
+        allow_other: false,
+        fuse_threads: 4,
+        prefetch_lookahead_steps: 2,
+    }
+}
+
+/// A mount with its own temporary mountpoint and cache directory.
+pub struct TestMount {
+    pub mount: Option<Mount>,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestMount {
+    pub fn start(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        configure: impl FnOnce(&mut MountSettings),
+    ) -> TestMount {
+        let dir = tempfile::tempdir().unwrap();
+        let mountpoint = dir.path().join("mnt");
+        std::fs::create_dir(&mountpoint).unwrap();
+        let mut s = settings(&dir.path().join("cache"));
+        configure(&mut s);
+        let mount = Mount::start(store, ObjectPath::from(prefix), &mountpoint, &s).expect("mount");
+        TestMount {
+            mount: Some(mount),
+            dir,
+        }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.mount.as_ref().unwrap().mountpoint().to_owned()
+    }
+
+    pub fn cache_parts_dir(&self) -> PathBuf {
+        self.dir.path().join("cache/scdlfs-v1/parts")
+    }
+
+    pub fn status(&self) -> scdlfs::status::Status {
+        self.mount.as_ref().unwrap().status()
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        if let Some(mount) = self.mount.take() {
+            let _ = mount.unmount();
+        }
+    }
+}
+
+pub fn local_store(root: &Path) -> Arc<dyn ObjectStore> {
+    Arc::new(LocalFileSystem::new_with_prefix(root).unwrap())
+}
+
+/// A deterministic byte pattern that differs at every offset of every file.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Plain files of awkward sizes for a 64 KiB part size: empty, tiny, exactly one part,
+/// one byte over, several parts, in nested directories.
+pub fn plain_files() -> BTreeMap<String, Vec<u8>> {
+    let part = 64 << 10;
+    [
+        ("empty.bin", 0),
+        ("tiny.txt", 5),
+        ("one_part.bin", part),
+        ("one_part_plus_one.bin", part + 1),
+        ("nested/deeper/three_parts.bin", 3 * part + 17),
+        ("nested/big.bin", 11 * part + 4093),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, (name, len))| (name.to_string(), pattern(i as u64 + 1, *len)))
+    .collect()
+}
+
+pub fn write_files(root: &Path, files: &BTreeMap<String, Vec<u8>>) {
+    for (name, bytes) in files {
+        let path = root.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, bytes).unwrap();
+    }
+}
+
+/// A small synthetic dataset with a short last chunk and empty rows.
+pub fn small_dataset() -> SyntheticDataset {
+    SyntheticDataset {
+        rows: 2_500,
+        genes: 3_000,
+        chunk_rows: 300,
+        mean_values: 60,
+        seed: 11,
+    }
+}
+
+/// The monolithic arrays a synthetic dataset stands for, built without scdlfs.
+pub struct Monolithic {
+    pub data: Vec<u8>,
+    pub row_ptr: Vec<u8>,
+    pub col_ptr: Vec<u8>,
+}
+
+impl Monolithic {
+    pub fn of(spec: &SyntheticDataset) -> Monolithic {
+        let total = spec.total_values();
+        let (row_dtype, col_dtype) = (Dtype::smallest_uint_for(total), spec.column_dtype());
+        let (rw, cw) = (
+            row_dtype.size().unwrap() as usize,
+            col_dtype.size().unwrap() as usize,
+        );
+        let mut m = Monolithic {
+            data: Vec::new(),
+            row_ptr: vec![0; (spec.rows as usize + 1) * rw],
+            col_ptr: vec![0; total as usize * cw],
+        };
+        let mut at = 0u64;
+        for r in 0..spec.rows {
+            let row = spec.row(r);
+            for (c, v) in row.columns.iter().zip(&row.values) {
+                m.data.extend_from_slice(&v.to_le_bytes());
+                col_dtype.write_uint(&mut m.col_ptr, at as usize, *c as u64);
+                at += 1;
+            }
+            row_dtype.write_uint(&mut m.row_ptr, r as usize + 1, at);
+        }
+        m
+    }
+
+    pub fn array(&self, kind: ArrayKind) -> &[u8] {
+        match kind {
+            ArrayKind::Data => &self.data,
+            ArrayKind::RowPtr => &self.row_ptr,
+            ArrayKind::ColPtr => &self.col_ptr,
+        }
+    }
+}
+
+/// Every regular file under `root` with its bytes, by relative path.
+pub fn snapshot(root: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            if entry.file_type().unwrap().is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                out.insert(rel, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// Total bytes of the files directly in `dir` (the cache's part files).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// A small seeded generator for random offsets and sizes in tests.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        if n == 0 {
+            0
+        } else {
+            self.0 % n
+        }
+    }
+}

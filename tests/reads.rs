@@ -1,0 +1,155 @@
+//! Every byte read through a real mount equals the source: whole files, random ranges,
+//! ranges across part and chunk boundaries, past the end, empty objects; for plain
+//! objects and for the flat view of a chunked dataset; from a local folder and from a
+//! real S3 server.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use common::s3::{moto, unique_bucket};
+use common::*;
+use scdl_format::layout::{CHUNKED_DIR, HEADER_FILE};
+use scdl_format::{ArrayKind, Backend, Header};
+
+/// A source folder with plain files and a chunked dataset under `datasets/small`.
+fn source() -> (tempfile::TempDir, BTreeMap<String, Vec<u8>>) {
+    let dir = tempfile::tempdir().unwrap();
+    let files = plain_files();
+    write_files(dir.path(), &files);
+    small_dataset()
+        .write_chunked(&dir.path().join("datasets/small"))
+        .unwrap();
+    (dir, files)
+}
+
+fn check_plain_files(mnt: &Path, files: &BTreeMap<String, Vec<u8>>) {
+    let mut rng = Rng::new(7);
+    for (name, want) in files {
+        let path = mnt.join(name);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            want.len() as u64,
+            "{name} size"
+        );
+        assert_eq!(&std::fs::read(&path).unwrap(), want, "{name} whole");
+        let file = File::open(&path).unwrap();
+        for _ in 0..40 {
+            let offset = rng.below(want.len() as u64 + 200);
+            let len = rng.below(200_000) as usize;
+            check_range(&file, want, offset, len, name);
+        }
+        // Across every part boundary.
+        for boundary in (0..want.len() as u64).step_by(64 << 10).skip(1) {
+            check_range(&file, want, boundary - 3, 7, name);
+        }
+    }
+}
+
+fn check_range(file: &File, want: &[u8], offset: u64, len: usize, name: &str) {
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        let n = file.read_at(&mut buf[got..], offset + got as u64).unwrap();
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    let start = (offset as usize).min(want.len());
+    let end = (offset as usize + len).min(want.len());
+    assert_eq!(&buf[..got], &want[start..end], "{name} at {offset}+{len}");
+}
+
+fn check_flat_dataset(dataset: &Path, raw_source: Option<&Path>) {
+    let spec = small_dataset();
+    let mono = Monolithic::of(&spec);
+    let header = Header::decode(&std::fs::read(dataset.join(HEADER_FILE)).unwrap()).unwrap();
+    assert_eq!(header.backend, Backend::Monolithic);
+    assert_eq!(header.chunked, None);
+    let mut rng = Rng::new(3);
+    for kind in ArrayKind::ALL {
+        let want = mono.array(kind);
+        let path = dataset.join(kind.file_name());
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            want.len() as u64,
+            "{kind:?} size"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), want, "{kind:?} whole");
+        let file = File::open(&path).unwrap();
+        for _ in 0..200 {
+            let offset = rng.below(want.len() as u64 + 50);
+            let len = rng.below(5000) as usize;
+            check_range(&file, want, offset, len, kind.file_name());
+        }
+    }
+    if let Some(raw) = raw_source {
+        // The objects as stored stay reachable, byte for byte.
+        let chunked = snapshot(&dataset.join(CHUNKED_DIR));
+        let mut stored = snapshot(raw);
+        stored.insert(scdl_format::hint::HINT_FILE.into(), Vec::new());
+        assert_eq!(chunked, stored);
+    }
+}
+
+#[test]
+fn a_local_folder_reads_back_exactly() {
+    let (src, files) = source();
+    let mount = TestMount::start(local_store(src.path()), "", |_| {});
+    check_plain_files(&mount.path(), &files);
+    check_flat_dataset(
+        &mount.path().join("datasets/small"),
+        Some(&src.path().join("datasets/small")),
+    );
+}
+
+#[test]
+fn an_s3_bucket_reads_back_exactly() {
+    let (src, files) = source();
+    let server = moto();
+    let bucket = unique_bucket("reads");
+    server.create_bucket(&bucket);
+    server.upload(&bucket, "under/prefix", src.path());
+    let mount = TestMount::start(server.store(&bucket), "under/prefix", |_| {});
+    check_plain_files(&mount.path(), &files);
+    check_flat_dataset(&mount.path().join("datasets/small"), None);
+    let listed: Vec<String> = std::fs::read_dir(mount.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(listed.contains(&"nested".to_string()) && listed.contains(&"empty.bin".to_string()));
+}
+
+#[test]
+fn the_raw_view_shows_the_bucket_as_stored() {
+    let (src, _) = source();
+    let mount = TestMount::start(local_store(src.path()), "", |s| {
+        s.view = scdlfs::catalog::DirMode::Raw
+    });
+    let dataset = mount.path().join("datasets/small");
+    let mut stored = snapshot(&src.path().join("datasets/small"));
+    stored.insert(scdl_format::hint::HINT_FILE.into(), Vec::new());
+    assert_eq!(snapshot(&dataset), stored);
+    let header = Header::decode(&std::fs::read(dataset.join(HEADER_FILE)).unwrap()).unwrap();
+    assert_eq!(header.backend, Backend::Chunked);
+}
+
+#[test]
+fn sizes_and_times_are_exact() {
+    let (src, files) = source();
+    let mount = TestMount::start(local_store(src.path()), "", |_| {});
+    for name in files.keys() {
+        let stored = std::fs::metadata(src.path().join(name)).unwrap();
+        let mounted = std::fs::metadata(mount.path().join(name)).unwrap();
+        assert_eq!(mounted.len(), stored.len());
+        assert_eq!(
+            mounted.modified().unwrap(),
+            stored.modified().unwrap(),
+            "{name} mtime"
+        );
+    }
+}
