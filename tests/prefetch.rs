@@ -1,0 +1,207 @@
+//! Hint-guided prefetch over a slow link: a reader that announces its order through the
+//! sampler finds the next windows (or row blocks) already local, while the same epoch
+//! without hints waits on the network at every new window. The cache is smaller than
+//! the dataset, and nothing is downloaded twice: the window being read is never evicted.
+
+mod common;
+
+use std::fs::File;
+use std::num::{NonZeroU32, NonZeroU64};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use memmap2::Mmap;
+use scdl_format::{ArrayKind, Header};
+use scdl_sampler::{
+    BlockOrder, ChunkWindowOrder, DatasetLayout, Order, Sampler, Shard, Workers,
+    DEFAULT_VIRTUAL_CHUNK_SIZE,
+};
+use scdlfs::metrics::MetricsSnapshot;
+use scdlfs::store::throttled::Throttle;
+use scdlfs::store::wrapper::HookedStore;
+use scdlfs::synthetic::SyntheticDataset;
+
+fn dataset() -> SyntheticDataset {
+    SyntheticDataset {
+        rows: 24_000,
+        genes: 3_000,
+        chunk_rows: 2_000,
+        mean_values: 100,
+        seed: 21,
+    }
+}
+
+/// How the epoch went: counters after the first step and at the end.
+struct Epoch {
+    after_first_step: MetricsSnapshot,
+    at_end: MetricsSnapshot,
+    steps: usize,
+}
+
+/// Mounts the dataset behind a 20 ms, 40 MB/s link with a cache of about a third of
+/// it, and reads one epoch with `order`, spending 40 µs of "training" per row.
+fn run_epoch(order: Order, hints: bool) -> Epoch {
+    let src = tempfile::tempdir().unwrap();
+    let spec = dataset();
+    spec.write_chunked(&src.path().join("ds")).unwrap();
+    let link = Throttle::new(Duration::from_millis(20), 40_000_000);
+    let store = Arc::new(HookedStore::new(local_store(src.path()), link));
+    let mount = TestMount::start(store, "", |s| {
+        s.part_size = 128 << 10;
+        s.cache_bytes = 6 << 20;
+        s.prefetch_lookahead_steps = 3;
+    });
+    let dir = mount.path().join("ds");
+    let layout = DatasetLayout::discover(&dir, DEFAULT_VIRTUAL_CHUNK_SIZE).unwrap();
+    let mut sampler = Sampler::new(&layout, order, Shard::single(), Workers::single()).unwrap();
+    if !hints {
+        // A reader that does not announce anything: open no hint file.
+        sampler = Sampler::new(
+            &DatasetLayout {
+                dir: Path::new("/nonexistent").to_owned(),
+                ..layout.clone()
+            },
+            order,
+            Shard::single(),
+            Workers::single(),
+        )
+        .unwrap();
+    }
+    assert_eq!(sampler.hints_active(), hints);
+    let reader = FlatReader::open(&dir);
+    let mut rows = sampler.epoch(0);
+    let mut after_first_step = None;
+    let mut steps = 0;
+    while let Some(batch) = rows.next_minibatch() {
+        for &row in &batch {
+            assert_eq!(reader.row(row), spec.row(row), "row {row}");
+        }
+        std::thread::sleep(Duration::from_micros(40 * batch.len() as u64));
+        steps += 1;
+        if after_first_step.is_none() {
+            after_first_step = Some(mount.status().counters);
+        }
+    }
+    drop(rows);
+    assert!(sampler.take_hint_error().is_none());
+    Epoch {
+        after_first_step: after_first_step.unwrap(),
+        at_end: mount.status().counters,
+        steps,
+    }
+}
+
+/// Reads rows through the flat view's memory maps, as the released reader does.
+struct FlatReader {
+    data: Mmap,
+    row_ptr: Mmap,
+    col_ptr: Mmap,
+    header: Header,
+}
+
+impl FlatReader {
+    fn open(dir: &Path) -> FlatReader {
+        let map = |kind: ArrayKind| unsafe {
+            Mmap::map(&File::open(dir.join(kind.file_name())).unwrap()).unwrap()
+        };
+        FlatReader {
+            data: map(ArrayKind::Data),
+            row_ptr: map(ArrayKind::RowPtr),
+            col_ptr: map(ArrayKind::ColPtr),
+            header: Header::decode(&std::fs::read(dir.join("header.sch")).unwrap()).unwrap(),
+        }
+    }
+
+    fn row(&self, row: u64) -> scdlfs::synthetic::Row {
+        let [_, rows, cols] = self.header.csr_arrays().unwrap();
+        let start = rows.dtype.read_uint(&self.row_ptr, row as usize) as usize;
+        let end = rows.dtype.read_uint(&self.row_ptr, row as usize + 1) as usize;
+        scdlfs::synthetic::Row {
+            columns: (start..end)
+                .map(|i| cols.dtype.read_uint(&self.col_ptr, i) as u32)
+                .collect(),
+            values: (start..end)
+                .map(|i| f32::from_le_bytes(self.data[i * 4..i * 4 + 4].try_into().unwrap()))
+                .collect(),
+        }
+    }
+}
+
+fn dataset_bytes() -> u64 {
+    let spec = dataset();
+    let total = spec.total_values();
+    let chunks = spec.rows.div_ceil(spec.chunk_rows as u64);
+    total * 4 + total * spec.column_dtype().size().unwrap() + (spec.rows + chunks) * 4
+}
+
+fn window_order() -> Order {
+    Order::ChunkWindows(ChunkWindowOrder {
+        seed: 9,
+        chunks_per_window: NonZeroU32::new(1).unwrap(),
+        shuffle_chunks: true,
+        shuffle_within_window: true,
+    })
+}
+
+fn block_order() -> Order {
+    Order::Blocks(BlockOrder {
+        seed: 9,
+        block_size: NonZeroU64::new(200).unwrap(),
+        batch_size: NonZeroU64::new(100).unwrap(),
+        fetch_factor: NonZeroU64::new(20).unwrap(),
+    })
+}
+
+fn waits_after_first_step(epoch: &Epoch) -> u64 {
+    epoch.at_end.demand_reads_waited - epoch.after_first_step.demand_reads_waited
+}
+
+#[test]
+fn chunk_window_hints_keep_the_reader_off_the_network() {
+    let with = run_epoch(window_order(), true);
+    let without = run_epoch(window_order(), false);
+    eprintln!(
+        "windows: {} steps; waits after the first: {} with hints, {} without; fetched {} / {} bytes, prefetch hits {}",
+        with.steps,
+        waits_after_first_step(&with),
+        waits_after_first_step(&without),
+        with.at_end.bytes_fetched,
+        dataset_bytes(),
+        with.at_end.prefetch_hits
+    );
+    assert!(
+        waits_after_first_step(&with) <= 2,
+        "with hints the reader still waited"
+    );
+    assert!(
+        waits_after_first_step(&without) >= with.steps as u64 / 2,
+        "without hints the reader should wait at most new windows"
+    );
+    assert!(with.at_end.prefetch_hits > 0);
+    // A cache of a third of the dataset, yet nothing fetched twice: the advice kept
+    // the window being read and evicted what was done with.
+    assert!(
+        with.at_end.bytes_fetched <= dataset_bytes() + (256 << 10),
+        "re-fetched data"
+    );
+}
+
+#[test]
+fn row_range_hints_prefetch_block_order() {
+    let with = run_epoch(block_order(), true);
+    let without = run_epoch(block_order(), false);
+    eprintln!(
+        "blocks: {} minibatches; waits after the first: {} with hints, {} without; prefetch hits {}",
+        with.steps,
+        waits_after_first_step(&with),
+        waits_after_first_step(&without),
+        with.at_end.prefetch_hits
+    );
+    assert!(
+        waits_after_first_step(&with) * 4 <= waits_after_first_step(&without),
+        "row-range hints should remove most waits"
+    );
+    assert!(with.at_end.prefetch_hits > 0);
+}
