@@ -168,10 +168,7 @@ impl DiskCache {
         let mut inner = self.inner.lock();
         match written {
             Ok((file, path)) => {
-                let victims = inner
-                    .policy
-                    .commit(reservation, key, group, advisor.as_deref());
-                let victims = self.forget_files(&mut inner, victims);
+                inner.policy.commit(reservation, key, group);
                 inner.files.insert(
                     key,
                     (
@@ -182,8 +179,6 @@ impl DiskCache {
                         path,
                     ),
                 );
-                drop(inner);
-                self.delete_files(victims);
                 Ok(true)
             }
             Err(error) => {

@@ -77,6 +77,8 @@ struct UnitState {
 #[must_use = "a reservation must be committed or cancelled"]
 pub struct Reservation {
     bytes: u64,
+    /// The group the part joins.
+    group: Option<GroupId>,
 }
 
 #[derive(Debug)]
@@ -88,6 +90,9 @@ pub struct Policy {
     parts: HashMap<PartKey, PartState>,
     units: LruCache<Unit, UnitState>,
     groups_resident: usize,
+    /// Groups with downloads on their way in, and how many. They are not evicted
+    /// meanwhile, and those not resident yet hold a group slot.
+    incoming_groups: HashMap<GroupId, u32>,
     pins: HashMap<PartKey, u32>,
 }
 
@@ -101,6 +106,7 @@ impl Policy {
             parts: HashMap::new(),
             units: LruCache::unbounded(),
             groups_resident: 0,
+            incoming_groups: HashMap::new(),
             pins: HashMap::new(),
         }
     }
@@ -157,22 +163,42 @@ impl Policy {
         }
     }
 
-    /// Reserves `bytes` for a download into `unit`, evicting other units as needed.
-    /// Returns the reservation and the parts whose files must be deleted before the new
-    /// one is written, or `None` (evicting nothing) if pinned or protected data leaves
-    /// no room.
+    /// Reserves `bytes` for a download into `unit`, evicting other units as needed to
+    /// stay within both budgets (a part of a group not yet resident needs a group slot
+    /// too). Returns the reservation and the parts whose files must be deleted before
+    /// the new one is written, or `None` (evicting nothing) if pinned or protected data
+    /// leaves no room.
     pub fn reserve(
         &mut self,
         bytes: u64,
         unit: Unit,
         advisor: Option<&dyn EvictionAdvisor>,
     ) -> Option<(Reservation, Vec<PartKey>)> {
-        let needed =
+        let group = match unit {
+            Unit::Group(group) => Some(group),
+            Unit::Part(_) => None,
+        };
+        let needs_slot = matches!(unit, Unit::Group(g)
+            if !self.units.contains(&unit) && !self.incoming_groups.contains_key(&g));
+        let groups_to_evict = match self.max_groups {
+            Some(max) if needs_slot => (self.groups_held() + 1).saturating_sub(max),
+            _ => 0,
+        };
+        let bytes_to_free =
             (self.used_bytes + self.reserved_bytes + bytes).saturating_sub(self.budget_bytes);
-        if needed > 0 && self.evictable_bytes(unit, advisor) < needed {
+        if bytes_to_free > 0 && self.evictable_bytes(unit, advisor) < bytes_to_free {
+            return None;
+        }
+        if groups_to_evict > self.evictable_groups(unit, advisor) {
             return None;
         }
         let mut victims = Vec::new();
+        for _ in 0..groups_to_evict {
+            let victim = self
+                .choose_victim(unit, advisor, true)
+                .expect("evictable groups were counted");
+            victims.extend(self.evict(victim));
+        }
         while self.used_bytes + self.reserved_bytes + bytes > self.budget_bytes {
             let victim = self
                 .choose_victim(unit, advisor, false)
@@ -180,49 +206,79 @@ impl Policy {
             victims.extend(self.evict(victim));
         }
         self.reserved_bytes += bytes;
-        Some((Reservation { bytes }, victims))
+        if let Some(group) = group {
+            *self.incoming_groups.entry(group).or_default() += 1;
+        }
+        Some((Reservation { bytes, group }, victims))
+    }
+
+    /// Groups resident or on their way in: what the group budget bounds.
+    fn groups_held(&self) -> usize {
+        let incoming_only = self
+            .incoming_groups
+            .keys()
+            .filter(|g| !self.units.contains(&Unit::Group(**g)))
+            .count();
+        self.groups_resident + incoming_only
+    }
+
+    fn evictable_groups(&self, keep: Unit, advisor: Option<&dyn EvictionAdvisor>) -> usize {
+        self.units
+            .iter()
+            .filter(|(unit, state)| {
+                matches!(unit, Unit::Group(_)) && self.evictable(**unit, state, keep, advisor)
+            })
+            .count()
     }
 
     fn evictable_bytes(&self, keep: Unit, advisor: Option<&dyn EvictionAdvisor>) -> u64 {
         self.units
             .iter()
-            .filter(|(unit, state)| Self::evictable(**unit, state, keep, advisor))
+            .filter(|(unit, state)| self.evictable(**unit, state, keep, advisor))
             .map(|(_, state)| state.bytes)
             .sum()
     }
 
     fn evictable(
+        &self,
         unit: Unit,
         state: &UnitState,
         keep: Unit,
         advisor: Option<&dyn EvictionAdvisor>,
     ) -> bool {
-        let current = match (unit, advisor) {
-            (Unit::Group(group), Some(advisor)) => {
-                advisor.next_use(group) == Some(NextUse::Current)
+        let protected = match unit {
+            Unit::Group(group) => {
+                self.incoming_groups.contains_key(&group)
+                    || advisor.is_some_and(|a| a.next_use(group) == Some(NextUse::Current))
             }
-            _ => false,
+            Unit::Part(_) => false,
         };
-        unit != keep && state.pins == 0 && !current
+        unit != keep && state.pins == 0 && !protected
     }
 
     pub fn cancel(&mut self, reservation: Reservation) {
         self.reserved_bytes -= reservation.bytes;
+        self.settle_incoming(reservation.group);
     }
 
-    /// Turns a reservation into a resident part. Returns further victims if the group
-    /// budget is now exceeded.
-    pub fn commit(
-        &mut self,
-        reservation: Reservation,
-        key: PartKey,
-        group: Option<GroupId>,
-        advisor: Option<&dyn EvictionAdvisor>,
-    ) -> Vec<PartKey> {
+    fn settle_incoming(&mut self, group: Option<GroupId>) {
+        if let Some(group) = group {
+            if let Some(count) = self.incoming_groups.get_mut(&group) {
+                *count -= 1;
+                if *count == 0 {
+                    self.incoming_groups.remove(&group);
+                }
+            }
+        }
+    }
+
+    /// Turns a reservation into a resident part.
+    pub fn commit(&mut self, reservation: Reservation, key: PartKey, group: Option<GroupId>) {
         self.reserved_bytes -= reservation.bytes;
+        self.settle_incoming(reservation.group);
         let unit = Unit::of(key, group);
         if self.parts.contains_key(&key) {
-            return Vec::new();
+            return;
         }
         self.used_bytes += reservation.bytes;
         self.parts.insert(
@@ -239,17 +295,6 @@ impl Policy {
         state.parts.push(key);
         state.bytes += reservation.bytes;
         state.pins += self.pins.get(&key).copied().unwrap_or(0);
-        let mut victims = Vec::new();
-        while self
-            .max_groups
-            .is_some_and(|max| self.groups_resident > max)
-        {
-            match self.choose_victim(unit, advisor, true) {
-                Some(victim) => victims.extend(self.evict(victim)),
-                None => break,
-            }
-        }
-        victims
     }
 
     /// Removes `unit` and all its parts from the books, returning the parts.
@@ -279,7 +324,7 @@ impl Policy {
             .units
             .iter()
             .rev()
-            .filter(|(unit, state)| Self::evictable(**unit, state, keep, advisor))
+            .filter(|(unit, state)| self.evictable(**unit, state, keep, advisor))
             .filter(|(unit, _)| !groups_only || matches!(unit, Unit::Group(_)))
             .map(|(unit, _)| *unit);
         let Some(advisor) = advisor else {
@@ -314,10 +359,10 @@ mod tests {
     }
 
     fn fill(policy: &mut Policy, key: PartKey, group: Option<GroupId>, bytes: u64) -> Vec<PartKey> {
-        let (reservation, mut victims) = policy
+        let (reservation, victims) = policy
             .reserve(bytes, Unit::of(key, group), None)
             .expect("room");
-        victims.extend(policy.commit(reservation, key, group, None));
+        policy.commit(reservation, key, group);
         victims
     }
 
@@ -399,14 +444,10 @@ mod tests {
         let current = Unit::Group(GroupId(1));
         let (r, victims) = p.reserve(100, current, Some(&plan)).unwrap();
         assert_eq!(victims, vec![part(3, 0)], "furthest ahead goes first");
-        assert!(p
-            .commit(r, part(1, 1), Some(GroupId(1)), Some(&plan))
-            .is_empty());
+        p.commit(r, part(1, 1), Some(GroupId(1)));
         let (r, victims) = p.reserve(100, current, Some(&plan)).unwrap();
         assert_eq!(victims, vec![part(2, 0)]);
-        assert!(p
-            .commit(r, part(1, 2), Some(GroupId(1)), Some(&plan))
-            .is_empty());
+        p.commit(r, part(1, 2), Some(GroupId(1)));
         assert!(
             p.reserve(100, Unit::Part(part(9, 0)), Some(&plan))
                 .is_none(),
@@ -461,11 +502,8 @@ mod tests {
                         let group = group.map(|_| GroupId(object % 3));
                         if let Some((r, victims)) = p.reserve(bytes, Unit::of(key, group), None) {
                             for v in &victims { resident.remove(v); }
-                            for v in p.commit(r, key, group, None) { resident.remove(&v); }
+                            p.commit(r, key, group);
                             resident.insert(key, bytes);
-                        }
-                        if let (Some(max), true) = (max_groups, pinned.is_empty()) {
-                            prop_assert!(p.resident_groups() <= max);
                         }
                     }
                     Op::Pin { object, index } => {
@@ -477,6 +515,9 @@ mod tests {
                     }
                 }
                 prop_assert!(p.used_bytes() + p.reserved_bytes() <= budget);
+                if let Some(max) = max_groups {
+                    prop_assert!(p.resident_groups() <= max, "{} groups", p.resident_groups());
+                }
                 prop_assert_eq!(p.used_bytes(), resident.values().sum::<u64>());
                 prop_assert_eq!(p.resident_parts(), resident.len());
                 let pinned_set: HashSet<_> = pinned.iter().collect();

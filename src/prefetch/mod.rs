@@ -13,7 +13,7 @@
 pub mod plan;
 pub mod sequential;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -23,12 +23,15 @@ use scdl_format::hint::HintLine;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use crate::cache::{EvictionAdvisor, GroupId, NextUse};
+use crate::cache::{EvictionAdvisor, GroupId, NextUse, PartKey};
 use crate::catalog::{FileContent, FlatDataset, ObjectInfo};
 use crate::fetch::Fetcher;
 use crate::read::ReadPath;
 use crate::view::{plan_read, Piece, ReadPlan};
-use plan::{Plan, Step};
+use plan::{Plan, Step, Touched};
+
+/// Byte ranges of objects.
+type StepRanges = Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)>;
 use sequential::SequentialWindow;
 
 /// How far on either side of a touched page the kernel reads a memory-mapped FUSE
@@ -235,13 +238,15 @@ impl Prefetcher {
     /// Moves the positions of the plans whose dataset the read touches, through either
     /// view. Returns whether any plan covers the read's dataset.
     fn advance_plans(&self, read: &ReadPlan) -> bool {
-        let mut touched: Vec<(Arc<FlatDataset>, usize)> = Vec::new();
+        let mut touched: Vec<(Arc<FlatDataset>, usize, PartKey)> = Vec::new();
         {
             let index = self.chunk_of_group.lock();
             for piece in &read.pieces {
-                if let Piece::Object { object, .. } = piece {
-                    if let Some(found) = object.group.and_then(|g| index.get(&g)) {
-                        touched.push(found.clone());
+                if let Piece::Object { object, range, .. } = piece {
+                    if let Some((dataset, chunk)) = object.group.and_then(|g| index.get(&g)) {
+                        for part in self.fetcher.parts_of(range) {
+                            touched.push((dataset.clone(), *chunk, Fetcher::key(object, part)));
+                        }
                     }
                 }
             }
@@ -252,13 +257,15 @@ impl Prefetcher {
         let mut plans = self.plans.lock();
         let mut moved = false;
         for active in plans.values_mut() {
-            let chunks: Vec<usize> = touched
-                .iter()
-                .filter(|(dataset, _)| Arc::ptr_eq(dataset, &active.dataset))
-                .map(|(_, chunk)| *chunk)
-                .collect();
-            if !chunks.is_empty() {
-                moved |= active.plan.observe(&chunks, &active.dataset.layout);
+            let mut read = Touched::default();
+            for (dataset, chunk, part) in &touched {
+                if Arc::ptr_eq(dataset, &active.dataset) {
+                    read.chunks.push(*chunk);
+                    read.parts.push(*part);
+                }
+            }
+            if !read.chunks.is_empty() {
+                moved |= active.plan.observe(&read, &active.dataset.layout);
             }
         }
         if moved {
@@ -269,45 +276,66 @@ impl Prefetcher {
         true
     }
 
-    /// Issues prefetches for every plan's next steps, within the bounds.
+    /// Issues prefetches for every plan's next steps, within the bounds, and records
+    /// the parts of each step it could resolve for matching reads to steps.
     fn top_up(&self) {
-        let snapshot: Vec<(Arc<FlatDataset>, Vec<Step>)> = self
+        let snapshot: Vec<(u64, Arc<FlatDataset>, usize, Vec<Step>)> = self
             .plans
             .lock()
-            .values()
-            .map(|a| {
+            .iter()
+            .map(|(handle, a)| {
                 let start = a.plan.position.min(a.plan.steps.len());
                 let end = (start + 1 + self.config.lookahead_steps).min(a.plan.steps.len());
-                (a.dataset.clone(), a.plan.steps[start..end].to_vec())
+                (
+                    *handle,
+                    a.dataset.clone(),
+                    start,
+                    a.plan.steps[start..end].to_vec(),
+                )
             })
             .collect();
         let max_in_flight = 2 * self.fetcher.max_concurrent_requests();
         let mut ahead_bytes = 0u64;
-        for (dataset, steps) in snapshot {
-            for step in steps {
-                for (object, range) in self.step_ranges(&dataset, &step) {
+        let mut resolved = Vec::new();
+        'plans: for (handle, dataset, first, steps) in snapshot {
+            for (offset, step) in steps.into_iter().enumerate() {
+                let (ranges, complete) = self.step_ranges(&dataset, &step);
+                let mut parts = HashSet::new();
+                for (object, range) in ranges {
                     for index in self.fetcher.parts_of(&range) {
+                        parts.insert(Fetcher::key(&object, index));
                         if ahead_bytes >= self.config.max_ahead_bytes
                             || self.fetcher.in_flight_count() >= max_in_flight
                         {
-                            return;
+                            continue;
                         }
-                        ahead_bytes += self.fetcher.part_size();
+                        let part = self.fetcher.part_range(&object, index);
+                        ahead_bytes += part.end - part.start;
                         self.fetcher.prefetch(&object, index);
                     }
                 }
+                if complete {
+                    resolved.push((handle, first + offset, step, parts));
+                }
+                if ahead_bytes >= self.config.max_ahead_bytes {
+                    break 'plans;
+                }
+            }
+        }
+        let mut plans = self.plans.lock();
+        for (handle, index, step, parts) in resolved {
+            if let Some(active) = plans.get_mut(&handle) {
+                active.plan.resolve(index, &step, parts);
             }
         }
     }
 
-    /// The byte ranges of objects a step reads. A row step needs its chunk's row
-    /// offsets first; until they are cached, only they are asked for.
-    fn step_ranges(
-        &self,
-        dataset: &Arc<FlatDataset>,
-        step: &Step,
-    ) -> Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)> {
+    /// The byte ranges of objects a step reads, and whether that is all of them: a
+    /// row step needs its chunks' row offsets first, and until they are cached only
+    /// they are asked for.
+    fn step_ranges(&self, dataset: &Arc<FlatDataset>, step: &Step) -> (StepRanges, bool) {
         let mut ranges = Vec::new();
+        let mut complete = true;
         match step {
             Step::Window(chunks) => {
                 for &chunk in chunks {
@@ -340,21 +368,28 @@ impl Prefetcher {
                         let chunk_rows = dataset.layout.chunk_rows(chunk);
                         let local = rows.start.max(chunk_rows.start) - chunk_rows.start
                             ..rows.end.min(chunk_rows.end) - chunk_rows.start;
-                        if let Some(values) = self.cached_value_range(dataset, chunk, local) {
+                        let Some(values) = self.cached_value_range(dataset, chunk, local) else {
+                            complete = false;
+                            continue;
+                        };
+                        {
                             let nnz = dataset.layout.chunk_sizes(chunk).nnz.max(1);
                             for object in [data, col_ptr] {
                                 let width = object.size / nnz;
-                                ranges.push((
-                                    object.clone(),
-                                    values.start * width..values.end * width,
-                                ));
+                                // The kernel's read-around of a mapped reader reaches
+                                // past short blocks on both sides.
+                                let start =
+                                    (values.start * width).saturating_sub(KERNEL_READ_AROUND);
+                                let end =
+                                    (values.end * width + KERNEL_READ_AROUND).min(object.size);
+                                ranges.push((object.clone(), start..end));
                             }
                         }
                     }
                 }
             }
         }
-        ranges
+        (ranges, complete)
     }
 
     /// The value range `[row_ptr[rows.start], row_ptr[rows.end])` of a chunk, if its

@@ -2,24 +2,26 @@
 //! steps, their validation against the dataset, matching served reads to steps, and the
 //! eviction ranks the plan implies.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 use scdl_format::hint::HintLine;
 
+use crate::cache::PartKey;
 use crate::view::flat::FlatLayout;
 
 /// A plan longer than this is refused (EINVAL): the daemon keeps plans in memory.
 pub const MAX_PLAN_STEPS: usize = 1 << 20;
 /// How far from the current step a served read is matched to a step.
 const MATCH_HORIZON: usize = 64;
-/// Reads of the next step it takes to move there. A stray read (the kernel's
-/// read-around crossing into a neighbouring chunk of the flat file) must not move the
-/// position: that would mark the step being read as done.
+/// Reads of a later step, with no read of the current one in between, it takes to
+/// move there. A stray read (the kernel's read-around crossing into a neighbouring
+/// chunk of the flat file) must not move the position: that would mark the step being
+/// read as done.
 const READS_TO_ADVANCE: u32 = 3;
-/// Reads it takes to move anywhere else: readers go step by step, so a jump needs
-/// more evidence than strays give.
-const READS_TO_JUMP: u32 = 12;
+/// Reads it takes to move back to an earlier step: readers go forward, so going back
+/// needs more evidence than strays give.
+const READS_TO_GO_BACK: u32 = 12;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
@@ -46,10 +48,21 @@ impl Step {
     }
 }
 
+/// What one served read touched: the dataset chunks, and the parts of their objects.
+#[derive(Debug, Default)]
+pub struct Touched {
+    pub chunks: Vec<usize>,
+    pub parts: Vec<PartKey>,
+}
+
 #[derive(Debug, Default)]
 pub struct Plan {
     pub epoch: u64,
     pub steps: Vec<Step>,
+    /// For each step, the parts it reads once the prefetcher has resolved them. Reads
+    /// are matched to steps by part where known: steps of a block order share most of
+    /// their chunks, but few of their parts.
+    parts: Vec<Option<HashSet<PartKey>>>,
     /// The step the reader is in, as inferred from the reads served.
     pub position: usize,
     /// Reads of other steps since the position last moved, by step.
@@ -62,6 +75,7 @@ impl Plan {
         let mut next = Plan {
             epoch: self.epoch,
             steps: Vec::new(),
+            parts: Vec::new(),
             position: self.position,
             reads_elsewhere: HashMap::new(),
         };
@@ -109,41 +123,61 @@ impl Plan {
             return Err(format!("plan longer than {MAX_PLAN_STEPS} steps"));
         }
         if replaced {
-            self.steps = appended;
+            self.steps.clear();
+            self.parts.clear();
         } else {
             self.steps.drain(..self.position);
+            self.parts.drain(..self.position);
             next.position = 0;
-            self.steps.extend(appended);
         }
+        self.parts.resize(self.steps.len() + appended.len(), None);
+        self.steps.extend(appended);
         self.epoch = next.epoch;
         self.position = next.position.min(self.steps.len());
         self.reads_elsewhere.clear();
         Ok(())
     }
 
-    /// Counts a read of `chunks` towards the step it belongs to (searching forward
-    /// from the current step first, then backward), and moves the position there once
-    /// enough reads went there. Returns whether it moved.
-    pub fn observe(&mut self, chunks: &[usize], layout: &FlatLayout) -> bool {
-        let touches = |step: &Step| step.chunks(layout).iter().any(|c| chunks.contains(c));
-        if self.steps.get(self.position).is_some_and(touches) {
+    /// Records the parts step `index` reads, if it is still `step`.
+    pub fn resolve(&mut self, index: usize, step: &Step, parts: HashSet<PartKey>) {
+        if self.steps.get(index) == Some(step) {
+            self.parts[index] = Some(parts);
+        }
+    }
+
+    fn touches(&self, index: usize, touched: &Touched, layout: &FlatLayout) -> bool {
+        match &self.parts[index] {
+            Some(parts) => touched.parts.iter().any(|p| parts.contains(p)),
+            None => self.steps[index]
+                .chunks(layout)
+                .iter()
+                .any(|c| touched.chunks.contains(c)),
+        }
+    }
+
+    /// Counts a read towards the step it belongs to (searching forward from the
+    /// current step first, then backward), and moves the position there once enough
+    /// reads went there. Returns whether it moved.
+    pub fn observe(&mut self, touched: &Touched, layout: &FlatLayout) -> bool {
+        if self.position < self.steps.len() && self.touches(self.position, touched, layout) {
+            self.reads_elsewhere.clear();
             return false;
         }
         let forward = self.position + 1..(self.position + MATCH_HORIZON).min(self.steps.len());
         let backward = self.position.saturating_sub(MATCH_HORIZON)..self.position;
         let Some(step) = forward
             .into_iter()
-            .find(|&i| touches(&self.steps[i]))
-            .or_else(|| backward.rev().find(|&i| touches(&self.steps[i])))
+            .find(|&i| self.touches(i, touched, layout))
+            .or_else(|| backward.rev().find(|&i| self.touches(i, touched, layout)))
         else {
             return false;
         };
         let reads = self.reads_elsewhere.entry(step).or_default();
         *reads += 1;
-        let needed = if step == self.position + 1 {
+        let needed = if step > self.position {
             READS_TO_ADVANCE
         } else {
-            READS_TO_JUMP
+            READS_TO_GO_BACK
         };
         if *reads < needed {
             return false;
@@ -184,6 +218,13 @@ mod tests {
             chunks
         ];
         FlatLayout::new(Dtype::F32, Dtype::U32, Dtype::U32, &sizes)
+    }
+
+    fn chunks(chunks: &[usize]) -> Touched {
+        Touched {
+            chunks: chunks.to_vec(),
+            parts: Vec::new(),
+        }
     }
 
     fn window(chunks: &[u32]) -> HintLine {
@@ -235,16 +276,19 @@ mod tests {
             .map(|w| window(w))
             .collect();
         plan.apply(&lines, &l).unwrap();
-        assert!(!plan.observe(&[5], &l), "one read elsewhere is not a move");
-        assert!(!plan.observe(&[5], &l));
-        assert!(plan.observe(&[5], &l));
+        assert!(
+            !plan.observe(&chunks(&[5]), &l),
+            "one read elsewhere is not a move"
+        );
+        assert!(!plan.observe(&chunks(&[5]), &l));
+        assert!(plan.observe(&chunks(&[5]), &l));
         assert_eq!(plan.position, 1);
-        assert!(!plan.observe(&[0], &l), "same step");
-        for _ in 1..READS_TO_JUMP {
-            assert!(!plan.observe(&[1], &l));
+        assert!(!plan.observe(&chunks(&[0]), &l), "same step");
+        for _ in 1..READS_TO_GO_BACK {
+            assert!(!plan.observe(&chunks(&[1]), &l));
         }
         assert!(
-            plan.observe(&[1], &l),
+            plan.observe(&chunks(&[1]), &l),
             "a reader behind moves the position back"
         );
         assert_eq!(plan.position, 0);
@@ -252,7 +296,7 @@ mod tests {
         assert_eq!(ahead[&3], 0);
         assert_eq!(ahead[&5], 1);
         assert_eq!(ahead[&4], 2);
-        while !plan.observe(&[5], &l) {}
+        while !plan.observe(&chunks(&[5]), &l) {}
         assert_eq!(
             plan.chunks_ahead(&l)[&3],
             0,
@@ -261,16 +305,50 @@ mod tests {
     }
 
     #[test]
-    fn a_stray_read_in_between_does_not_move_the_position() {
+    fn stray_reads_between_reads_of_the_current_step_do_not_move_it() {
         let l = layout(6, 10);
         let mut plan = Plan::default();
         plan.apply(&[window(&[0]), window(&[1]), window(&[2])], &l)
             .unwrap();
-        for _ in 0..10 {
-            assert!(!plan.observe(&[2], &l));
-            assert!(!plan.observe(&[0], &l));
+        for _ in 0..2 * READS_TO_ADVANCE {
+            assert!(!plan.observe(&chunks(&[2]), &l));
+            assert!(!plan.observe(&chunks(&[0]), &l));
         }
         assert_eq!(plan.position, 0);
+        for _ in 1..READS_TO_ADVANCE {
+            assert!(!plan.observe(&chunks(&[2]), &l));
+        }
+        assert!(
+            plan.observe(&chunks(&[2]), &l),
+            "a reader that skipped a step"
+        );
+        assert_eq!(plan.position, 2);
+    }
+
+    #[test]
+    fn resolved_steps_are_matched_by_part_not_by_chunk() {
+        let l = layout(2, 10);
+        let part = |index| PartKey {
+            object: crate::cache::ObjectId(7),
+            index,
+        };
+        let mut plan = Plan::default();
+        let rows = |a, b| HintLine::Rows {
+            ranges: std::iter::once(a..b).collect(),
+        };
+        plan.apply(&[rows(0, 3), rows(5, 8)], &l).unwrap();
+        plan.resolve(0, &plan.steps[0].clone(), HashSet::from([part(0)]));
+        plan.resolve(1, &plan.steps[1].clone(), HashSet::from([part(1)]));
+        let read_of = |index| Touched {
+            chunks: vec![0],
+            parts: vec![part(index)],
+        };
+        // Both steps read chunk 0; only the parts tell them apart.
+        for _ in 1..READS_TO_ADVANCE {
+            assert!(!plan.observe(&read_of(1), &l));
+        }
+        assert!(plan.observe(&read_of(1), &l));
+        assert_eq!(plan.position, 1);
     }
 
     #[test]
@@ -287,7 +365,7 @@ mod tests {
             &l,
         )
         .unwrap();
-        while !plan.observe(&[2], &l) {}
+        while !plan.observe(&chunks(&[2]), &l) {}
         plan.apply(&[window(&[3])], &l).unwrap();
         assert_eq!(
             plan.steps,
@@ -313,7 +391,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plan.steps[0].chunks(&l), vec![0, 1]);
-        while !plan.observe(&[3], &l) {}
+        while !plan.observe(&chunks(&[3]), &l) {}
         assert_eq!(plan.position, 1);
     }
 }
