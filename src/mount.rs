@@ -47,11 +47,8 @@ pub enum MountError {
     StaleMount(PathBuf),
     #[error("{0} is already a mount point; unmount it first")]
     AlreadyMounted(PathBuf),
-    #[error("the store does not answer at {location}: {source}")]
-    StoreUnreachable {
-        location: String,
-        source: object_store::Error,
-    },
+    #[error("cannot list {location}: {reason}")]
+    StoreUnreachable { location: String, reason: String },
     #[error("cache: {0}")]
     Cache(io::Error),
     #[error("FUSE mount failed: {0}")]
@@ -112,9 +109,9 @@ impl Mount {
         // Fail now, with the store's own words, rather than on the first `ls`.
         runtime
             .block_on(store.list_with_delimiter((!prefix.as_ref().is_empty()).then_some(&prefix)))
-            .map_err(|source| MountError::StoreUnreachable {
+            .map_err(|error| MountError::StoreUnreachable {
                 location: settings.fs_name.clone(),
-                source,
+                reason: explain_store_error(&error),
             })?;
         let cache = Arc::new(
             DiskCache::open(
@@ -247,5 +244,38 @@ impl Drop for Mount {
         if let Err(error) = self.shut_down() {
             tracing::error!(mountpoint = %self.mountpoint.display(), %error, "unmount failed");
         }
+    }
+}
+
+/// A store error for people: the missing bucket named as such, and the causes
+/// (connection refused, DNS, TLS) that the error's own message leaves out.
+fn explain_store_error(error: &object_store::Error) -> String {
+    let mut causes = Vec::new();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        causes.push(cause.to_string());
+        source = cause.source();
+    }
+    let all = std::iter::once(error.to_string())
+        .chain(causes)
+        .collect::<Vec<_>>();
+    let text = all.join(": ");
+    if text.contains("NoSuchBucket") {
+        return "the bucket does not exist".into();
+    }
+    if text.contains("AccessDenied")
+        || text.contains("InvalidAccessKeyId")
+        || text.contains("SignatureDoesNotMatch")
+    {
+        return format!(
+            "access denied; check the credentials ({})",
+            all.last().unwrap()
+        );
+    }
+    // The deepest cause says what happened; the first line says to what.
+    let first_line = all[0].lines().next().unwrap_or_default();
+    match all.last() {
+        Some(deepest) if all.len() > 1 => format!("{first_line} ({deepest})"),
+        _ => first_line.to_owned(),
     }
 }

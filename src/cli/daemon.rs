@@ -24,8 +24,12 @@ pub fn spawn_and_wait(log_file: &Path) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut command = Command::new(exe);
     command
-        .args(std::env::args_os().skip(1))
+        // The flag goes right after the subcommand, so a user's `--` stays last.
+        .args(std::env::args_os().skip(1).take(1))
         .arg("--foreground")
+        .args(std::env::args_os().skip(2))
+        // A detached daemon is not the process a service manager watches.
+        .env_remove("NOTIFY_SOCKET")
         .env(READY_FD_VAR, write_end.as_raw_fd().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -55,7 +59,11 @@ pub fn spawn_and_wait(log_file: &Path) -> Result<(), String> {
                 log_file.display()
             ))
         }
-        message => Err(message.to_owned()),
+        message => {
+            // The daemon exits after reporting a failure: reap it.
+            let _ = child.wait();
+            Err(message.to_owned())
+        }
     }
 }
 
