@@ -222,3 +222,36 @@ fn row_range_hints_prefetch_block_order() {
     );
     assert!(with.at_end.prefetch_hits > 0);
 }
+
+#[test]
+fn a_sequential_reader_without_hints_gets_read_ahead() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let src = tempfile::tempdir().unwrap();
+    let bytes = pattern(5, 6 << 20);
+    std::fs::write(src.path().join("big.bin"), &bytes).unwrap();
+    let link = Throttle::new(Duration::from_millis(20), 40_000_000);
+    let store = Arc::new(HookedStore::new(local_store(src.path()), link));
+    let part = 128 << 10;
+    let mount = TestMount::start(store, "", |s| s.part_size = part);
+    let file = File::open(mount.path().join("big.bin")).unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut offset = 0;
+    while offset < bytes.len() {
+        let n = std::os::unix::fs::FileExt::read_at(&file, &mut buf, offset as u64).unwrap();
+        assert_eq!(&buf[..n], &bytes[offset..offset + n]);
+        offset += n;
+        // A reader that works on what it read, slower than the 40 MB/s link.
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    let counters = mount.status().counters;
+    let parts = bytes.len() as u64 / part;
+    eprintln!(
+        "sequential: {parts} parts, {} reads waited, {} prefetched, {} prefetch hits",
+        counters.demand_reads_waited, counters.prefetch_requests, counters.prefetch_hits
+    );
+    assert!(counters.prefetch_requests > 0);
+    assert!(
+        counters.demand_reads_waited * 4 <= parts,
+        "read-ahead should keep most parts ahead of the reader"
+    );
+}
