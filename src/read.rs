@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::try_join_all;
-use scdl_format::Dtype;
+use scdl_format::{ArrayKind, Dtype};
 
 use crate::cache::PartKey;
 use crate::catalog::{FlatDataset, ObjectInfo};
@@ -78,26 +78,20 @@ impl ReadPath {
         let mut on_network = needed.iter().any(|(key, _, _)| !cache.contains(*key));
         let checks = async {
             if let Some((dataset, chunks)) = &plan.chunks_to_check {
-                let mut unique = chunks.clone();
-                unique.dedup();
-                try_join_all(unique.into_iter().map(|c| self.check_row_ptr(dataset, c))).await?;
+                // Pieces come in file order, so a chunk's repeats are adjacent.
+                let mut chunks = chunks.clone();
+                chunks.dedup();
+                try_join_all(chunks.into_iter().map(|c| self.check_row_ptr(dataset, c))).await?;
             }
             Ok::<_, FsError>(())
         };
         if let Some((dataset, chunks)) = &plan.chunks_to_check {
             on_network |= chunks.iter().any(|&c| {
-                let row_ptr = &dataset.chunks[c][1];
                 dataset.row_ptr_check(c).get().is_none()
-                    && self
-                        .fetcher
-                        .parts_of(&(0..row_ptr.size))
-                        .any(|index| !cache.contains(Fetcher::key(row_ptr, index)))
+                    && !self.fetcher.is_cached(dataset.array(c, ArrayKind::RowPtr))
             });
         }
-        let parts = try_join_all(needed.into_iter().map(|(key, object, index)| async move {
-            Ok::<_, FsError>((key, self.fetcher.part(object, index).await?))
-        }));
-        let ((), parts) = futures::try_join!(checks, parts)?;
+        let ((), parts) = futures::try_join!(checks, self.fetch_all(needed))?;
         if on_network {
             Metrics::add(&self.metrics.demand_reads_waited, 1);
             Metrics::add(
@@ -108,12 +102,23 @@ impl ReadPath {
         self.finish(&plan, &parts.into_iter().collect())
     }
 
+    /// The parts, each from the cache or its download.
+    async fn fetch_all(
+        &self,
+        parts: Vec<(PartKey, &Arc<ObjectInfo>, u64)>,
+    ) -> FsResult<Vec<(PartKey, PartBytes)>> {
+        try_join_all(parts.into_iter().map(|(key, object, index)| async move {
+            Ok::<_, FsError>((key, self.fetcher.part(object, index).await?))
+        }))
+        .await
+    }
+
     /// Checks chunk `chunk`'s row offsets once per mount; later reads reuse the verdict.
     pub async fn check_row_ptr(&self, dataset: &Arc<FlatDataset>, chunk: usize) -> FsResult<()> {
         let verdict = dataset
             .row_ptr_check(chunk)
             .get_or_try_init(|| async {
-                let object = &dataset.chunks[chunk][1];
+                let object = dataset.array(chunk, ArrayKind::RowPtr);
                 let whole = ReadPlan {
                     pieces: vec![Piece::Object {
                         object: object.clone(),
@@ -124,12 +129,7 @@ impl ReadPath {
                     len: object.size,
                     chunks_to_check: None,
                 };
-                let parts = try_join_all(
-                    self.parts_needed(&whole)
-                        .into_iter()
-                        .map(|(key, object, index)| async move { Ok::<_, FsError>((key, self.fetcher.part(object, index).await?)) }),
-                )
-                .await;
+                let parts = self.fetch_all(self.parts_needed(&whole)).await;
                 let bytes = parts.and_then(|parts| self.finish(&whole, &parts.into_iter().collect()));
                 // A failed download is not a verdict on the data: a later read retries.
                 let verdict = dataset.verify_row_ptr(chunk, &bytes?);

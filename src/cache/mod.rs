@@ -104,7 +104,8 @@ impl DiskCache {
     }
 
     /// The directory whose files the budget bounds.
-    pub fn parts_dir(&self) -> &Path {
+    #[cfg(test)]
+    fn parts_dir(&self) -> &Path {
         &self.parts_dir
     }
 
@@ -150,25 +151,27 @@ impl DiskCache {
             if inner.policy.contains(key) {
                 return Ok(true);
             }
-            match inner
-                .policy
-                .reserve(disk_bytes, Unit::of(key, group), advisor.as_deref())
-            {
-                Some((reservation, victims)) => {
-                    (reservation, self.forget_files(&mut inner, victims))
-                }
-                None => {
-                    self.refused_for_room.fetch_add(1, Ordering::Relaxed);
-                    return Ok(false);
-                }
-            }
+            let (reservation, victims) =
+                inner
+                    .policy
+                    .reserve(disk_bytes, Unit::of(key, group), advisor.as_deref());
+            (reservation, self.forget_files(&mut inner, victims))
         };
         self.delete_files(victims);
+        let Some(reservation) = reservation else {
+            self.refused_for_room.fetch_add(1, Ordering::Relaxed);
+            return Ok(false);
+        };
         let written = self.write_part_file(header, data);
         let mut inner = self.inner.lock();
         match written {
             Ok((file, path)) => {
-                inner.policy.commit(reservation, key, group);
+                if !inner.policy.commit(reservation, key, group) {
+                    // Another download of the same part landed first.
+                    drop(inner);
+                    self.delete_files(vec![path]);
+                    return Ok(true);
+                }
                 inner.files.insert(
                     key,
                     (

@@ -165,15 +165,16 @@ impl Policy {
 
     /// Reserves `bytes` for a download into `unit`, evicting other units as needed to
     /// stay within both budgets (a part of a group not yet resident needs a group slot
-    /// too). Returns the reservation and the parts whose files must be deleted before
-    /// the new one is written, or `None` (evicting nothing) if pinned or protected data
-    /// leaves no room.
+    /// too). Returns the reservation, if there is room, and the parts evicted, whose
+    /// files the caller must delete (before writing the new one). When pinned or
+    /// protected data leaves no room nothing is evicted, unless the advice changed
+    /// while victims were being chosen.
     pub fn reserve(
         &mut self,
         bytes: u64,
         unit: Unit,
         advisor: Option<&dyn EvictionAdvisor>,
-    ) -> Option<(Reservation, Vec<PartKey>)> {
+    ) -> (Option<Reservation>, Vec<PartKey>) {
         let group = match unit {
             Unit::Group(group) => Some(group),
             Unit::Part(_) => None,
@@ -186,30 +187,31 @@ impl Policy {
         };
         let bytes_to_free =
             (self.used_bytes + self.reserved_bytes + bytes).saturating_sub(self.budget_bytes);
-        if bytes_to_free > 0 && self.evictable_bytes(unit, advisor) < bytes_to_free {
-            return None;
+        if bytes_to_free > 0 && self.evictable_bytes(unit, advisor) < bytes_to_free
+            || groups_to_evict > self.evictable_groups(unit, advisor)
+        {
+            return (None, Vec::new());
         }
-        if groups_to_evict > self.evictable_groups(unit, advisor) {
-            return None;
-        }
+        // The advice may change between the count above and the choices below (plans
+        // move as reads are served): then stop, keeping what was already evicted.
         let mut victims = Vec::new();
         for _ in 0..groups_to_evict {
-            let victim = self
-                .choose_victim(unit, advisor, true)
-                .expect("evictable groups were counted");
-            victims.extend(self.evict(victim));
+            match self.choose_victim(unit, advisor, true) {
+                Some(victim) => victims.extend(self.evict(victim)),
+                None => return (None, victims),
+            }
         }
         while self.used_bytes + self.reserved_bytes + bytes > self.budget_bytes {
-            let victim = self
-                .choose_victim(unit, advisor, false)
-                .expect("evictable bytes were counted");
-            victims.extend(self.evict(victim));
+            match self.choose_victim(unit, advisor, false) {
+                Some(victim) => victims.extend(self.evict(victim)),
+                None => return (None, victims),
+            }
         }
         self.reserved_bytes += bytes;
         if let Some(group) = group {
             *self.incoming_groups.entry(group).or_default() += 1;
         }
-        Some((Reservation { bytes, group }, victims))
+        (Some(Reservation { bytes, group }), victims)
     }
 
     /// Groups resident or on their way in: what the group budget bounds.
@@ -272,13 +274,19 @@ impl Policy {
         }
     }
 
-    /// Turns a reservation into a resident part.
-    pub fn commit(&mut self, reservation: Reservation, key: PartKey, group: Option<GroupId>) {
+    /// Turns a reservation into a resident part; `false` if the part was resident
+    /// already (the caller then discards its copy).
+    pub fn commit(
+        &mut self,
+        reservation: Reservation,
+        key: PartKey,
+        group: Option<GroupId>,
+    ) -> bool {
         self.reserved_bytes -= reservation.bytes;
         self.settle_incoming(reservation.group);
         let unit = Unit::of(key, group);
         if self.parts.contains_key(&key) {
-            return;
+            return false;
         }
         self.used_bytes += reservation.bytes;
         self.parts.insert(
@@ -294,7 +302,7 @@ impl Policy {
         let state = self.units.get_or_insert_mut(unit, UnitState::default);
         state.parts.push(key);
         state.bytes += reservation.bytes;
-        state.pins += self.pins.get(&key).copied().unwrap_or(0);
+        true
     }
 
     /// Removes `unit` and all its parts from the books, returning the parts.
@@ -359,10 +367,8 @@ mod tests {
     }
 
     fn fill(policy: &mut Policy, key: PartKey, group: Option<GroupId>, bytes: u64) -> Vec<PartKey> {
-        let (reservation, victims) = policy
-            .reserve(bytes, Unit::of(key, group), None)
-            .expect("room");
-        policy.commit(reservation, key, group);
+        let (reservation, victims) = policy.reserve(bytes, Unit::of(key, group), None);
+        assert!(policy.commit(reservation.expect("room"), key, group));
         victims
     }
 
@@ -397,16 +403,16 @@ mod tests {
         fill(&mut p, part(2, 0), None, 100);
         assert!(p.pin(part(1, 0)));
         assert!(p.pin(part(2, 0)));
-        assert!(p.reserve(100, Unit::Part(part(3, 0)), None).is_none());
+        assert_eq!(p.reserve(100, Unit::Part(part(3, 0)), None), (None, vec![]));
         assert_eq!(
             p.resident_parts(),
             2,
             "a refused reservation evicts nothing"
         );
         p.unpin(part(2, 0));
-        let (r, victims) = p.reserve(100, Unit::Part(part(3, 0)), None).unwrap();
+        let (r, victims) = p.reserve(100, Unit::Part(part(3, 0)), None);
         assert_eq!(victims, vec![part(2, 0)]);
-        p.cancel(r);
+        p.cancel(r.unwrap());
     }
 
     #[test]
@@ -442,15 +448,15 @@ mod tests {
         ]));
         // New data of the current step (group 1) displaces the plan's later chunks.
         let current = Unit::Group(GroupId(1));
-        let (r, victims) = p.reserve(100, current, Some(&plan)).unwrap();
+        let (r, victims) = p.reserve(100, current, Some(&plan));
         assert_eq!(victims, vec![part(3, 0)], "furthest ahead goes first");
-        p.commit(r, part(1, 1), Some(GroupId(1)));
-        let (r, victims) = p.reserve(100, current, Some(&plan)).unwrap();
+        assert!(p.commit(r.unwrap(), part(1, 1), Some(GroupId(1))));
+        let (r, victims) = p.reserve(100, current, Some(&plan));
         assert_eq!(victims, vec![part(2, 0)]);
-        p.commit(r, part(1, 2), Some(GroupId(1)));
-        assert!(
-            p.reserve(100, Unit::Part(part(9, 0)), Some(&plan))
-                .is_none(),
+        assert!(p.commit(r.unwrap(), part(1, 2), Some(GroupId(1))));
+        assert_eq!(
+            p.reserve(100, Unit::Part(part(9, 0)), Some(&plan)),
+            (None, vec![]),
             "the current step's data stays"
         );
     }
@@ -500,9 +506,10 @@ mod tests {
                         if resident.contains_key(&key) { continue; }
                         // A part belongs to one group for life, as objects do in a mount.
                         let group = group.map(|_| GroupId(object % 3));
-                        if let Some((r, victims)) = p.reserve(bytes, Unit::of(key, group), None) {
-                            for v in &victims { resident.remove(v); }
-                            p.commit(r, key, group);
+                        let (r, victims) = p.reserve(bytes, Unit::of(key, group), None);
+                        for v in &victims { resident.remove(v); }
+                        if let Some(r) = r {
+                            prop_assert!(p.commit(r, key, group));
                             resident.insert(key, bytes);
                         }
                     }

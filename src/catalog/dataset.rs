@@ -8,6 +8,7 @@
 //! offsets are checked later, on first use, by the read path ([`FlatDataset::row_ptr_check`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -35,6 +36,8 @@ pub struct FlatDataset {
     /// Newest modification time among the header and the chunks.
     pub mtime: SystemTime,
     row_ptr_checks: Vec<tokio::sync::OnceCell<Result<(), String>>>,
+    /// Whether the prefetcher has started each chunk's check.
+    row_ptr_checks_started: Vec<AtomicBool>,
 }
 
 impl FlatDataset {
@@ -78,8 +81,9 @@ impl FlatDataset {
             ));
         }
         let widths = [data.dtype, row_ptr.dtype, col_ptr.dtype].map(|d| d.size().unwrap());
-        let mut chunks = Vec::with_capacity(geometry.num_chunks() as usize);
-        let mut sizes = Vec::with_capacity(chunks.capacity());
+        // No capacity from the header: a corrupt chunk count must not allocate.
+        let mut chunks = Vec::new();
+        let mut sizes = Vec::new();
         let mut mtime = header_mtime;
         for chunk in 0..geometry.num_chunks() {
             let dir = chunk_dir_name(chunk as u32);
@@ -150,9 +154,20 @@ impl FlatDataset {
             header,
             layout,
             row_ptr_checks: (0..chunks.len()).map(|_| Default::default()).collect(),
+            row_ptr_checks_started: (0..chunks.len()).map(|_| AtomicBool::new(false)).collect(),
             chunks,
             mtime,
         })
+    }
+
+    /// The object of array `kind` of chunk `chunk`.
+    pub fn array(&self, chunk: usize, kind: ArrayKind) -> &Arc<ObjectInfo> {
+        &self.chunks[chunk][kind.index()]
+    }
+
+    /// Claims the start of chunk `chunk`'s check for the prefetcher: `true` once.
+    pub fn start_row_ptr_check(&self, chunk: usize) -> bool {
+        !self.row_ptr_checks_started[chunk].swap(true, Ordering::Relaxed)
     }
 
     /// The once-per-mount verdict on chunk `chunk`'s row offsets.
@@ -167,7 +182,7 @@ impl FlatDataset {
         let width = dtype.size().unwrap() as usize;
         let entries = bytes.len() / width;
         let nnz = self.layout.chunk_sizes(chunk).nnz;
-        let key = &self.chunks[chunk][1].key;
+        let key = &self.array(chunk, ArrayKind::RowPtr).key;
         let mut previous = 0;
         for i in 0..entries {
             let value = dtype.read_uint(bytes, i);

@@ -118,10 +118,6 @@ impl Tree {
         }
     }
 
-    pub fn store(&self) -> &Arc<dyn ObjectStore> {
-        &self.store
-    }
-
     pub fn mount_time(&self) -> SystemTime {
         self.mount_time
     }

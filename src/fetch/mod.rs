@@ -134,8 +134,14 @@ impl Fetcher {
         }
     }
 
+    /// Whether every part of `object` is in the disk cache.
+    pub fn is_cached(&self, object: &ObjectInfo) -> bool {
+        self.parts_of(&(0..object.size))
+            .all(|index| self.cache.contains(Self::key(object, index)))
+    }
+
     /// Whether the part is being downloaded now.
-    pub fn is_in_flight(&self, key: PartKey) -> bool {
+    fn is_in_flight(&self, key: PartKey) -> bool {
         self.in_flight.lock().contains_key(&key)
     }
 
@@ -150,11 +156,15 @@ impl Fetcher {
         index: u64,
     ) -> FsResult<PartBytes> {
         let key = Self::key(object, index);
-        if let Some(part) = self.cache.get(key) {
-            return Ok(PartBytes::Cached(part));
+        loop {
+            if let Some(part) = self.cache.get(key) {
+                return Ok(PartBytes::Cached(part));
+            }
+            // None: it landed in the cache meanwhile (or was evicted again: retry).
+            if let Some(download) = self.start(object, index, Urgency::demand()) {
+                return download.await.map(PartBytes::Fetched);
+            }
         }
-        let download = self.start(object, index, Urgency::demand());
-        download.await.map(PartBytes::Fetched)
     }
 
     /// Starts downloading the part in the background unless it is cached or on its way.
@@ -164,24 +174,32 @@ impl Fetcher {
         if self.cache.contains(key) || self.is_in_flight(key) {
             return false;
         }
-        Metrics::add(&self.metrics.prefetch_requests, 1);
-        drop(self.start(object, index, Urgency::prefetch()));
-        true
+        let started = self.start(object, index, Urgency::prefetch()).is_some();
+        if started {
+            Metrics::add(&self.metrics.prefetch_requests, 1);
+        }
+        started
     }
 
+    /// The part's download, joined or started; `None` if the part is cached by now.
     fn start(
         self: &Arc<Self>,
         object: &Arc<ObjectInfo>,
         index: u64,
         urgency: Arc<Urgency>,
-    ) -> SharedDownload {
+    ) -> Option<SharedDownload> {
         let key = Self::key(object, index);
         let mut in_flight = self.in_flight.lock();
         if let Some(existing) = in_flight.get(&key) {
             if urgency.is_demand() {
                 existing.urgency.raise();
             }
-            return existing.download.clone();
+            return Some(existing.download.clone());
+        }
+        // A download finishes by caching, then leaving this map: checked under the
+        // map's lock, a part is either cached or in flight, never fetched twice.
+        if self.cache.contains(key) {
+            return None;
         }
         let task = self.runtime.spawn({
             let (this, object, urgency) = (self.clone(), object.clone(), urgency.clone());
@@ -195,8 +213,12 @@ impl Fetcher {
             }
         });
         let download = async move {
-            task.await
-                .unwrap_or_else(|e| Err(FsError::CorruptData(format!("download task failed: {e}"))))
+            task.await.unwrap_or_else(|error| {
+                tracing::error!(%error, "a download task failed");
+                Err(FsError::CorruptData(format!(
+                    "download task failed: {error}"
+                )))
+            })
         }
         .boxed()
         .shared();
@@ -207,7 +229,7 @@ impl Fetcher {
                 urgency,
             },
         );
-        download
+        Some(download)
     }
 
     async fn download(
@@ -217,11 +239,14 @@ impl Fetcher {
         urgency: Arc<Urgency>,
     ) -> FsResult<Bytes> {
         let range = self.part_range(object, index);
-        let _permit = self.permits.acquire(urgency).await;
         let mut attempt = 0;
         let bytes = loop {
             attempt += 1;
-            match self.get_range(object, range.clone()).await {
+            // A slot is held for the request only, not for backoff or the disk write.
+            let permit = self.permits.acquire(urgency.clone()).await;
+            let fetched = self.get_range(object, range.clone()).await;
+            drop(permit);
+            match fetched {
                 Ok(bytes) => break bytes,
                 Err(error @ FsError::ObjectChanged { .. }) => {
                     return Err(self.failed(object, error));
@@ -250,8 +275,14 @@ impl Fetcher {
         );
         let inserted =
             tokio::task::spawn_blocking(move || cache.insert(key, group, &header, &stored)).await;
-        if let Ok(Err(error)) = inserted {
-            tracing::warn!(object = %object.key, part = index, %error, "could not write the part to the disk cache; serving it from memory");
+        match inserted {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(object = %object.key, part = index, %error, "could not write the part to the disk cache; serving it from memory");
+            }
+            Err(error) => {
+                tracing::error!(object = %object.key, part = index, %error, "caching the part failed; serving it from memory");
+            }
         }
         Ok(bytes)
     }

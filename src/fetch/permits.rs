@@ -55,7 +55,8 @@ pub struct Permit {
 }
 
 impl Permits {
-    /// `slots` downloads at once, of which at most `slots - 1` prefetches.
+    /// `slots` downloads at once, of which at most `slots - 1` prefetches (with a single
+    /// slot, prefetches share it).
     pub fn new(slots: usize) -> Arc<Permits> {
         let slots = slots.max(1);
         Arc::new(Permits {

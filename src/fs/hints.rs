@@ -63,12 +63,10 @@ impl HintHandles {
         FsError::InvalidHint(reason)
     }
 
-    /// Closes a hint handle, dropping its plan; `false` if `id` is not a hint handle.
-    pub(super) fn close(&self, id: u64) -> bool {
-        let was_hints = self.handles.lock().remove(&id).is_some();
-        if was_hints {
+    /// Closes handle `id` if it is a hint handle, dropping its plan.
+    pub(super) fn close(&self, id: u64) {
+        if self.handles.lock().remove(&id).is_some() {
             self.prefetcher.drop_plan(id);
         }
-        was_hints
     }
 }

@@ -285,9 +285,8 @@ impl Filesystem for ScdlFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if !self.0.hints.close(fh.0) {
-            self.0.prefetcher.close_handle(fh.0);
-        }
+        self.0.hints.close(fh.0);
+        self.0.prefetcher.close_handle(fh.0);
         reply.ok();
     }
 
@@ -355,17 +354,17 @@ impl Filesystem for ScdlFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
-        let names: &[u8] = if ino == INodeNo::ROOT {
-            b"user.scdlfs.status\0"
+        let names = if ino == INodeNo::ROOT {
+            format!("{STATUS_XATTR}\0").into_bytes()
         } else {
-            b""
+            Vec::new()
         };
         if size == 0 {
             reply.size(names.len() as u32);
         } else if (size as usize) < names.len() {
             reply.error(Errno::ERANGE);
         } else {
-            reply.data(names);
+            reply.data(&names);
         }
     }
 

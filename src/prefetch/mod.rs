@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use scdl_format::hint::HintLine;
+use scdl_format::ArrayKind;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -30,8 +31,15 @@ use crate::read::ReadPath;
 use crate::view::{plan_read, Piece, ReadPlan};
 use plan::{Plan, Step, Touched};
 
-/// Byte ranges of objects.
-type StepRanges = Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)>;
+/// What a step reads: its own byte ranges, the margins the kernel reads around them
+/// in memory-mapped flat arrays, and whether the ranges are all known yet (a row step
+/// needs its chunks' row offsets first).
+#[derive(Default)]
+struct StepReads {
+    ranges: Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)>,
+    read_around: Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)>,
+    complete: bool,
+}
 use sequential::SequentialWindow;
 
 /// How far on either side of a touched page the kernel reads a memory-mapped FUSE
@@ -119,23 +127,31 @@ impl Prefetcher {
         lines: &[HintLine],
     ) -> Result<(), String> {
         let mut plans = self.plans.lock();
-        if !plans.values().any(|a| Arc::ptr_eq(&a.dataset, dataset)) {
-            let mut index = self.chunk_of_group.lock();
-            for (chunk, objects) in dataset.chunks.iter().enumerate() {
-                if let Some(group) = objects[0].group {
-                    index.insert(group, (dataset.clone(), chunk));
+        match plans.get_mut(&handle) {
+            Some(active) => active.plan.apply(lines, &dataset.layout)?,
+            None => {
+                let mut plan = Plan::default();
+                plan.apply(lines, &dataset.layout)?;
+                if plan.steps.is_empty() {
+                    // A greeting alone announces nothing.
+                    return Ok(());
                 }
+                if !plans.values().any(|a| Arc::ptr_eq(&a.dataset, dataset)) {
+                    let mut index = self.chunk_of_group.lock();
+                    for (chunk, objects) in dataset.chunks.iter().enumerate() {
+                        if let Some(group) = objects[0].group {
+                            index.insert(group, (dataset.clone(), chunk));
+                        }
+                    }
+                }
+                let dataset = dataset.clone();
+                plans.insert(handle, ActivePlan { dataset, plan });
             }
         }
-        let active = plans.entry(handle).or_insert_with(|| ActivePlan {
-            dataset: dataset.clone(),
-            plan: Plan::default(),
-        });
-        let result = active.plan.apply(lines, &dataset.layout);
         self.after_plans_changed(&plans);
         drop(plans);
         self.wake.notify_one();
-        result
+        Ok(())
     }
 
     pub fn drop_plan(&self, handle: u64) {
@@ -296,25 +312,33 @@ impl Prefetcher {
             .collect();
         let max_in_flight = 2 * self.fetcher.max_concurrent_requests();
         let mut ahead_bytes = 0u64;
+        let mut seen = HashSet::new();
         let mut resolved = Vec::new();
         'plans: for (handle, dataset, first, steps) in snapshot {
             for (offset, step) in steps.into_iter().enumerate() {
-                let (ranges, complete) = self.step_ranges(&dataset, &step);
+                let reads = self.step_reads(&dataset, &step);
                 let mut parts = HashSet::new();
-                for (object, range) in ranges {
-                    for index in self.fetcher.parts_of(&range) {
-                        parts.insert(Fetcher::key(&object, index));
-                        if ahead_bytes >= self.config.max_ahead_bytes
+                let around = reads.read_around.iter().map(|r| (r, false));
+                for ((object, range), of_the_step) in
+                    reads.ranges.iter().map(|r| (r, true)).chain(around)
+                {
+                    for index in self.fetcher.parts_of(range) {
+                        let key = Fetcher::key(object, index);
+                        if of_the_step {
+                            parts.insert(key);
+                        }
+                        if !seen.insert(key)
+                            || ahead_bytes >= self.config.max_ahead_bytes
                             || self.fetcher.in_flight_count() >= max_in_flight
                         {
                             continue;
                         }
-                        let part = self.fetcher.part_range(&object, index);
+                        let part = self.fetcher.part_range(object, index);
                         ahead_bytes += part.end - part.start;
-                        self.fetcher.prefetch(&object, index);
+                        self.fetcher.prefetch(object, index);
                     }
                 }
-                if complete {
+                if reads.complete {
                     resolved.push((handle, first + offset, step, parts));
                 }
                 if ahead_bytes >= self.config.max_ahead_bytes {
@@ -330,32 +354,30 @@ impl Prefetcher {
         }
     }
 
-    /// The byte ranges of objects a step reads, and whether that is all of them: a
-    /// row step needs its chunks' row offsets first, and until they are cached only
-    /// they are asked for.
-    fn step_ranges(&self, dataset: &Arc<FlatDataset>, step: &Step) -> (StepRanges, bool) {
-        let mut ranges = Vec::new();
-        let mut complete = true;
+    /// The byte ranges of objects a step reads.
+    fn step_reads(&self, dataset: &Arc<FlatDataset>, step: &Step) -> StepReads {
+        let mut reads = StepReads {
+            complete: true,
+            ..StepReads::default()
+        };
         match step {
             Step::Window(chunks) => {
                 for &chunk in chunks {
                     let chunk = chunk as usize;
-                    for object in &dataset.chunks[chunk] {
-                        ranges.push((object.clone(), 0..object.size));
+                    for kind in ArrayKind::ALL {
+                        let object = dataset.array(chunk, kind);
+                        reads.ranges.push((object.clone(), 0..object.size));
                     }
-                    // A reader mapping the flat arrays reads around every page it
-                    // touches, so the edges of the neighbouring chunks are read too.
-                    for array in [0, 2] {
-                        if let Some(before) =
-                            chunk.checked_sub(1).map(|c| &dataset.chunks[c][array])
-                        {
-                            ranges.push((
-                                before.clone(),
-                                before.size.saturating_sub(KERNEL_READ_AROUND)..before.size,
-                            ));
+                    for kind in [ArrayKind::Data, ArrayKind::ColPtr] {
+                        if let Some(before) = chunk.checked_sub(1).map(|c| dataset.array(c, kind)) {
+                            let edge = before.size.saturating_sub(KERNEL_READ_AROUND)..before.size;
+                            reads.read_around.push((before.clone(), edge));
                         }
-                        if let Some(after) = dataset.chunks.get(chunk + 1).map(|c| &c[array]) {
-                            ranges.push((after.clone(), 0..after.size.min(KERNEL_READ_AROUND)));
+                        if chunk + 1 < dataset.chunks.len() {
+                            let after = dataset.array(chunk + 1, kind);
+                            reads
+                                .read_around
+                                .push((after.clone(), 0..after.size.min(KERNEL_READ_AROUND)));
                         }
                     }
                 }
@@ -363,33 +385,30 @@ impl Prefetcher {
             Step::Rows(rows) => {
                 for rows in rows {
                     for chunk in dataset.layout.chunks_of_rows(rows.clone()) {
-                        let [data, row_ptr, col_ptr] = &dataset.chunks[chunk];
-                        ranges.push((row_ptr.clone(), 0..row_ptr.size));
+                        let row_ptr = dataset.array(chunk, ArrayKind::RowPtr);
+                        reads.ranges.push((row_ptr.clone(), 0..row_ptr.size));
                         let chunk_rows = dataset.layout.chunk_rows(chunk);
                         let local = rows.start.max(chunk_rows.start) - chunk_rows.start
                             ..rows.end.min(chunk_rows.end) - chunk_rows.start;
                         let Some(values) = self.cached_value_range(dataset, chunk, local) else {
-                            complete = false;
+                            reads.complete = false;
                             continue;
                         };
-                        {
-                            let nnz = dataset.layout.chunk_sizes(chunk).nnz.max(1);
-                            for object in [data, col_ptr] {
-                                let width = object.size / nnz;
-                                // The kernel's read-around of a mapped reader reaches
-                                // past short blocks on both sides.
-                                let start =
-                                    (values.start * width).saturating_sub(KERNEL_READ_AROUND);
-                                let end =
-                                    (values.end * width + KERNEL_READ_AROUND).min(object.size);
-                                ranges.push((object.clone(), start..end));
-                            }
+                        for kind in [ArrayKind::Data, ArrayKind::ColPtr] {
+                            let object = dataset.array(chunk, kind);
+                            let width = dataset.layout.width(kind);
+                            let (start, end) = (values.start * width, values.end * width);
+                            reads.ranges.push((object.clone(), start..end));
+                            let around = start.saturating_sub(KERNEL_READ_AROUND)..start;
+                            reads.read_around.push((object.clone(), around));
+                            let around = end..(end + KERNEL_READ_AROUND).min(object.size);
+                            reads.read_around.push((object.clone(), around));
                         }
                     }
                 }
             }
         }
-        (ranges, complete)
+        reads
     }
 
     /// The value range `[row_ptr[rows.start], row_ptr[rows.end])` of a chunk, if its
@@ -400,7 +419,7 @@ impl Prefetcher {
         chunk: usize,
         rows: std::ops::Range<u64>,
     ) -> Option<std::ops::Range<u64>> {
-        let row_ptr = &dataset.chunks[chunk][1];
+        let row_ptr = dataset.array(chunk, ArrayKind::RowPtr);
         let dtype = dataset.layout.row_dtype();
         let width = dtype.size().unwrap();
         match dataset.row_ptr_check(chunk).get() {
@@ -409,11 +428,7 @@ impl Prefetcher {
             None => {
                 // Check the offsets once they are local, so the values they point at can
                 // be fetched; the check itself then costs no download.
-                let parts = self.fetcher.parts_of(&(0..row_ptr.size));
-                if parts
-                    .clone()
-                    .all(|index| self.fetcher.cache().contains(Fetcher::key(row_ptr, index)))
-                {
+                if self.fetcher.is_cached(row_ptr) && dataset.start_row_ptr_check(chunk) {
                     let (read_path, dataset) = (self.read_path.clone(), dataset.clone());
                     self.fetcher
                         .runtime()

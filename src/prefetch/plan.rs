@@ -14,6 +14,8 @@ use crate::view::flat::FlatLayout;
 pub const MAX_PLAN_STEPS: usize = 1 << 20;
 /// How far from the current step a served read is matched to a step.
 const MATCH_HORIZON: usize = 64;
+/// How many steps ahead the plan ranks chunks for eviction.
+const RANK_HORIZON: usize = 2 * MATCH_HORIZON;
 /// Reads of a later step, with no read of the current one in between, it takes to
 /// move there. A stray read (the kernel's read-around crossing into a neighbouring
 /// chunk of the flat file) must not move the position: that would mark the step being
@@ -32,6 +34,18 @@ pub enum Step {
 }
 
 impl Step {
+    /// Whether the step reads from any of `chunks`.
+    fn reads_any_of(&self, chunks: &[usize], layout: &FlatLayout) -> bool {
+        match self {
+            Step::Window(window) => window.iter().any(|c| chunks.contains(&(*c as usize))),
+            Step::Rows(ranges) => ranges.iter().any(|r| {
+                layout
+                    .chunks_of_rows(r.clone())
+                    .any(|c| chunks.contains(&c))
+            }),
+        }
+    }
+
     /// The chunks the step reads from.
     pub fn chunks(&self, layout: &FlatLayout) -> Vec<usize> {
         match self {
@@ -126,9 +140,11 @@ impl Plan {
             self.steps.clear();
             self.parts.clear();
         } else {
-            self.steps.drain(..self.position);
-            self.parts.drain(..self.position);
-            next.position = 0;
+            // The step just left stays: it is still protected from eviction.
+            let retired = self.position.saturating_sub(1);
+            self.steps.drain(..retired);
+            self.parts.drain(..retired);
+            next.position = self.position - retired;
         }
         self.parts.resize(self.steps.len() + appended.len(), None);
         self.steps.extend(appended);
@@ -148,10 +164,7 @@ impl Plan {
     fn touches(&self, index: usize, touched: &Touched, layout: &FlatLayout) -> bool {
         match &self.parts[index] {
             Some(parts) => touched.parts.iter().any(|p| parts.contains(p)),
-            None => self.steps[index]
-                .chunks(layout)
-                .iter()
-                .any(|c| touched.chunks.contains(c)),
+            None => self.steps[index].reads_any_of(&touched.chunks, layout),
         }
     }
 
@@ -194,7 +207,10 @@ impl Plan {
     pub fn chunks_ahead(&self, layout: &FlatLayout) -> HashMap<usize, u64> {
         let first = self.position.saturating_sub(1).min(self.steps.len());
         let mut ahead = HashMap::new();
-        for (index, step) in self.steps.iter().enumerate().skip(first) {
+        // Beyond the horizon the prefetcher fetches nothing, and ranking costs a walk
+        // of the whole plan on every move.
+        let horizon = self.position + RANK_HORIZON;
+        for (index, step) in self.steps.iter().enumerate().take(horizon).skip(first) {
             let distance = index.saturating_sub(self.position) as u64;
             for chunk in step.chunks(layout) {
                 ahead.entry(chunk).or_insert(distance);
@@ -367,11 +383,17 @@ mod tests {
         .unwrap();
         while !plan.observe(&chunks(&[2]), &l) {}
         plan.apply(&[window(&[3])], &l).unwrap();
+        // The step just left stays, protected; the one before it goes.
         assert_eq!(
             plan.steps,
-            vec![Step::Window(vec![2]), Step::Window(vec![3])]
+            vec![
+                Step::Window(vec![1]),
+                Step::Window(vec![2]),
+                Step::Window(vec![3])
+            ]
         );
-        assert_eq!(plan.position, 0);
+        assert_eq!(plan.position, 1);
+        assert_eq!(plan.chunks_ahead(&l)[&1], 0);
     }
 
     #[test]

@@ -89,11 +89,6 @@ impl FlatLayout {
         self.row_dtype
     }
 
-    /// Values stored by chunks before `chunk`: what its row offsets are shifted by.
-    pub fn nnz_before(&self, chunk: usize) -> u64 {
-        self.nnz_before[chunk]
-    }
-
     /// The dataset rows that chunk `chunk` holds.
     pub fn chunk_rows(&self, chunk: usize) -> Range<u64> {
         self.rows_before[chunk]..self.rows_before[chunk + 1]
@@ -116,7 +111,8 @@ impl FlatLayout {
         first..last + 1
     }
 
-    fn width(&self, kind: ArrayKind) -> u64 {
+    /// Bytes per element of array `kind`.
+    pub fn width(&self, kind: ArrayKind) -> u64 {
         let dtype = match kind {
             ArrayKind::Data => self.data_dtype,
             ArrayKind::RowPtr => self.row_dtype,

@@ -88,9 +88,8 @@ fn plan_flat(dataset: &Arc<FlatDataset>, kind: ArrayKind, offset: u64, len: u64)
                 add,
             } => {
                 chunks.push(chunk);
-                let index = ArrayKind::ALL.iter().position(|k| *k == array).unwrap();
                 Piece::Object {
-                    object: dataset.chunks[chunk][index].clone(),
+                    object: dataset.array(chunk, array).clone(),
                     range,
                     rebase: (array == ArrayKind::RowPtr).then_some((row_dtype, add)),
                 }

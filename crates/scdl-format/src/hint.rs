@@ -63,10 +63,6 @@ pub enum HintError {
     UnsupportedVersion(u32),
     #[error("the first line must be \"{GREETING} {VERSION}\"")]
     MissingGreeting,
-    #[error("{0} lies outside the dataset")]
-    OutOfRange(String),
-    #[error("plan longer than {0} steps")]
-    PlanTooLong(usize),
 }
 
 impl fmt::Display for HintLine {

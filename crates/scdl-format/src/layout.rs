@@ -30,6 +30,15 @@ impl ArrayKind {
         }
     }
 
+    /// The array's position in [`ArrayKind::ALL`], the order SCDL writes them in.
+    pub fn index(self) -> usize {
+        match self {
+            ArrayKind::Data => 0,
+            ArrayKind::RowPtr => 1,
+            ArrayKind::ColPtr => 2,
+        }
+    }
+
     pub fn from_file_name(name: &str) -> Option<ArrayKind> {
         ArrayKind::ALL.into_iter().find(|k| k.file_name() == name)
     }
@@ -92,11 +101,6 @@ impl ChunkGeometry {
         let end = ((chunk + 1) * self.chunk_size).min(self.total_rows);
         start..end
     }
-
-    /// The chunk that holds `row`, and the row's index inside it.
-    pub fn locate(&self, row: u64) -> (u64, u64) {
-        (row / self.chunk_size, row % self.chunk_size)
-    }
 }
 
 #[cfg(test)]
@@ -133,7 +137,7 @@ mod tests {
                 prop_assert!(!rows.is_empty());
                 prop_assert!(rows.end - rows.start <= size);
                 for row in [rows.start, rows.end - 1] {
-                    prop_assert_eq!(g.locate(row), (c, row - rows.start));
+                    prop_assert_eq!(row / size, c, "row {} belongs to chunk {}", row, c);
                 }
                 next = rows.end;
             }

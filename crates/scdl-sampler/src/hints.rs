@@ -14,10 +14,11 @@ use std::path::{Path, PathBuf};
 
 use scdl_format::hint::{HintLine, HINT_FILE, VERSION};
 
-/// The most bytes one `write()` carries. The kernel splits a write larger than the
-/// mount's `max_write` into several FUSE requests at arbitrary bytes, and `max_write`
-/// can be as small as one page; keeping each write within a page keeps every request
-/// the daemon sees made of whole lines (a single longer line is still sent alone).
+/// The most bytes one `write()` carries. The daemon accepts or refuses each FUSE
+/// write request as a whole, and the kernel splits a write larger than the mount's
+/// `max_write` (as small as one page) into several requests: keeping writes within a
+/// page keeps one bad line from taking good lines of other requests down with it (a
+/// single longer line is still sent alone).
 const MAX_WRITE_BYTES: usize = 4096;
 
 /// Why hints could not be given.
