@@ -63,6 +63,9 @@ pub struct Fetcher {
     permits: Arc<Permits>,
     /// Parts the prefetcher brought in that no reader has asked for yet.
     prefetched: Mutex<HashSet<PartKey>>,
+    /// The last parts the cache had no room for, kept in memory so that the reads
+    /// that follow do not download them again (bounded: one per download slot).
+    uncached: Mutex<lru::LruCache<PartKey, Bytes>>,
     in_flight: Mutex<HashMap<PartKey, InFlight>>,
     metrics: Arc<Metrics>,
     /// Downloads are started from FUSE threads, outside the runtime.
@@ -85,6 +88,9 @@ impl Fetcher {
             max_concurrent_requests,
             permits: Permits::new(max_concurrent_requests),
             prefetched: Mutex::new(HashSet::new()),
+            uncached: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(max_concurrent_requests.max(1)).unwrap(),
+            )),
             in_flight: Mutex::new(HashMap::new()),
             metrics,
             runtime: tokio::runtime::Handle::current(),
@@ -159,6 +165,9 @@ impl Fetcher {
         loop {
             if let Some(part) = self.cache.get(key) {
                 return Ok(PartBytes::Cached(part));
+            }
+            if let Some(bytes) = self.uncached.lock().get(&key) {
+                return Ok(PartBytes::Fetched(bytes.clone()));
             }
             // None: it landed in the cache meanwhile (or was evicted again: retry).
             if let Some(download) = self.start(object, index, Urgency::demand()) {
@@ -276,7 +285,10 @@ impl Fetcher {
         let inserted =
             tokio::task::spawn_blocking(move || cache.insert(key, group, &header, &stored)).await;
         match inserted {
-            Ok(Ok(_)) => {}
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => {
+                self.uncached.lock().put(key, bytes.clone());
+            }
             Ok(Err(error)) => {
                 tracing::warn!(object = %object.key, part = index, %error, "could not write the part to the disk cache; serving it from memory");
             }
