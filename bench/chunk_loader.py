@@ -165,7 +165,7 @@ def main():
                     first_row = time.monotonic() - started
                 rows += 1
                 read_bytes += len(v) + len(cols)
-                if rows % 512 == 0 and a.time_limit and time.monotonic() - started >= a.time_limit:
+                if a.time_limit and time.monotonic() - started >= a.time_limit:
                     out_of_time = True
                     break
             if out_of_time:

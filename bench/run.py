@@ -315,7 +315,7 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs):
     try:
         wait_mounted(mnt, proc, system, os.path.join(dataset_dir, "header.sch"))
         for label, order, epoch, hints, limit, prefill in epochs:
-            if prefill:
+            if prefill and (order == "random" or not results[-1]["completed"]):
                 for name in ("data.npy", "row_ptr.npy", "col_ptr.npy"):
                     with open(os.path.join(dataset_dir, name), "rb") as f:
                         while f.read(8 << 20):
@@ -350,9 +350,9 @@ def sys_scdlfs(ctx, order, run_i, hints, dataset=None, label_suffix="", warm=Tru
     h = "hints" if hints else "no hints"
     epochs = [("scdlfs cold, %s%s" % (h, label_suffix), order, 2 * run_i, hints, ctx.limit, False)]
     if warm:
-        # Warm: the next epoch on the same mount; an incomplete cold epoch is topped up
-        # by reading the files through first, so that the cache holds the whole dataset.
-        epochs.append(("scdlfs warm, %s" % h, order, 2 * run_i + 1, hints, ctx.limit, order == "random"))
+        # Warm: the next epoch on the same mount; after an incomplete cold epoch the files
+        # are read through first, so that the cache holds the whole dataset.
+        epochs.append(("scdlfs warm, %s" % h, order, 2 * run_i + 1, hints, ctx.limit, True))
     return mount_and_read(ctx, "scdlfs", cmd, clean_env(), mnt, os.path.join(mnt, dataset), epochs)
 
 
@@ -519,7 +519,14 @@ def write_report(args, ctx, results, summary, probes, path_md, path_png, started
     w("")
     for line in targets(args, ctx, summary, link_s):
         w("- " + line)
-    w("")
+    notes = os.path.join(REPO, "bench", "NOTES.md")
+    if os.path.exists(notes):
+        w("## Analysis")
+        w("")
+        w("(Hand-written in bench/NOTES.md from the run that produced this page; the numbers above are regenerated.)")
+        w("")
+        w(open(notes).read().strip())
+        w("")
     w("## Reduced variant (CI)")
     w("")
     w("`bench/run.py --quick` (run by `scripts/test-all`): a ~50 MB dataset, moto_server as the S3 server "
@@ -530,7 +537,7 @@ def write_report(args, ctx, results, summary, probes, path_md, path_png, started
                                                      os.path.relpath(ctx.summary_path, REPO)))
     with open(path_md, "w") as f:
         f.write("\n".join(lines) + "\n")
-    plot = dict(title="scdlfs benchmark: %.2f GB, %.0f MB/s + %.0f ms link, medians of %d runs"
+    plot = dict(title="scdlfs benchmark: %.2f GB, %.0f MB/s + %.0f ms link, median of %d run(s)"
                 % (ctx.info["bytes"] / 1e9, args.rate_mbps, args.latency_ms, args.runs),
                 orders=ORDERS, systems=systems,
                 rows_per_s=[[summary.get((s, o), {}).get("rows_per_s") for o in ORDERS] for s in systems])
@@ -576,6 +583,19 @@ def targets(args, ctx, summary, link_s):
 
 # ---------------------------------------------------------------- main
 
+def report_only(args):
+    path = os.path.join(args.work, "results.json")
+    saved = json.load(open(path))
+    ctx = Ctx()
+    ctx.info, ctx.rss_small, ctx.versions = saved["info"], saved["rss_small"], saved["versions"]
+    ctx.cache_size = saved["cache_size"]
+    ctx.results_path, ctx.summary_path = path, os.path.join(args.work, "summary.json")
+    for k in ("runs", "rate_mbps", "latency_ms", "time_limit", "server"):
+        setattr(args, k, saved["args"][k])
+    write_report(args, ctx, saved["results"], summarize(saved["results"]), saved["probes"], args.report,
+                 os.path.join(os.path.dirname(args.report), "benchmarks.png"), time.time() - saved["minutes"] * 60)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the reduced CI variant")
@@ -586,14 +606,18 @@ def main():
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--rate-mbps", type=float, default=200.0)
     p.add_argument("--latency-ms", type=float, default=20.0)
-    p.add_argument("--time-limit", type=float, default=20.0, help="seconds per epoch at most")
+    p.add_argument("--time-limit", type=float, default=15.0, help="seconds per epoch at most")
     p.add_argument("--cache-size", default="3GiB")
     p.add_argument("--server", choices=["s3s-nginx", "moto"], default=None)
     p.add_argument("--systems", default="local,scdlfs,s3fs,rclone,python")
     p.add_argument("--orders", default=",".join(ORDERS))
     p.add_argument("--font", default="/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
     p.add_argument("--report", default=os.path.join(REPO, "docs", "benchmarks.md"))
+    p.add_argument("--report-only", action="store_true",
+                   help="re-render the report from the last run's results.json (after editing bench/NOTES.md)")
     args = p.parse_args()
+    if args.report_only:
+        return report_only(args)
     if args.quick:
         args.size_mb, args.runs, args.chunk_rows = 50, 1, 1024
         args.time_limit = min(args.time_limit, 8.0)
@@ -689,7 +713,9 @@ def main():
     ctx.summary_path = os.path.join(args.work, "summary.json")
     summary = summarize(results)
     with open(ctx.results_path, "w") as f:
-        json.dump(dict(probes=probes, results=results, args=vars(args)), f, indent=1)
+        json.dump(dict(probes=probes, results=results, args=vars(args), info=ctx.info, rss_small=ctx.rss_small,
+                       versions=ctx.versions, cache_size=ctx.cache_size, minutes=(time.time() - started) / 60),
+                  f, indent=1)
     with open(ctx.summary_path, "w") as f:
         json.dump({"%s | %s" % k: v for k, v in summary.items()}, f, indent=1)
     if failures:

@@ -77,7 +77,6 @@ fn draw(s: &Summary, out: &std::path::Path) -> Result<(), Box<dyn std::error::Er
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(80)
-        .right_y_label_area_size(10)
         .build_cartesian_2d(0.0..groups as f64, (min..max).log_scale())?;
     let orders = s.orders.clone();
     chart

@@ -248,7 +248,7 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
             first_row.get_or_insert_with(|| started.elapsed());
             rows += 1;
             bytes += (values.len() + columns.len()) as u64;
-            if rows % 512 == 0 && limit.is_some_and(|l| started.elapsed() >= l) {
+            if limit.is_some_and(|l| started.elapsed() >= l) {
                 out_of_time = true;
                 break 'epoch;
             }
