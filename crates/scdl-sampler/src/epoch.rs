@@ -3,9 +3,10 @@
 //!
 //! Rows of a step are produced when the iteration enters the step, so memory holds
 //! one step's rows at a time. Entering a step is also when the hint file learns of the
-//! step `lookahead` places further on: the daemon always knows what is being read now
-//! and the next few steps, never the whole epoch, so its plan stays small and follows
-//! the reader even when an epoch is abandoned halfway.
+//! steps up to `lookahead` places further on (in batches of about half the lookahead):
+//! the daemon always knows what is being read now and the next few steps, never the
+//! whole epoch, so its plan stays small and follows the reader even when an epoch is
+//! abandoned halfway.
 
 use scdl_format::hint::HintLine;
 
@@ -105,10 +106,15 @@ impl<'a> EpochIter<'a> {
     }
 
     /// Writes `lines`, then the steps not yet announced up to `lookahead` steps from
-    /// the current one, all in one go.
+    /// the current one, all in one go. Steps are topped up only once fewer than half
+    /// the lookahead remain announced ahead: one write per several small steps keeps
+    /// a fast reader from paying a FUSE write per step.
     fn announce(&mut self, mut lines: Vec<HintLine>) {
         // The step being read; before any is entered, the first one to be.
         let current = self.next_step.saturating_sub(1);
+        if lines.is_empty() && self.announced > current + self.lookahead / 2 {
+            return;
+        }
         // Never below `announced`: `current` only grows.
         let through = (current + self.lookahead).min(self.share.len());
         for share_step in &self.share[self.announced..through] {

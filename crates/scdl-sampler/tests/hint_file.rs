@@ -67,8 +67,9 @@ proptest! {
         prop_assert_eq!(visited as u64, worker_share(&plan, &shard, &workers).iter().map(|s| s.rows).sum::<u64>());
     }
 
-    /// While step `i` of the share is being read, steps up to `i + lookahead` (not
-    /// included) have been announced, and no more.
+    /// While step `i` of the share is being read, more than `i + lookahead / 2` and at
+    /// most `i + lookahead` steps have been announced: topped up in batches, never
+    /// further than the lookahead.
     #[test]
     fn announcements_stay_a_bounded_lookahead_ahead_of_the_reader(
         chunks_total in 1u32..40, lookahead in 1usize..6,
@@ -84,10 +85,9 @@ proptest! {
         while iter.next().is_some() {
             let reading = read / chunk_size as usize;
             read += 1;
-            prop_assert_eq!(
-                steps_in_current_plan(&hint_lines(dataset.path())),
-                (reading + lookahead).min(steps)
-            );
+            let announced = steps_in_current_plan(&hint_lines(dataset.path()));
+            prop_assert!(announced <= (reading + lookahead).min(steps), "{} announced", announced);
+            prop_assert!(announced > (reading + lookahead / 2).min(steps - 1), "{} announced", announced);
         }
     }
 }
