@@ -1,16 +1,22 @@
-//! Read-ahead for readers that give no hint: per open handle, a window that doubles
-//! while reads are sequential and collapses on a jump, as kernels do for local files.
+//! Read-ahead for readers that give no hint: per open handle, a window that opens after
+//! a streak of sequential reads, doubles while they continue and collapses on a jump,
+//! as kernels do for local files.
 //! "Sequential" tolerates reordering: the kernel's own asynchronous read-ahead sends
 //! neighbouring requests that may arrive out of order.
 
 /// How far from the furthest byte read so far a read still counts as sequential.
 const REORDER_SLACK: u64 = 1 << 20;
+/// Sequential reads in a row before reading ahead. A random reader of a mapped file
+/// makes the kernel send a read-around and its own read-ahead next to it: two
+/// sequential-looking requests per random access, which must not start read-ahead.
+const STREAK_TO_READ_AHEAD: u32 = 4;
 
 /// The read-ahead state of one open handle.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SequentialWindow {
     furthest: u64,
     window: u64,
+    streak: u32,
 }
 
 impl SequentialWindow {
@@ -29,9 +35,13 @@ impl SequentialWindow {
             && end + REORDER_SLACK >= self.furthest
             && (self.furthest > 0 || offset == 0);
         if sequential {
-            self.window = (self.window * 2).clamp(min_window, max_window);
+            self.streak += 1;
+            if self.streak >= STREAK_TO_READ_AHEAD {
+                self.window = (self.window * 2).clamp(min_window, max_window);
+            }
             self.furthest = self.furthest.max(end);
         } else {
+            self.streak = 0;
             self.window = 0;
             self.furthest = end;
         }
@@ -43,32 +53,67 @@ impl SequentialWindow {
 mod tests {
     use super::*;
 
+    /// Feeds `STREAK_TO_READ_AHEAD - 1` sequential reads of `len` from `start`, which
+    /// read nothing ahead yet; returns where they end.
+    fn warm_up(w: &mut SequentialWindow, start: u64, len: u64) -> u64 {
+        for k in 0..STREAK_TO_READ_AHEAD as u64 - 1 {
+            assert!(
+                w.observe(start + k * len, len, 100, 1000).is_empty(),
+                "not yet a streak"
+            );
+        }
+        start + (STREAK_TO_READ_AHEAD as u64 - 1) * len
+    }
+
     #[test]
     fn grows_while_sequential_and_collapses_on_a_jump() {
         let mut w = SequentialWindow::default();
-        assert_eq!(w.observe(0, 10, 100, 1000), 10..110);
-        assert_eq!(w.observe(10, 10, 100, 1000), 20..220);
-        assert_eq!(w.observe(20, 10, 100, 1000), 30..430);
-        assert_eq!(w.observe(30, 10, 100, 1000), 40..840);
-        assert_eq!(w.observe(40, 10, 100, 1000), 50..1050, "capped");
+        let at = warm_up(&mut w, 0, 10);
+        assert_eq!(w.observe(at, 10, 100, 1000), at + 10..at + 110);
+        assert_eq!(w.observe(at + 10, 10, 100, 1000), at + 20..at + 220);
+        assert_eq!(w.observe(at + 20, 10, 100, 1000), at + 30..at + 430);
+        assert_eq!(w.observe(at + 30, 10, 100, 1000), at + 40..at + 840);
         assert_eq!(
-            w.observe(50 << 20, 10, 100, 1000),
-            (50 << 20) + 10..(50 << 20) + 10,
+            w.observe(at + 40, 10, 100, 1000),
+            at + 50..at + 1050,
+            "capped"
+        );
+        let far = 50 << 20;
+        assert!(
+            w.observe(far, 10, 100, 1000).is_empty(),
             "a jump stops read-ahead"
         );
+        let at = warm_up(&mut w, far + 10, 10);
         assert_eq!(
-            w.observe((50 << 20) + 10, 10, 100, 1000),
-            (50 << 20) + 20..(50 << 20) + 120,
-            "and it starts again small"
+            w.observe(at, 10, 100, 1000),
+            at + 10..at + 110,
+            "and starts again small"
         );
+    }
+
+    #[test]
+    fn random_access_with_kernel_read_around_never_reads_ahead() {
+        let mut w = SequentialWindow::default();
+        let mut x = 7u64;
+        for _ in 0..100 {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let offset = ((x >> 20) % (1 << 34)) & !0xfff;
+            // The read-around of a fault, then the kernel's read-ahead right after it.
+            assert!(w.observe(offset, 128 << 10, 100, 1 << 20).is_empty());
+            assert!(w
+                .observe(offset + (128 << 10), 128 << 10, 100, 1 << 20)
+                .is_empty());
+        }
     }
 
     #[test]
     fn reordered_neighbouring_reads_still_count_as_sequential() {
         let mut w = SequentialWindow::default();
-        w.observe(0, 4096, 100, 1 << 20);
+        warm_up(&mut w, 0, 4096);
         let ahead = w.observe(256 << 10, 128 << 10, 100, 1 << 20);
-        assert!(!ahead.is_empty());
+        assert!(!ahead.is_empty(), "a read a little past the furthest one");
         let ahead = w.observe(128 << 10, 128 << 10, 100, 1 << 20);
         assert_eq!(
             ahead.start,
