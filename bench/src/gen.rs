@@ -103,7 +103,7 @@ pub fn run(args: GenArgs) -> Result<(), String> {
         mean_values: spec.mean_values,
         seed: spec.seed,
         values,
-        bytes: dir_size(&args.out),
+        bytes: scdlfs::synthetic::stored_bytes(&args.out),
         num_chunks: rows.div_ceil(spec.chunk_rows as u64),
     };
     let json = serde_json::to_string_pretty(&info).unwrap();
@@ -121,19 +121,4 @@ pub fn run(args: GenArgs) -> Result<(), String> {
     );
     println!("{json}");
     Ok(())
-}
-
-fn dir_size(dir: &std::path::Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| match e.metadata() {
-                    Ok(m) if m.is_dir() => dir_size(&e.path()),
-                    Ok(m) => m.len(),
-                    Err(_) => 0,
-                })
-                .sum()
-        })
-        .unwrap_or(0)
 }

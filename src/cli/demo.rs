@@ -72,7 +72,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     let started = Instant::now();
     spec.write_chunked(&bucket.join(DATASET))
         .map_err(|e| e.to_string())?;
-    let dataset_bytes = dir_size(&bucket.join(DATASET));
+    let dataset_bytes = crate::synthetic::stored_bytes(&bucket.join(DATASET));
     println!(
         "wrote a chunked dataset: {} rows, {} values, {} in {} chunks ({:.1} s)",
         spec.rows,
@@ -219,19 +219,4 @@ fn read_epoch(
         seconds: started.elapsed().as_secs_f64(),
         first_row_ms: first_row_ms.unwrap_or(0.0),
     })
-}
-
-fn dir_size(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| match e.metadata() {
-                    Ok(m) if m.is_dir() => dir_size(&e.path()),
-                    Ok(m) => m.len(),
-                    Err(_) => 0,
-                })
-                .sum()
-        })
-        .unwrap_or(0)
 }
