@@ -32,6 +32,17 @@ pub enum OrderKind {
     Random,
 }
 
+/// Which epoch of which order: the arguments `read` and `order` share.
+#[derive(Args)]
+pub struct EpochArgs {
+    #[arg(long, value_enum)]
+    order: OrderKind,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long, default_value_t = 0)]
+    epoch: u64,
+}
+
 impl OrderKind {
     pub fn order(self, seed: u64) -> Order {
         let n32 = |n| NonZeroU32::new(n).unwrap();
@@ -67,12 +78,8 @@ pub struct ReadArgs {
     /// The row digests written by `gen`.
     #[arg(long)]
     digests: PathBuf,
-    #[arg(long, value_enum)]
-    order: OrderKind,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    #[arg(long, default_value_t = 0)]
-    epoch: u64,
+    #[command(flatten)]
+    epoch: EpochArgs,
     /// Do not announce the order, even where the directory has a hint file.
     #[arg(long)]
     no_hints: bool,
@@ -212,7 +219,7 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
         ));
     }
     let dataset = Dataset::open(&layout)?;
-    let order = args.order.order(args.seed);
+    let order = args.epoch.order.order(args.epoch.seed);
     let sampler_layout = if args.no_hints {
         DatasetLayout {
             dir: PathBuf::from("/nonexistent/scdlfs-bench-no-hints"),
@@ -229,7 +236,7 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
     let (mut rows, mut bytes, mut stall) = (0u64, 0u64, Duration::ZERO);
     let mut first_row = None;
     let mut out_of_time = false;
-    let mut iter = sampler.epoch(args.epoch);
+    let mut iter = sampler.epoch(args.epoch.epoch);
     let epoch_rows = iter.len() as u64;
     'epoch: while let Some(batch) = iter.next_minibatch() {
         for row in batch {
@@ -284,12 +291,8 @@ pub struct OrderArgs {
     rows: u64,
     #[arg(long)]
     chunk_rows: u64,
-    #[arg(long, value_enum)]
-    order: OrderKind,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    #[arg(long, default_value_t = 0)]
-    epoch: u64,
+    #[command(flatten)]
+    epoch: EpochArgs,
     /// Output: per step, its row count then its rows, all u64 little-endian.
     #[arg(long)]
     out: PathBuf,
@@ -305,12 +308,12 @@ pub fn order(args: OrderArgs) -> Result<(), String> {
     };
     let mut sampler = Sampler::new(
         &layout,
-        args.order.order(args.seed),
+        args.epoch.order.order(args.epoch.seed),
         Shard::single(),
         Workers::single(),
     )
     .map_err(|e| e.to_string())?;
-    let mut iter = sampler.epoch(args.epoch);
+    let mut iter = sampler.epoch(args.epoch.epoch);
     let steps: Vec<u64> = iter.share().iter().map(|s| s.rows).collect();
     let mut out = Vec::new();
     for step_rows in steps {
