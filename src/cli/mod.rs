@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::store::ClientSettings;
 use crate::units::parse_size;
 
 #[derive(Parser, Debug)]
@@ -60,6 +61,31 @@ enum Command {
     Demo(demo::DemoArgs),
 }
 
+/// How to reach an object store; shared by every command that talks to one.
+#[derive(Args, Debug, Clone)]
+pub struct StoreArgs {
+    /// Custom S3 endpoint (MinIO, Ceph, a test server); path-style requests.
+    #[arg(long, value_name = "URL", help_heading = "Object store")]
+    pub endpoint_url: Option<String>,
+    /// Bucket region.
+    #[arg(long, help_heading = "Object store")]
+    pub region: Option<String>,
+    /// Send unsigned requests (public buckets).
+    #[arg(long, help_heading = "Object store")]
+    pub no_sign_request: bool,
+}
+
+impl StoreArgs {
+    pub fn client_settings(&self) -> ClientSettings {
+        ClientSettings {
+            endpoint_url: self.endpoint_url.clone(),
+            region: self.region.clone(),
+            no_sign_request: self.no_sign_request,
+            request_timeout: None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum View {
     /// Chunked datasets appear as monolithic archives (what released readers open).
@@ -88,15 +114,8 @@ pub struct MountArgs {
     #[arg(long, value_name = "N", help_heading = "Cache")]
     pub max_cached_chunks: Option<usize>,
 
-    /// Custom S3 endpoint (MinIO, Ceph, a test server); path-style requests.
-    #[arg(long, value_name = "URL", help_heading = "Object store")]
-    pub endpoint_url: Option<String>,
-    /// Bucket region.
-    #[arg(long, help_heading = "Object store")]
-    pub region: Option<String>,
-    /// Send unsigned requests (public buckets).
-    #[arg(long, help_heading = "Object store")]
-    pub no_sign_request: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     /// Bytes per ranged GET and per cached part.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "8MiB", help_heading = "Performance")]

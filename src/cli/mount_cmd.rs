@@ -9,7 +9,7 @@ use super::{daemon, init_logging, notify, MountArgs, View};
 use crate::catalog::DirMode;
 use crate::metrics_http;
 use crate::mount::{check_mountpoint, Mount, MountSettings};
-use crate::store::{ClientSettings, Source};
+use crate::store::Source;
 use crate::units::format_size;
 
 const MIN_DEFAULT_CACHE: u64 = 256 << 20;
@@ -57,13 +57,9 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), Stri
             format_size(args.read_part_size)
         ));
     }
-    let client = ClientSettings {
-        endpoint_url: args.endpoint_url.clone(),
-        region: args.region.clone(),
-        no_sign_request: args.no_sign_request,
-        request_timeout: None,
-    };
-    let (store, prefix) = source.open(&client).map_err(|e| e.to_string())?;
+    let (store, prefix) = source
+        .open(&args.store.client_settings())
+        .map_err(|e| e.to_string())?;
     let metrics_listener = args
         .metrics_addr
         .map(|address| {
