@@ -7,6 +7,11 @@
 //! the daemon always knows what is being read now and the next few steps, never the
 //! whole epoch, so its plan stays small and follows the reader even when an epoch is
 //! abandoned halfway.
+//!
+//! The position ([`EpochCursor`]) is kept apart from the hint file it announces to, so
+//! that a caller that cannot hold a borrow of the sampler across calls (the Python
+//! binding, whose iterator is an object of its own) can keep it; [`EpochIter`] is the
+//! two together.
 
 use scdl_format::hint::HintLine;
 
@@ -17,9 +22,16 @@ use crate::shard::ShareStep;
 /// The rows of one worker's share of one epoch, in visiting order.
 #[derive(Debug)]
 pub struct EpochIter<'a> {
+    cursor: EpochCursor,
+    hints: &'a mut HintWriter,
+}
+
+/// How far one worker is through its share of one epoch, and how far the hint file
+/// has been told. Advanced with [`crate::Sampler::next_minibatch`].
+#[derive(Debug)]
+pub struct EpochCursor {
     plan: EpochPlan,
     share: Vec<ShareStep>,
-    hints: &'a mut HintWriter,
     lookahead: usize,
     /// How many steps of the share the hint file has been told of.
     announced: usize,
@@ -33,18 +45,38 @@ pub struct EpochIter<'a> {
 }
 
 impl<'a> EpochIter<'a> {
+    pub(crate) fn new(cursor: EpochCursor, hints: &'a mut HintWriter) -> EpochIter<'a> {
+        EpochIter { cursor, hints }
+    }
+
+    /// The whole epoch's plan, for all ranks and workers.
+    pub fn plan(&self) -> &EpochPlan {
+        self.cursor.plan()
+    }
+
+    /// This worker's steps of the epoch, in order.
+    pub fn share(&self) -> &[ShareStep] {
+        self.cursor.share()
+    }
+
+    /// The rows up to the next minibatch boundary; see [`crate::Sampler::next_minibatch`].
+    pub fn next_minibatch(&mut self) -> Option<Vec<u64>> {
+        self.cursor.next_minibatch(self.hints)
+    }
+}
+
+impl EpochCursor {
     /// Starts the epoch: writes `plan <epoch>` and the first `lookahead` steps.
     pub(crate) fn start(
         plan: EpochPlan,
         share: Vec<ShareStep>,
-        hints: &'a mut HintWriter,
+        hints: &mut HintWriter,
         lookahead: usize,
-    ) -> EpochIter<'a> {
+    ) -> EpochCursor {
         let rows_left = share.iter().map(|s| s.rows).sum();
-        let mut iter = EpochIter {
+        let mut cursor = EpochCursor {
             plan,
             share,
-            hints,
             lookahead,
             announced: 0,
             next_step: 0,
@@ -52,10 +84,11 @@ impl<'a> EpochIter<'a> {
             position: 0,
             rows_left,
         };
-        iter.announce(vec![HintLine::Plan {
-            epoch: iter.plan.epoch(),
-        }]);
-        iter
+        let greeting = vec![HintLine::Plan {
+            epoch: cursor.plan.epoch(),
+        }];
+        cursor.announce(hints, greeting);
+        cursor
     }
 
     /// The whole epoch's plan, for all ranks and workers.
@@ -68,12 +101,8 @@ impl<'a> EpochIter<'a> {
         &self.share
     }
 
-    /// The rows up to the next minibatch boundary. Block order cuts every fetch into
-    /// minibatches of `batch_size` rows (a fetch's last one may be shorter); the
-    /// chunk-window order has no minibatches of its own, so its only boundaries are
-    /// window ends and a call yields the rest of the current window.
-    pub fn next_minibatch(&mut self) -> Option<Vec<u64>> {
-        if !self.current_step_has_rows() {
+    pub(crate) fn next_minibatch(&mut self, hints: &mut HintWriter) -> Option<Vec<u64>> {
+        if !self.current_step_has_rows(hints) {
             return None;
         }
         let end = match self.plan.order().batch_size() {
@@ -89,9 +118,24 @@ impl<'a> EpochIter<'a> {
         Some(minibatch)
     }
 
+    /// The rows of the share not yet yielded.
+    pub fn rows_left(&self) -> u64 {
+        self.rows_left
+    }
+
+    fn next_row(&mut self, hints: &mut HintWriter) -> Option<u64> {
+        if !self.current_step_has_rows(hints) {
+            return None;
+        }
+        let row = self.rows[self.position];
+        self.position += 1;
+        self.rows_left -= 1;
+        Some(row)
+    }
+
     /// Makes sure a row is available at `position`, entering steps as needed; `false`
     /// once the share is exhausted.
-    fn current_step_has_rows(&mut self) -> bool {
+    fn current_step_has_rows(&mut self, hints: &mut HintWriter) -> bool {
         while self.position == self.rows.len() {
             let Some(entered) = self.share.get(self.next_step).copied() else {
                 return false;
@@ -100,7 +144,7 @@ impl<'a> EpochIter<'a> {
             self.rows = self.plan.rows_of(entered.step);
             self.rows.truncate(entered.rows as usize);
             self.position = 0;
-            self.announce(Vec::new());
+            self.announce(hints, Vec::new());
         }
         true
     }
@@ -109,7 +153,7 @@ impl<'a> EpochIter<'a> {
     /// the current one, all in one go. Steps are topped up only once fewer than half
     /// the lookahead remain announced ahead: one write per several small steps keeps
     /// a fast reader from paying a FUSE write per step.
-    fn announce(&mut self, mut lines: Vec<HintLine>) {
+    fn announce(&mut self, hints: &mut HintWriter, mut lines: Vec<HintLine>) {
         // The step being read; before any is entered, the first one to be.
         let current = self.next_step.saturating_sub(1);
         if lines.is_empty() && self.announced > current + self.lookahead / 2 {
@@ -122,7 +166,7 @@ impl<'a> EpochIter<'a> {
         }
         self.announced = through;
         if !lines.is_empty() {
-            self.hints.write_lines(&lines);
+            hints.write_lines(&lines);
         }
     }
 }
@@ -131,17 +175,11 @@ impl Iterator for EpochIter<'_> {
     type Item = u64;
 
     fn next(&mut self) -> Option<u64> {
-        if !self.current_step_has_rows() {
-            return None;
-        }
-        let row = self.rows[self.position];
-        self.position += 1;
-        self.rows_left -= 1;
-        Some(row)
+        self.cursor.next_row(self.hints)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let left = self.rows_left as usize;
+        let left = self.cursor.rows_left as usize;
         (left, Some(left))
     }
 }

@@ -68,6 +68,15 @@ impl HintWriter {
         writer
     }
 
+    /// A writer that gives no hints, for a sampler told not to.
+    pub fn disabled() -> HintWriter {
+        HintWriter {
+            path: PathBuf::new(),
+            file: None,
+            unreported: None,
+        }
+    }
+
     /// Whether hints are being written.
     pub fn is_active(&self) -> bool {
         self.file.is_some()

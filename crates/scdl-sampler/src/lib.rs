@@ -56,7 +56,7 @@ mod sampler;
 mod seeding;
 mod shard;
 
-pub use epoch::EpochIter;
+pub use epoch::{EpochCursor, EpochIter};
 pub use hints::{HintWriteError, HintWriter};
 pub use layout::{
     ChunkLayout, DatasetKind, DatasetLayout, LayoutError, DEFAULT_VIRTUAL_CHUNK_SIZE,

@@ -3,7 +3,7 @@
 
 use std::num::NonZeroUsize;
 
-use crate::epoch::EpochIter;
+use crate::epoch::{EpochCursor, EpochIter};
 use crate::hints::{HintWriteError, HintWriter};
 use crate::layout::{ChunkLayout, DatasetLayout};
 use crate::order::{EpochPlan, Order};
@@ -31,13 +31,34 @@ impl Sampler {
         shard: Shard,
         workers: Workers,
     ) -> Result<Sampler, ShardError> {
+        Sampler::with_writer(layout, order, shard, workers, HintWriter::open)
+    }
+
+    /// A sampler of `layout`'s dataset that gives no hints, even on a mount; its rows
+    /// are those of [`Sampler::new`].
+    pub fn without_hints(
+        layout: &DatasetLayout,
+        order: Order,
+        shard: Shard,
+        workers: Workers,
+    ) -> Result<Sampler, ShardError> {
+        Sampler::with_writer(layout, order, shard, workers, |_| HintWriter::disabled())
+    }
+
+    fn with_writer(
+        layout: &DatasetLayout,
+        order: Order,
+        shard: Shard,
+        workers: Workers,
+        open_hints: impl FnOnce(&std::path::Path) -> HintWriter,
+    ) -> Result<Sampler, ShardError> {
         shard.check_step_count(order.step_count(&layout.chunks))?;
         Ok(Sampler {
             chunks: layout.chunks,
             order,
             shard,
             workers,
-            hints: HintWriter::open(&layout.dir),
+            hints: open_hints(&layout.dir),
             lookahead: DEFAULT_HINT_LOOKAHEAD,
         })
     }
@@ -53,9 +74,35 @@ impl Sampler {
     /// Starts epoch `epoch`: tells the daemon of the new plan, and yields this worker's
     /// rows of it.
     pub fn epoch(&mut self, epoch: u64) -> EpochIter<'_> {
+        let cursor = self.start_epoch(epoch);
+        EpochIter::new(cursor, &mut self.hints)
+    }
+
+    /// Starts epoch `epoch` like [`Sampler::epoch`], for a caller that keeps the
+    /// position apart from the sampler and advances it with
+    /// [`Sampler::next_minibatch`].
+    pub fn start_epoch(&mut self, epoch: u64) -> EpochCursor {
         let plan = EpochPlan::new(self.chunks, self.order, epoch);
         let share = worker_share(&plan, &self.shard, &self.workers);
-        EpochIter::start(plan, share, &mut self.hints, self.lookahead.get())
+        EpochCursor::start(plan, share, &mut self.hints, self.lookahead.get())
+    }
+
+    /// The rows up to `cursor`'s next minibatch boundary, announcing steps as it
+    /// enters them. Block order cuts every fetch into minibatches of `batch_size` rows
+    /// (a fetch's last one may be shorter); the chunk-window order has no minibatches
+    /// of its own, so its only boundaries are window ends and a call yields the rest of
+    /// the current window.
+    pub fn next_minibatch(&mut self, cursor: &mut EpochCursor) -> Option<Vec<u64>> {
+        cursor.next_minibatch(&mut self.hints)
+    }
+
+    /// How many rows this worker visits in epoch `epoch`.
+    pub fn rows_in_epoch(&self, epoch: u64) -> u64 {
+        let plan = EpochPlan::new(self.chunks, self.order, epoch);
+        worker_share(&plan, &self.shard, &self.workers)
+            .iter()
+            .map(|s| s.rows)
+            .sum()
     }
 
     /// Whether the daemon is being told the plan.

@@ -165,6 +165,25 @@ fn without_a_hint_file_rows_are_the_same_and_nothing_is_written() {
 }
 
 #[test]
+fn a_sampler_told_not_to_hint_writes_nothing_and_yields_the_same_rows() {
+    let order = window_order(5, 3);
+    let hinted_dir = raw_dataset(300, 30, true);
+    let silent_dir = raw_dataset(300, 30, true);
+    let layout = DatasetLayout::discover(silent_dir.path(), DEFAULT_VIRTUAL_CHUNK_SIZE).unwrap();
+    let mut hinted = sampler_of(hinted_dir.path(), order, Shard::single(), Workers::single());
+    let mut silent =
+        Sampler::without_hints(&layout, order, Shard::single(), Workers::single()).unwrap();
+    assert!(hinted.hints_active());
+    assert!(!silent.hints_active());
+    assert_eq!(
+        hinted.epoch(2).collect::<Vec<_>>(),
+        silent.epoch(2).collect::<Vec<_>>()
+    );
+    assert!(hint_lines(silent_dir.path()).is_empty());
+    assert!(silent.take_hint_error().is_none());
+}
+
+#[test]
 fn a_refused_write_is_reported_and_rows_still_come() {
     let dataset = raw_dataset(300, 30, false);
     symlink("/dev/full", dataset.path().join(HINT_FILE)).unwrap();

@@ -76,6 +76,33 @@ proptest! {
         }
         prop_assert_eq!(cuts.next(), None);
     }
+
+    /// A cursor kept apart from its sampler (as the Python binding keeps it) yields the
+    /// minibatches of `epoch()` and announces the same hints, and `rows_in_epoch`
+    /// counts them.
+    #[test]
+    fn a_cursor_kept_apart_is_the_epoch_iterator(
+        rows in 0u64..800, chunk_size in 1u32..100, order in orders(), epoch in 0u64..3,
+        world_size in 1u32..4,
+        even in prop_oneof![Just(EvenShares::Uneven), Just(EvenShares::Pad), Just(EvenShares::Drop)],
+    ) {
+        let by_iterator = raw_dataset(rows, chunk_size, true);
+        let by_cursor = raw_dataset(rows, chunk_size, true);
+        let shard = Shard::new(world_size - 1, nonzero(world_size), even).unwrap();
+        let layout = DatasetLayout::discover(by_iterator.path(), DEFAULT_VIRTUAL_CHUNK_SIZE).unwrap();
+        let iterated = Sampler::new(&layout, order, shard, Workers::single());
+        prop_assume!(iterated.is_ok(), "too few steps to even out");
+        let mut iterated = iterated.unwrap();
+        let mut kept_apart = sampler(by_cursor.path(), order, shard, Workers::single());
+
+        let mut iter = iterated.epoch(epoch);
+        let expected: Vec<Vec<u64>> = std::iter::from_fn(|| iter.next_minibatch()).collect();
+        let mut cursor = kept_apart.start_epoch(epoch);
+        let got: Vec<Vec<u64>> = std::iter::from_fn(|| kept_apart.next_minibatch(&mut cursor)).collect();
+        prop_assert_eq!(&got, &expected);
+        prop_assert_eq!(kept_apart.rows_in_epoch(epoch), got.concat().len() as u64);
+        prop_assert_eq!(hint_lines(by_cursor.path()), hint_lines(by_iterator.path()));
+    }
 }
 
 #[test]
