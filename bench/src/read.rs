@@ -15,8 +15,8 @@ use memmap2::Mmap;
 use scdl_format::layout::{chunk_dir_name, HEADER_FILE};
 use scdl_format::{ArrayKind, Dtype, Header};
 use scdl_sampler::{
-    BlockOrder, ChunkLayout, ChunkWindowOrder, DatasetKind, DatasetLayout, Order, Sampler, Shard,
-    Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
+    BlockOrder, ChunkLayout, ChunkWindowOrder, DatasetKind, DatasetLayout, EvenShares, Order,
+    Sampler, Shard, Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
 use serde::Serialize;
 
@@ -220,16 +220,12 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
     }
     let dataset = Dataset::open(&layout)?;
     let order = args.epoch.order.order(args.epoch.seed);
-    let sampler_layout = if args.no_hints {
-        DatasetLayout {
-            dir: PathBuf::from("/nonexistent/scdlfs-bench-no-hints"),
-            ..layout.clone()
-        }
+    let sampler = if args.no_hints {
+        Sampler::without_hints(&layout, order, Shard::single(), Workers::single())
     } else {
-        layout.clone()
+        Sampler::new(&layout, order, Shard::single(), Workers::single())
     };
-    let mut sampler = Sampler::new(&sampler_layout, order, Shard::single(), Workers::single())
-        .map_err(|e| e.to_string())?;
+    let mut sampler = sampler.map_err(|e| e.to_string())?;
     let hints = sampler.hints_active();
     let limit = args.time_limit.map(Duration::from_secs_f64);
     let stall_threshold = Duration::from_secs_f64(args.stall_ms / 1000.0);
@@ -293,23 +289,46 @@ pub struct OrderArgs {
     chunk_rows: u64,
     #[command(flatten)]
     epoch: EpochArgs,
+    /// This rank's share of the epoch (the Python package's tests compare shards).
+    #[arg(long, default_value_t = 0)]
+    rank: u32,
+    #[arg(long, default_value_t = 1)]
+    world_size: u32,
+    /// How the ranks' shares are evened out.
+    #[arg(long, value_enum, default_value_t = Even::Uneven)]
+    even: Even,
     /// Output: per step, its row count then its rows, all u64 little-endian.
     #[arg(long)]
     out: PathBuf,
+}
+
+/// [`EvenShares`] on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Even {
+    Uneven,
+    Pad,
+    Drop,
 }
 
 /// The epoch's steps exactly as `read` visits them, for readers outside Rust.
 pub fn order(args: OrderArgs) -> Result<(), String> {
     let chunks = ChunkLayout::new(args.rows, args.chunk_rows).map_err(|e| e.to_string())?;
     let layout = DatasetLayout {
-        dir: PathBuf::from("/nonexistent/scdlfs-bench-order"),
+        dir: PathBuf::new(),
         kind: DatasetKind::RawView,
         chunks,
     };
-    let mut sampler = Sampler::new(
+    let even = match args.even {
+        Even::Uneven => EvenShares::Uneven,
+        Even::Pad => EvenShares::Pad,
+        Even::Drop => EvenShares::Drop,
+    };
+    let world_size = NonZeroU32::new(args.world_size).ok_or("--world-size must be at least 1")?;
+    let shard = Shard::new(args.rank, world_size, even).map_err(|e| e.to_string())?;
+    let mut sampler = Sampler::without_hints(
         &layout,
         args.epoch.order.order(args.epoch.seed),
-        Shard::single(),
+        shard,
         Workers::single(),
     )
     .map_err(|e| e.to_string())?;

@@ -1,0 +1,55 @@
+"""Type stubs of scdlfs._native, the Rust extension (crates/scdlfs-python/src/lib.rs)."""
+
+import os
+
+class NotADatasetError(ValueError):
+    """The directory is not an SCDL dataset (no readable header.sch, or an inconsistent one)."""
+
+class NativeEpoch:
+    """A position in one epoch, advanced by NativeSampler.next_minibatch."""
+
+class NativeSampler:
+    """One order over one dataset for one rank, with this process's hint handle."""
+
+    @staticmethod
+    def chunk_windows(
+        dataset_dir: str | os.PathLike[str],
+        *,
+        chunks_per_window: int,
+        seed: int,
+        shuffle: bool,
+        rank: int,
+        world_size: int,
+        even: str,
+        hints: bool,
+        hint_lookahead: int,
+    ) -> NativeSampler: ...
+    @staticmethod
+    def blocks(
+        dataset_dir: str | os.PathLike[str],
+        *,
+        block_size: int,
+        batch_size: int,
+        fetch_factor: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+        even: str,
+        hints: bool,
+        hint_lookahead: int,
+    ) -> NativeSampler: ...
+    def start_epoch(self, epoch: int) -> NativeEpoch: ...
+    def next_minibatch(self, epoch: NativeEpoch) -> list[int] | None: ...
+    def rows_in_epoch(self, epoch: int) -> int: ...
+    def minibatches_in_epoch(self, epoch: int) -> int: ...
+    def hints_active(self) -> bool: ...
+    def take_hint_error(self) -> str | None: ...
+    def forget_inherited_hints(self) -> None: ...
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def num_chunks(self) -> int: ...
+    @property
+    def chunk_rows(self) -> int: ...
+    @property
+    def kind(self) -> str: ...

@@ -1,0 +1,284 @@
+//! `scdlfs._native`: the `scdl-sampler` orders and hint writer for the Python package
+//! `scdlfs` (python/scdlfs), which wraps them in the `torch.utils.data.Sampler`
+//! protocol. Every order is computed here, by the same code the Rust callers use;
+//! Python only resolves the distributed defaults and turns minibatches into rows.
+//!
+//! A DataLoader iterates its sampler in the main process and hands the indices to
+//! worker processes, which do the reads. The hint handle therefore belongs to the
+//! process that iterates: it is opened when that process starts an epoch, and a
+//! process forked from it (a DataLoader worker under the `fork` start method) that
+//! finds the handle of its parent drops its copy and, should it ever iterate, opens its
+//! own, so that no two processes write one plan.
+
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
+use std::path::PathBuf;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use scdl_sampler::{
+    worker_share, BlockOrder, ChunkWindowOrder, DatasetLayout, EpochCursor, EpochPlan, EvenShares,
+    Order, Sampler, Shard, Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
+};
+
+create_exception!(
+    _native,
+    NotADatasetError,
+    PyValueError,
+    "The directory is not an SCDL dataset (no readable header.sch, or an inconsistent one)."
+);
+
+/// One order over one dataset for one rank.
+#[pyclass(module = "scdlfs._native")]
+struct NativeSampler {
+    layout: DatasetLayout,
+    /// Gives no hints: computes lengths, and iterates when hints are off.
+    unhinted: Sampler,
+    /// With hints on: the sampler of the process that last iterated, by process id,
+    /// holding that process's hint handle.
+    hinted: Option<(u32, Sampler)>,
+    hints: bool,
+    lookahead: NonZeroUsize,
+    order: Order,
+    shard: Shard,
+}
+
+/// A position in one epoch, advanced by [`NativeSampler::next_minibatch`].
+#[pyclass(module = "scdlfs._native")]
+struct NativeEpoch {
+    cursor: EpochCursor,
+}
+
+fn positive_u64(name: &str, value: i64) -> PyResult<NonZeroU64> {
+    u64::try_from(value)
+        .ok()
+        .and_then(NonZeroU64::new)
+        .ok_or_else(|| PyValueError::new_err(format!("{name} must be at least 1, got {value}")))
+}
+
+fn positive_u32(name: &str, value: i64) -> PyResult<NonZeroU32> {
+    u32::try_from(value)
+        .ok()
+        .and_then(NonZeroU32::new)
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{name} must be between 1 and {}, got {value}",
+                u32::MAX
+            ))
+        })
+}
+
+fn seed_of(seed: i64) -> PyResult<u64> {
+    u64::try_from(seed)
+        .map_err(|_| PyValueError::new_err(format!("seed must not be negative, got {seed}")))
+}
+
+fn shard_of(rank: i64, world_size: i64, even: &str) -> PyResult<Shard> {
+    let world_size = positive_u32("world_size", world_size)?;
+    let even = match even {
+        "pad" => EvenShares::Pad,
+        "drop" => EvenShares::Drop,
+        "uneven" => EvenShares::Uneven,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "even must be 'pad', 'drop' or 'uneven', not {other:?}"
+            )))
+        }
+    };
+    let rank = u32::try_from(rank).map_err(|_| {
+        PyValueError::new_err(format!(
+            "rank {rank} does not exist among {world_size} ranks"
+        ))
+    })?;
+    Shard::new(rank, world_size, even).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+impl NativeSampler {
+    fn build(
+        dataset_dir: PathBuf,
+        order: Order,
+        shard: Shard,
+        hints: bool,
+        lookahead: i64,
+    ) -> PyResult<NativeSampler> {
+        let lookahead = usize::try_from(lookahead)
+            .ok()
+            .and_then(NonZeroUsize::new)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "hint_lookahead must be at least 1, got {lookahead}"
+                ))
+            })?;
+        let layout =
+            DatasetLayout::discover(&dataset_dir, DEFAULT_VIRTUAL_CHUNK_SIZE).map_err(|e| {
+                NotADatasetError::new_err(format!(
+                    "{} is not an SCDL dataset: {e}",
+                    dataset_dir.display()
+                ))
+            })?;
+        let unhinted = Sampler::without_hints(&layout, order, shard, Workers::single())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(NativeSampler {
+            layout,
+            unhinted,
+            hinted: None,
+            hints,
+            lookahead,
+            order,
+            shard,
+        })
+    }
+
+    /// The sampler this process iterates with: with hints on, one holding a handle
+    /// this process opened itself.
+    fn sampler(&mut self) -> &mut Sampler {
+        if !self.hints {
+            return &mut self.unhinted;
+        }
+        let pid = std::process::id();
+        if !matches!(&self.hinted, Some((owner, _)) if *owner == pid) {
+            // Dropping an inherited sampler closes this process's copy of the handle
+            // only; the parent's plan lives on.
+            self.hinted = None;
+            let sampler = Sampler::new(&self.layout, self.order, self.shard, Workers::single())
+                .expect("the shard was checked against the order when the sampler was built")
+                .with_hint_lookahead(self.lookahead);
+            self.hinted = Some((pid, sampler));
+        }
+        &mut self.hinted.as_mut().expect("set just above").1
+    }
+}
+
+#[pymethods]
+impl NativeSampler {
+    /// The chunk-window order over the dataset at `dataset_dir`.
+    #[staticmethod]
+    #[pyo3(signature = (dataset_dir, *, chunks_per_window, seed, shuffle, rank, world_size, even, hints, hint_lookahead))]
+    #[allow(clippy::too_many_arguments)]
+    fn chunk_windows(
+        dataset_dir: PathBuf,
+        chunks_per_window: i64,
+        seed: i64,
+        shuffle: bool,
+        rank: i64,
+        world_size: i64,
+        even: &str,
+        hints: bool,
+        hint_lookahead: i64,
+    ) -> PyResult<NativeSampler> {
+        let order = Order::ChunkWindows(ChunkWindowOrder {
+            seed: seed_of(seed)?,
+            chunks_per_window: positive_u32("chunks_per_window", chunks_per_window)?,
+            shuffle_chunks: shuffle,
+            shuffle_within_window: shuffle,
+        });
+        let shard = shard_of(rank, world_size, even)?;
+        NativeSampler::build(dataset_dir, order, shard, hints, hint_lookahead)
+    }
+
+    /// The scDataset block order over the dataset at `dataset_dir`.
+    #[staticmethod]
+    #[pyo3(signature = (dataset_dir, *, block_size, batch_size, fetch_factor, seed, rank, world_size, even, hints, hint_lookahead))]
+    #[allow(clippy::too_many_arguments)]
+    fn blocks(
+        dataset_dir: PathBuf,
+        block_size: i64,
+        batch_size: i64,
+        fetch_factor: i64,
+        seed: i64,
+        rank: i64,
+        world_size: i64,
+        even: &str,
+        hints: bool,
+        hint_lookahead: i64,
+    ) -> PyResult<NativeSampler> {
+        let order = Order::Blocks(BlockOrder {
+            seed: seed_of(seed)?,
+            block_size: positive_u64("block_size", block_size)?,
+            batch_size: positive_u64("batch_size", batch_size)?,
+            fetch_factor: positive_u64("fetch_factor", fetch_factor)?,
+        });
+        let shard = shard_of(rank, world_size, even)?;
+        NativeSampler::build(dataset_dir, order, shard, hints, hint_lookahead)
+    }
+
+    /// Starts epoch `epoch` in this process: announces the new plan when hints are on.
+    fn start_epoch(&mut self, epoch: u64) -> NativeEpoch {
+        NativeEpoch {
+            cursor: self.sampler().start_epoch(epoch),
+        }
+    }
+
+    /// The rows up to the next minibatch boundary (a block-order minibatch, or the
+    /// rest of a window), or None at the end of the epoch.
+    fn next_minibatch(&mut self, mut epoch: PyRefMut<'_, NativeEpoch>) -> Option<Vec<u64>> {
+        self.sampler().next_minibatch(&mut epoch.cursor)
+    }
+
+    /// How many rows this rank visits in epoch `epoch`.
+    fn rows_in_epoch(&self, epoch: u64) -> u64 {
+        self.unhinted.rows_in_epoch(epoch)
+    }
+
+    /// How many minibatches of the block order this rank reads in epoch `epoch`: each
+    /// fetch of its share cut into `batch_size` rows, the last one maybe shorter.
+    fn minibatches_in_epoch(&self, epoch: u64) -> PyResult<u64> {
+        let Some(batch) = self.order.batch_size() else {
+            return Err(PyValueError::new_err(
+                "the chunk-window order has no minibatches of its own: give a batch size",
+            ));
+        };
+        let plan = EpochPlan::new(self.layout.chunks, self.order, epoch);
+        Ok(worker_share(&plan, &self.shard, &Workers::single())
+            .iter()
+            .map(|step| step.rows.div_ceil(batch))
+            .sum())
+    }
+
+    /// Whether this process is telling the daemon its plan (opens the hint file if
+    /// this process has not yet).
+    fn hints_active(&mut self) -> bool {
+        self.sampler().hints_active()
+    }
+
+    /// The first hint failure in this process since the last call, if any.
+    fn take_hint_error(&mut self) -> Option<String> {
+        self.sampler().take_hint_error().map(|e| e.to_string())
+    }
+
+    /// Drops a hint handle inherited from the parent process (called after a fork).
+    fn forget_inherited_hints(&mut self) {
+        if matches!(&self.hinted, Some((owner, _)) if *owner != std::process::id()) {
+            self.hinted = None;
+        }
+    }
+
+    #[getter]
+    fn num_rows(&self) -> u64 {
+        self.layout.chunks.total_rows()
+    }
+
+    #[getter]
+    fn num_chunks(&self) -> u32 {
+        self.layout.chunks.num_chunks()
+    }
+
+    #[getter]
+    fn chunk_rows(&self) -> u64 {
+        self.layout.chunks.chunk_size()
+    }
+
+    /// What `dataset_dir` is: "flat view", "raw view" or "plain monolithic directory".
+    #[getter]
+    fn kind(&self) -> String {
+        self.layout.kind.to_string()
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeSampler>()?;
+    m.add_class::<NativeEpoch>()?;
+    m.add("NotADatasetError", m.py().get_type::<NotADatasetError>())?;
+    Ok(())
+}
