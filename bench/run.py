@@ -11,6 +11,11 @@ release binaries, generates the synthetic dataset, serves it from an S3-compatib
 server on 127.0.0.1 behind the link-emulating proxy (bench/src/proxy.rs), and reads
 epochs in three orders through every system. Only loopback addresses are used, and every
 S3 client gets explicit dummy keys.
+
+The `torch` system is the way PyTorch users read: bionemo-scdl's SingleCellMemMapDataset
+through a DataLoader with 2 workers and the scdlfs package's sampler
+(bench/torch_loader.py), on scdlfs and on a local copy of the flat archive. Run alone
+(`--systems torch`), it updates only its own section of docs/benchmarks.md.
 """
 
 import argparse
@@ -33,6 +38,9 @@ SCDLFS = os.path.join(RELEASE, "scdlfs")
 BUCKET = "bench"
 KEY, SECRET = "bench", "benchbench"
 ORDERS = ["windows", "blocks", "random"]
+TORCH = "PyTorch DataLoader"
+TORCH_ORDERS = ["windows", "blocks"]  # the orders of the scdlfs package's samplers
+TORCH_BEGIN, TORCH_END = "<!-- pytorch section: begin -->", "<!-- pytorch section: end -->"
 CHILDREN = []  # (Popen, description), ended at exit
 MOUNTS = []  # mountpoints to unmount at exit
 
@@ -151,7 +159,8 @@ def ensure_tools(args):
                 env=dict(os.environ, CARGO_TARGET_DIR=os.path.join(args.work, "tools", "target")))
         args.s3s_fs = s3s
     # Python for the chunk loader: boto3 (the repo's test venv has it; else a small venv).
-    for py in [os.path.join(REPO, ".venv", "bin", "python"), os.path.join(args.work, "venv", "bin", "python")]:
+    test_venv = os.environ.get("SCDLFS_VENV", os.path.join(REPO, ".venv"))
+    for py in [os.path.join(test_venv, "bin", "python"), os.path.join(args.work, "venv", "bin", "python")]:
         if os.path.exists(py) and subprocess.run([py, "-c", "import boto3"], stderr=subprocess.DEVNULL).returncode == 0:
             args.python = py
             break
@@ -161,6 +170,16 @@ def ensure_tools(args):
         run([sys.executable, "-m", "venv", venv])
         run([os.path.join(venv, "bin", "pip"), "install", "-q", "boto3==1.40.*"])
         args.python = os.path.join(venv, "bin", "python")
+    if "torch" in args.systems.split(","):
+        # The test venv (torch, bionemo-scdl) with the scdlfs package installed from this tree.
+        py = os.path.join(test_venv, "bin", "python")
+        if not os.path.exists(py):
+            sys.exit("the torch system needs the venv of scripts/setup-python-venv at %s" % test_venv)
+        log("installing the scdlfs Python package into %s" % test_venv)
+        run([py, "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--no-build-isolation",
+             "--no-deps", os.path.join(REPO, "crates", "scdlfs-python")],
+            env=dict(os.environ, PATH=os.path.join(test_venv, "bin") + os.pathsep + os.environ["PATH"]))
+        args.torch_python = py
     if args.server == "moto":
         args.moto = os.path.join(REPO, ".venv", "bin", "moto_server")
         if not os.path.exists(args.moto):
@@ -287,6 +306,19 @@ def read_epoch(ctx, dataset_dir, order, epoch, hints=True, limit=None):
     return json.loads(out.stdout)
 
 
+def read_torch_epoch(ctx, dataset_dir, order, epoch, hints=True, limit=None):
+    cmd = [ctx.torch_python, os.path.join(REPO, "bench", "torch_loader.py"), "--dataset", dataset_dir,
+           "--digests", ctx.digests, "--order", order, "--seed", str(ctx.seed), "--epoch", str(epoch)]
+    if not hints:
+        cmd.append("--no-hints")
+    if limit:
+        cmd += ["--time-limit", str(limit)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=clean_env())
+    if out.returncode != 0:
+        raise RuntimeError("the DataLoader failed on %s (%s): %s" % (dataset_dir, order, out.stderr.strip()[-2000:]))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def wait_mounted(path, proc, what, probe_file, timeout=60):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -305,9 +337,9 @@ def fresh_dir(path):
     return path
 
 
-def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs):
-    """Mounts with `cmd` (foreground), runs `epochs` [(label, order, epoch, hints, limit, prefill)],
-    records each, then unmounts. The daemon's peak RSS is read at the end."""
+def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_epoch):
+    """Mounts with `cmd` (foreground), runs `epochs` [(label, order, epoch, hints, limit, prefill)]
+    with `reader`, records each, then unmounts. The daemon's peak RSS is read at the end."""
     MOUNTS.append(mnt)
     logf = open(os.path.join(ctx.work, "logs", system.split()[0] + ".log"), "a")
     proc = spawn(cmd, system, env=env, stderr=logf, stdout=logf)
@@ -321,7 +353,7 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs):
                         while f.read(8 << 20):
                             pass
             before = proxy_bytes(ctx.stats)
-            r = read_epoch(ctx, dataset_dir, order, epoch, hints, limit)
+            r = reader(ctx, dataset_dir, order, epoch, hints, limit)
             r["bytes_fetched"] = proxy_bytes(ctx.stats) - before
             r["system"], r["order"] = label, order
             results.append(r)
@@ -341,19 +373,58 @@ def sys_local(ctx, order, run_i):
     return [r]
 
 
-def sys_scdlfs(ctx, order, run_i, hints, dataset=None, label_suffix="", warm=True):
+def sys_scdlfs(ctx, order, run_i, hints, dataset=None, label_suffix="", warm=True, reader=read_epoch, prefix=""):
     dataset = dataset or ctx.name
     mnt = fresh_dir(os.path.join(ctx.work, "mnt", "scdlfs"))
     cache = fresh_dir(os.path.join(ctx.work, "cache", "scdlfs"))
     cmd = [SCDLFS, "mount", "s3://" + BUCKET, mnt, "--endpoint-url", ctx.proxy, "--region", "us-east-1",
            "--cache-dir", cache, "--cache-size", ctx.cache_size, "--foreground", "--log-level", "warn"]
     h = "hints" if hints else "no hints"
-    epochs = [("scdlfs cold, %s%s" % (h, label_suffix), order, 2 * run_i, hints, ctx.limit, False)]
+    epochs = [("%sscdlfs cold, %s%s" % (prefix, h, label_suffix), order, 2 * run_i, hints, ctx.limit, False)]
     if warm:
         # Warm: the next epoch on the same mount; after an incomplete cold epoch the files
         # are read through first, so that the cache holds the whole dataset.
-        epochs.append(("scdlfs warm, %s" % h, order, 2 * run_i + 1, hints, ctx.limit, True))
-    return mount_and_read(ctx, "scdlfs", cmd, clean_env(), mnt, os.path.join(mnt, dataset), epochs)
+        epochs.append(("%sscdlfs warm, %s" % (prefix, h), order, 2 * run_i + 1, hints, ctx.limit, True))
+    return mount_and_read(ctx, "scdlfs", cmd, clean_env(), mnt, os.path.join(mnt, dataset), epochs, reader)
+
+
+def torch_local_copy(ctx):
+    """The flat archive on local disk, as SingleCellMemMapDataset opens it: the flat view's
+    files copied once from a mount straight to the server (not through the link), with
+    .chunked/header.sch so that the sampler sees the same chunks as on the mount."""
+    dest = os.path.join(ctx.work, "local-flat", ctx.name)
+    if os.path.exists(os.path.join(dest, ".complete")):
+        return dest
+    log("copying the flat view of %s to local disk for the PyTorch reader" % ctx.name)
+    shutil.rmtree(dest, ignore_errors=True)
+    mnt = fresh_dir(os.path.join(ctx.work, "mnt", "copy"))
+    cache = fresh_dir(os.path.join(ctx.work, "cache", "copy"))
+    cmd = [SCDLFS, "mount", "s3://" + BUCKET, mnt, "--endpoint-url", ctx.endpoint, "--region", "us-east-1",
+           "--cache-dir", cache, "--cache-size", "1GiB", "--foreground", "--log-level", "warn"]
+    MOUNTS.append(mnt)
+    proc = spawn(cmd, "scdlfs (copy)", env=clean_env(), stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        src = os.path.join(mnt, ctx.name)
+        wait_mounted(mnt, proc, "scdlfs (copy)", os.path.join(src, "header.sch"))
+        shutil.copytree(src, dest, ignore=lambda d, names: [n for n in names if n.startswith(".")])
+        os.makedirs(os.path.join(dest, ".chunked"))
+        shutil.copy(os.path.join(src, ".chunked", "header.sch"), os.path.join(dest, ".chunked", "header.sch"))
+        open(os.path.join(dest, ".complete"), "w").close()
+    finally:
+        stop(proc)
+        unmount(mnt)
+    return dest
+
+
+def sys_torch(ctx, order, run_i):
+    """The PyTorch reader: local disk (page cache warm), then scdlfs cold and warm, with and
+    without hints."""
+    local = read_torch_epoch(ctx, torch_local_copy(ctx), order, run_i, True, None)
+    local.update(system=TORCH + ", local disk", order=order, bytes_fetched=0, daemon_peak_rss_kib=None)
+    results = [local]
+    for hints in (True, False):
+        results += sys_scdlfs(ctx, order, run_i, hints, reader=read_torch_epoch, prefix=TORCH + ", ")
+    return results
 
 
 def sys_s3fs(ctx, order, run_i):
@@ -427,15 +498,17 @@ def med(xs):
 
 def summarize(results):
     """Medians per (system, order); ratios against local disk pair by pair within a run."""
-    local = {(r["order"], r["run"]): r for r in results if r["system"] == "local disk"}
+    family = lambda system: TORCH if system.startswith(TORCH) else ""
+    local = {(family(r["system"]), r["order"], r["run"]): r for r in results
+             if r["system"] in ("local disk", TORCH + ", local disk")}
     rows = {}
     for r in results:
         key = (r["system"], r["order"])
         rows.setdefault(key, []).append(r)
     out = {}
     for key, rs in rows.items():
-        ratios = [r["rows_per_s"] / local[(r["order"], r["run"])]["rows_per_s"]
-                  for r in rs if (r["order"], r["run"]) in local]
+        ratios = [r["rows_per_s"] / local[(family(r["system"]), r["order"], r["run"])]["rows_per_s"]
+                  for r in rs if (family(r["system"]), r["order"], r["run"]) in local]
         out[key] = dict(
             runs=len(rs),
             completed=all(r["completed"] for r in rs),
@@ -517,6 +590,9 @@ def write_report(args, ctx, results, summary, probes, path_md, path_png, started
         w("")
     w("![rows per second by system and order](benchmarks.png)")
     w("")
+    if any(k[0].startswith(TORCH) for k in summary):
+        lines.extend(torch_section(args, ctx, summary, link_s))
+        w("")
     w("## Against the targets")
     w("")
     for line in targets(args, ctx, summary, link_s):
@@ -547,6 +623,62 @@ def write_report(args, ctx, results, summary, probes, path_md, path_png, started
     with open(plot_json, "w") as f:
         json.dump(plot, f)
     run([BENCH, "plot", "--summary", plot_json, "--out", path_png, "--font", args.font])
+
+
+def torch_section(args, ctx, summary, link_s):
+    """The PyTorch DataLoader section of the report, between markers, so that a run of the
+    torch system alone can replace it in the report of a full run."""
+    lines = [TORCH_BEGIN, "## PyTorch: the SCDL reader through a DataLoader", ""]
+    w = lines.append
+    w("How PyTorch users read (bench/torch_loader.py): bionemo-scdl's `SingleCellMemMapDataset` on the directory, "
+      "`DataLoader(num_workers=2)` with the `scdlfs` package's sampler (`ChunkWindowSampler`, 4 chunks per window, "
+      "batches of 64; `BlockSampler`, the block order above, as batch sampler); each worker checks every row's "
+      "digest. The main process iterates the sampler and writes the hints; the workers read. *local disk* = the "
+      "flat archive copied to local files (page cache warm). Measured %s on %s (%d cores): %.2f GB dataset, "
+      "%s, link %.0f MB/s + %.0f ms (link limit **%.1f s**), cache %s, medians of %d run(s), epochs stop after "
+      "%.0f s (then ~, extrapolated)." % (time.strftime("%Y-%m-%d"), socket.gethostname(), os.cpu_count(),
+                                          ctx.info["bytes"] / 1e9, SERVER_DESC[args.server], args.rate_mbps,
+                                          args.latency_ms, link_s, ctx.cache_size, args.runs, args.time_limit))
+    w("")
+    w("| order | reader | epoch s | rows/s | × local | first row s | fetched / dataset |")
+    w("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for order in TORCH_ORDERS:
+        for s in ["local disk", "scdlfs cold, hints", "scdlfs cold, no hints", "scdlfs warm, hints",
+                  "scdlfs warm, no hints"]:
+            m = summary.get((TORCH + ", " + s, order))
+            if not m:
+                continue
+            epoch = fmt(m["epoch_s"], ".1f") if m["completed"] else "~" + fmt(m["epoch_s"], ".0f")
+            fetched = m["bytes_per_row"] * ctx.info["rows"] / ctx.info["bytes"]
+            w("| %s | %s | %s | %s | %s | %s | %s |" % (order, s, epoch, fmt(m["rows_per_s"], ",.0f"),
+                                                       fmt(m["ratio"], ".2f"), fmt(m["first_row_s"], ".2f"),
+                                                       fmt(fetched, ".2f") + "×"))
+    w("")
+    for order in TORCH_ORDERS:
+        cold = summary.get((TORCH + ", scdlfs cold, hints", order))
+        plain = summary.get((TORCH + ", scdlfs cold, no hints", order))
+        if cold and plain:
+            w("- %s order, cold epoch with hints %s s = %.2f× the link limit (target ≤ 1.2×: %s); without hints "
+              "(what users got before the package) %s s." % (
+                  order, fmt(cold["epoch_s"], ".1f"), cold["epoch_s"] / link_s,
+                  "**met**" if cold["epoch_s"] <= 1.2 * link_s else "**missed**", fmt(plain["epoch_s"], ".1f")))
+    w(TORCH_END)
+    return lines
+
+
+def splice_torch_section(path_md, section):
+    """Replaces the PyTorch section of an existing report (or adds it before the targets)."""
+    text = open(path_md).read() if os.path.exists(path_md) else "# Benchmarks\n"
+    block = "\n".join(section)
+    if TORCH_BEGIN in text and TORCH_END in text:
+        head, rest = text.split(TORCH_BEGIN, 1)
+        text = head + block + rest.split(TORCH_END, 1)[1]
+    elif "## Against the targets" in text:
+        text = text.replace("## Against the targets", block + "\n\n## Against the targets", 1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path_md, "w") as f:
+        f.write(text)
 
 
 SERVER_DESC = {
@@ -611,7 +743,7 @@ def main():
     p.add_argument("--time-limit", type=float, default=15.0, help="seconds per epoch at most")
     p.add_argument("--cache-size", default="3GiB")
     p.add_argument("--server", choices=["s3s-nginx", "moto"], default=None)
-    p.add_argument("--systems", default="local,scdlfs,s3fs,rclone,python")
+    p.add_argument("--systems", default="local,scdlfs,s3fs,rclone,python,torch")
     p.add_argument("--orders", default=",".join(ORDERS))
     p.add_argument("--font", default="/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
     p.add_argument("--report", default=os.path.join(REPO, "docs", "benchmarks.md"))
@@ -635,6 +767,7 @@ def main():
     ensure_tools(args)
     ctx = Ctx()
     ctx.work, ctx.seed, ctx.limit, ctx.python = args.work, 1, args.time_limit, args.python
+    ctx.torch_python = getattr(args, "torch_python", None)
     ctx.cache_size = args.cache_size
     ctx.name = "ds-%d" % args.size_mb
     ctx.info = generate(args, ctx.name, args.size_mb)
@@ -654,6 +787,7 @@ def main():
             pass
 
     endpoint = start_server(args, datasets)
+    ctx.endpoint = endpoint
     ctx.proxy, ctx.stats = start_proxy(args, endpoint)
     log("server %s, link %s (%.0f MB/s, %.0f ms)" % (endpoint, ctx.proxy, args.rate_mbps, args.latency_ms))
     probes = {
@@ -696,6 +830,8 @@ def main():
                 record(sys_rclone, ctx, order, run_i)
             if "python" in systems:
                 record(sys_python, ctx, order, run_i)
+            if "torch" in systems and order in TORCH_ORDERS and (order == "windows" or not args.quick):
+                record(sys_torch, ctx, order, run_i)
         if small_name and "scdlfs" in systems:
             # The same daemon settings on the smaller dataset, for peak RSS against size.
             small = Ctx()
@@ -731,11 +867,18 @@ def main():
         for s, name in (("s3fs", "s3fs-fuse"), ("rclone", "rclone mount"), ("python", "Python chunk loader")):
             if s in systems:
                 expected |= {(name, o) for o in orders}
+        if "torch" in systems and "windows" in orders:
+            expected |= {(TORCH + ", " + s, "windows") for s in ["local disk"] + SYSTEM_ORDER[1:5]}
         missing = expected - set(summary)
         if missing:
             sys.exit("no result for %s" % sorted(missing))
         print("bench quick: %d passed, 0 failed (every system read only correct rows; %.0f s)"
               % (len(results), time.time() - started))
+        return
+    if systems == ["torch"]:
+        link_s = ctx.info["bytes"] / (args.rate_mbps * 1e6)
+        splice_torch_section(args.report, torch_section(args, ctx, summary, link_s))
+        log("updated the PyTorch section of %s in %.0f s" % (args.report, time.time() - started))
         return
     write_report(args, ctx, results, summary, probes, args.report,
                  os.path.join(os.path.dirname(args.report), "benchmarks.png"), started)
