@@ -19,6 +19,12 @@ pub enum FsError {
     IsADirectory,
     #[error("the mount is read-only")]
     ReadOnly,
+    #[error("no such extended attribute")]
+    NoSuchAttribute,
+    #[error("the reply buffer is too small")]
+    BufferTooSmall,
+    #[error("not a terminal")]
+    NotATerminal,
     #[error("invalid hint: {0}")]
     InvalidHint(String),
     #[error("object store request for {key} failed: {message}")]
@@ -45,6 +51,9 @@ impl FsError {
             FsError::NotADirectory => Errno::ENOTDIR,
             FsError::IsADirectory => Errno::EISDIR,
             FsError::ReadOnly => Errno::EROFS,
+            FsError::NoSuchAttribute => Errno::NO_XATTR,
+            FsError::BufferTooSmall => Errno::ERANGE,
+            FsError::NotATerminal => Errno::ENOTTY,
             FsError::InvalidHint(_) => Errno::EINVAL,
             FsError::Store { .. }
             | FsError::ObjectChanged { .. }

@@ -15,7 +15,7 @@ use object_store::ObjectStore;
 use crate::cache::DiskCache;
 use crate::catalog::{DirMode, Tree};
 use crate::fetch::Fetcher;
-use crate::fs::ScdlFs;
+use crate::fs::{FsCore, ScdlFs};
 use crate::metrics::Metrics;
 use crate::prefetch::{PrefetchConfig, Prefetcher};
 use crate::read::ReadPath;
@@ -90,6 +90,50 @@ pub fn check_mountpoint(mountpoint: &Path) -> Result<(), MountError> {
     Ok(())
 }
 
+/// Builds the filesystem core of `store` (under `prefix`): cache → fetcher → read path
+/// → prefetcher → tree. Call it inside the runtime the mount will run on.
+pub fn assemble(
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjectPath,
+    settings: &MountSettings,
+) -> Result<(FsCore, Observer), MountError> {
+    let cache = Arc::new(
+        DiskCache::open(
+            &settings.cache_dir,
+            settings.cache_bytes,
+            settings.max_cached_chunks,
+        )
+        .map_err(MountError::Cache)?,
+    );
+    let metrics = Arc::new(Metrics::default());
+    let fetcher = Fetcher::new(
+        store.clone(),
+        cache,
+        settings.part_size,
+        settings.max_concurrent_requests,
+        metrics.clone(),
+    );
+    let read_path = ReadPath::new(fetcher.clone(), metrics.clone());
+    let prefetcher = Prefetcher::new(
+        fetcher.clone(),
+        read_path.clone(),
+        PrefetchConfig {
+            lookahead_steps: settings.prefetch_lookahead_steps,
+            max_ahead_bytes: settings.cache_bytes / 2,
+            max_sequential_window: 8 * settings.part_size,
+        },
+    );
+    let tree = Arc::new(Tree::new(store, prefix, settings.view));
+    let observer = Observer::new(
+        settings.fs_name.clone(),
+        metrics.clone(),
+        fetcher,
+        prefetcher.clone(),
+    );
+    let core = FsCore::new(tree, read_path, prefetcher, metrics, observer.clone());
+    Ok((core, observer))
+}
+
 impl Mount {
     /// Mounts `store` (under `prefix`) at `mountpoint` and returns once the mount
     /// answers.
@@ -113,48 +157,9 @@ impl Mount {
                 location: settings.fs_name.clone(),
                 reason: explain_store_error(&error),
             })?;
-        let cache = Arc::new(
-            DiskCache::open(
-                &settings.cache_dir,
-                settings.cache_bytes,
-                settings.max_cached_chunks,
-            )
-            .map_err(MountError::Cache)?,
-        );
-        let metrics = Arc::new(Metrics::default());
         let _entered = runtime.enter();
-        let fetcher = Fetcher::new(
-            store.clone(),
-            cache,
-            settings.part_size,
-            settings.max_concurrent_requests,
-            metrics.clone(),
-        );
-        let read_path = ReadPath::new(fetcher.clone(), metrics.clone());
-        let prefetcher = Prefetcher::new(
-            fetcher.clone(),
-            read_path.clone(),
-            PrefetchConfig {
-                lookahead_steps: settings.prefetch_lookahead_steps,
-                max_ahead_bytes: settings.cache_bytes / 2,
-                max_sequential_window: 8 * settings.part_size,
-            },
-        );
-        let tree = Arc::new(Tree::new(store, prefix, settings.view));
-        let observer = Observer::new(
-            settings.fs_name.clone(),
-            metrics.clone(),
-            fetcher.clone(),
-            prefetcher.clone(),
-        );
-        let fs = ScdlFs::new(
-            tree,
-            read_path,
-            prefetcher,
-            metrics,
-            runtime.handle().clone(),
-            observer.clone(),
-        );
+        let (core, observer) = assemble(store, prefix, settings)?;
+        let fs = ScdlFs::new(Arc::new(core), runtime.handle().clone());
         let mut config = Config::default();
         config.mount_options = vec![
             MountOption::FSName(settings.fs_name.clone()),

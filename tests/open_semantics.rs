@@ -112,3 +112,23 @@ fn writes_fail_with_erofs_and_change_nothing() {
         plain_files()["nested/big.bin"]
     );
 }
+
+#[test]
+fn a_terminal_query_gets_enotty() {
+    let src = tempfile::tempdir().unwrap();
+    write_files(src.path(), &plain_files());
+    let mount = TestMount::start(local_store(src.path()), "", |_| {});
+    let file = std::fs::File::open(mount.path().join("tiny.txt")).unwrap();
+    let mut termios = std::mem::MaybeUninit::<libc::termios>::uninit();
+    // SAFETY: TCGETS writes one termios into the buffer given.
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            libc::TCGETS,
+            termios.as_mut_ptr(),
+        )
+    };
+    assert_eq!(rc, -1);
+    let error = std::io::Error::last_os_error();
+    assert_eq!(error.raw_os_error(), Some(libc::ENOTTY), "{error}");
+}

@@ -14,7 +14,7 @@ pub mod plan;
 pub mod sequential;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -81,8 +81,6 @@ pub struct Prefetcher {
     advice: Arc<Advice>,
     /// Which dataset chunk each cache group is, for the datasets that have plans.
     chunk_of_group: Mutex<HashMap<GroupId, (Arc<FlatDataset>, usize)>>,
-    sequential: Mutex<HashMap<u64, SequentialWindow>>,
-    next_handle: AtomicU64,
     wake: Notify,
 }
 
@@ -111,8 +109,6 @@ impl Prefetcher {
             plan_count: AtomicUsize::new(0),
             advice: Arc::default(),
             chunk_of_group: Mutex::new(HashMap::new()),
-            sequential: Mutex::new(HashMap::new()),
-            next_handle: AtomicU64::new(1),
             wake: Notify::new(),
         });
         tokio::spawn(drive(Arc::downgrade(&prefetcher)));
@@ -203,20 +199,11 @@ impl Prefetcher {
         self.fetcher.cache().set_advisor(advisor);
     }
 
-    /// A handle id for a newly opened data file.
-    pub fn open_handle(&self) -> u64 {
-        self.next_handle.fetch_add(1, Ordering::Relaxed)
-    }
-
-    pub fn close_handle(&self, handle: u64) {
-        self.sequential.lock().remove(&handle);
-    }
-
     /// Called for every read served: moves plan positions, and reads ahead for a
-    /// hint-less sequential reader.
+    /// hint-less sequential reader (`window`: the read-ahead state of its handle).
     pub fn observe_read(
         &self,
-        handle: u64,
+        window: Option<&mut SequentialWindow>,
         content: &FileContent,
         file_size: u64,
         offset: u64,
@@ -226,19 +213,15 @@ impl Prefetcher {
         if self.plan_count.load(Ordering::Relaxed) > 0 && self.advance_plans(plan) {
             return;
         }
-        if handle == 0 {
+        let Some(window) = window else {
             return;
-        }
-        let ahead = {
-            let mut windows = self.sequential.lock();
-            let window = windows.entry(handle).or_default();
-            window.observe(
-                offset,
-                len,
-                self.fetcher.part_size(),
-                self.config.max_sequential_window,
-            )
         };
+        let ahead = window.observe(
+            offset,
+            len,
+            self.fetcher.part_size(),
+            self.config.max_sequential_window,
+        );
         if !ahead.is_empty() {
             let read_ahead = plan_read(content, file_size, ahead.start, ahead.end - ahead.start);
             for piece in &read_ahead.pieces {

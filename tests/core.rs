@@ -1,0 +1,376 @@
+//! The filesystem core driven in-process: no FUSE, no S3 server. The store is
+//! `object_store::memory::InMemory` behind the counting double, so these tests see the
+//! exact requests the core makes, and run in seconds.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use fuser::FileType;
+use object_store::memory::InMemory;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use scdl_format::hint::HINT_FILE;
+use scdl_format::ArrayKind;
+use scdlfs::error::FsError;
+use scdlfs::fs::FsCore;
+use scdlfs::mount::{assemble, MountSettings};
+use scdlfs::status::Observer;
+use scdlfs::store::counting::CountReads;
+use scdlfs::store::wrapper::HookedStore;
+
+const ROOT: u64 = 1;
+
+/// A core over an in-memory copy of `files`, with its cache in `cache_dir`.
+struct Core {
+    core: FsCore,
+    observer: Observer,
+    reads: Arc<HookedStore<CountReads>>,
+    _cache: tempfile::TempDir,
+}
+
+async fn core_of(
+    files: &BTreeMap<String, Vec<u8>>,
+    configure: impl FnOnce(&mut MountSettings),
+) -> Core {
+    let memory = InMemory::new();
+    for (name, bytes) in files {
+        let payload = PutPayload::from(Bytes::from(bytes.clone()));
+        memory
+            .put(&ObjectPath::from(name.as_str()), payload)
+            .await
+            .unwrap();
+    }
+    let reads = Arc::new(HookedStore::new(Arc::new(memory), CountReads::default()));
+    let cache = tempfile::tempdir().unwrap();
+    let mut s = settings(cache.path());
+    configure(&mut s);
+    let store: Arc<dyn ObjectStore> = reads.clone();
+    let (core, observer) = assemble(store, ObjectPath::from(""), &s).unwrap();
+    Core {
+        core,
+        observer,
+        reads,
+        _cache: cache,
+    }
+}
+
+/// The files of a chunked synthetic dataset under `prefix/`.
+fn dataset_files(prefix: &str) -> BTreeMap<String, Vec<u8>> {
+    let dir = tempfile::tempdir().unwrap();
+    small_dataset().write_chunked(dir.path()).unwrap();
+    snapshot(dir.path())
+        .into_iter()
+        .map(|(name, bytes)| (format!("{prefix}/{name}"), bytes))
+        .collect()
+}
+
+impl Core {
+    async fn resolve(&self, path: &str) -> Result<fuser::FileAttr, FsError> {
+        let mut attr = self.core.getattr(ROOT)?;
+        for name in path.split('/').filter(|n| !n.is_empty()) {
+            attr = self.core.lookup(attr.ino.0, OsStr::new(name)).await?;
+        }
+        Ok(attr)
+    }
+
+    /// Reads a whole file in reads of `step` bytes through one open handle.
+    async fn read_all(&self, path: &str, step: u32) -> Vec<u8> {
+        let attr = self.resolve(path).await.unwrap();
+        let opened = self.core.open(attr.ino.0).unwrap();
+        let mut out = Vec::new();
+        loop {
+            let got = self
+                .core
+                .read(attr.ino.0, opened.handle, out.len() as u64, step)
+                .await
+                .unwrap();
+            assert!(got.len() <= step as usize);
+            if got.is_empty() {
+                break;
+            }
+            out.extend_from_slice(&got);
+            assert!(out.len() as u64 <= attr.size, "read past the end of {path}");
+        }
+        self.core.release(opened.handle);
+        out
+    }
+
+    /// Waits, within a bound, until the store saw a read of `key` in `range`.
+    async fn wait_for_read(&self, key: &str, range: std::ops::Range<u64>) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            let seen = self.reads.hook().snapshot().keys().any(|(k, r)| {
+                k == key
+                    && r.as_ref()
+                        .is_some_and(|r| r.start <= range.start && range.end <= r.end)
+            });
+            if seen {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_files_read_back_exactly_in_any_slicing() {
+    let files = plain_files();
+    let core = core_of(&files, |_| {}).await;
+    for (name, bytes) in &files {
+        let attr = core.resolve(name).await.unwrap();
+        assert_eq!(attr.size, bytes.len() as u64, "{name}");
+        assert_eq!(attr.kind, FileType::RegularFile);
+        for step in [7777, 64 << 10, 1 << 20] {
+            assert_eq!(
+                &core.read_all(name, step).await,
+                bytes,
+                "{name} in reads of {step}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catalog_lists_directories_and_refuses_what_a_read_only_tree_must() {
+    let files = plain_files();
+    let core = core_of(&files, |_| {}).await;
+    let root = core.core.readdir(ROOT).await.unwrap();
+    let entries: Vec<_> = core.core.dir_entries(ROOT, 0, &root).collect();
+    let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            ".",
+            "..",
+            "empty.bin",
+            "nested",
+            "one_part.bin",
+            "one_part_plus_one.bin",
+            "tiny.txt"
+        ]
+    );
+    assert_eq!(entries[3].kind, FileType::Directory);
+    let offsets: Vec<u64> = entries.iter().map(|e| e.next_offset).collect();
+    assert_eq!(offsets, (1..=entries.len() as u64).collect::<Vec<_>>());
+    let resumed: Vec<_> = core.core.dir_entries(ROOT, 3, &root).collect();
+    assert_eq!(
+        resumed,
+        entries[3..],
+        "a listing resumes after the offset it gave"
+    );
+
+    assert!(matches!(core.resolve("nope").await, Err(FsError::NotFound)));
+    assert!(matches!(
+        core.resolve("tiny.txt/below").await,
+        Err(FsError::NotADirectory)
+    ));
+    let nested = core.resolve("nested").await.unwrap();
+    assert_eq!(nested.kind, FileType::Directory);
+    assert!(matches!(
+        core.core.open(nested.ino.0),
+        Err(FsError::IsADirectory)
+    ));
+
+    let tiny = core.resolve("tiny.txt").await.unwrap();
+    let opened = core.core.open(tiny.ino.0).unwrap();
+    assert!(!opened.direct_io, "data files keep their page cache");
+    assert!(matches!(
+        core.core.write(opened.handle, b"x"),
+        Err(FsError::ReadOnly)
+    ));
+    assert!(matches!(
+        core.core.setattr(tiny.ino.0, Some(0), false),
+        Err(FsError::ReadOnly)
+    ));
+    assert!(matches!(
+        core.core.setattr(tiny.ino.0, None, true),
+        Err(FsError::ReadOnly)
+    ));
+    assert_eq!(
+        core.read_all("tiny.txt", 4096).await,
+        files["tiny.txt"],
+        "nothing changed"
+    );
+
+    assert!(matches!(
+        core.core
+            .getxattr(tiny.ino.0, OsStr::new("user.scdlfs.status")),
+        Err(FsError::NoSuchAttribute)
+    ));
+    assert!(core.core.listxattr(tiny.ino.0).is_empty());
+    let names = core.core.listxattr(ROOT);
+    let name = OsStr::new(std::str::from_utf8(&names).unwrap().trim_end_matches('\0'));
+    let status: serde_json::Value =
+        serde_json::from_slice(&core.core.getxattr(ROOT, name).unwrap()).unwrap();
+    assert_eq!(
+        status["counters"]["reads"], 2,
+        "the two reads of tiny.txt: {status}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_readers_share_one_download_per_part() {
+    let files = plain_files();
+    let core = core_of(&files, |_| {}).await;
+    let name = "nested/big.bin";
+    let (a, b, c) = tokio::join!(
+        core.read_all(name, 4096),
+        core.read_all(name, 100_000),
+        core.read_all(name, 1 << 20)
+    );
+    for got in [a, b, c] {
+        assert_eq!(got, files[name]);
+    }
+    let counts = core.reads.hook().snapshot();
+    let parts = files[name].len().div_ceil(64 << 10);
+    let of_big: Vec<_> = counts.iter().filter(|((k, _), _)| k == name).collect();
+    assert_eq!(of_big.len(), parts, "every part requested: {of_big:?}");
+    assert!(
+        of_big.iter().all(|(_, n)| **n == 1),
+        "each part once: {of_big:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flat_view_serves_the_monolithic_arrays() {
+    let core = core_of(&dataset_files("ds"), |_| {}).await;
+    let mono = Monolithic::of(&small_dataset());
+    for kind in ArrayKind::ALL {
+        let path = format!("ds/{}", kind.file_name());
+        assert_eq!(
+            core.read_all(&path, 128 << 10).await,
+            mono.array(kind),
+            "{path}"
+        );
+        assert_eq!(
+            core.read_all(&path, 5000).await,
+            mono.array(kind),
+            "{path} in odd slices"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handles_are_minted_by_the_table_and_forgotten_on_release() {
+    let core = core_of(&plain_files(), |_| {}).await;
+    let tiny = core.resolve("tiny.txt").await.unwrap();
+    let handles: Vec<u64> = (0..3)
+        .map(|_| core.core.open(tiny.ino.0).unwrap().handle)
+        .collect();
+    assert!(handles.iter().all(|&h| h != 0), "0 means no handle");
+    assert_eq!(
+        handles
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len(),
+        3
+    );
+    for &handle in &handles {
+        core.core.release(handle);
+    }
+    let again = core.core.open(tiny.ino.0).unwrap().handle;
+    assert!(!handles.contains(&again), "ids are not reused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hint_writes_are_all_or_nothing_and_a_plan_prefetches_its_steps() {
+    let core = core_of(&dataset_files("ds"), |s| s.prefetch_lookahead_steps = 1).await;
+    let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
+    assert!(
+        core.core.setattr(hints.ino.0, Some(0), false).is_ok(),
+        "O_TRUNC of the hint file"
+    );
+    let opened = core.core.open(hints.ino.0).unwrap();
+    assert!(opened.direct_io, "every hint write reaches the daemon");
+    let h = opened.handle;
+    let before = core.reads.hook().total();
+
+    assert!(
+        matches!(
+            core.core.write(h, b"window 1\n"),
+            Err(FsError::InvalidHint(_))
+        ),
+        "no greeting"
+    );
+    assert!(
+        matches!(
+            core.core.write(h, b"scdlfs-hints 1\nplan 0\nwindow 99\n"),
+            Err(FsError::InvalidHint(_))
+        ),
+        "no chunk 99"
+    );
+    assert!(
+        core.observer.status().active_plans.is_empty(),
+        "refused writes leave no plan"
+    );
+    assert_eq!(core.reads.hook().total(), before, "and fetch nothing");
+
+    core.core
+        .write(h, b"scdlfs-hints 1\nplan 4\nwindow 5\nwindow 2\nwindow 7\n")
+        .unwrap();
+    let plans = core.observer.status().active_plans;
+    assert_eq!((plans.len(), plans[0].epoch, plans[0].steps), (1, 4, 3));
+    // The current step and one ahead are fetched before any read; the third is not.
+    for chunk in ["chunk_00005", "chunk_00002"] {
+        let key = format!("ds/{chunk}/{}", ArrayKind::Data.file_name());
+        assert!(core.wait_for_read(&key, 0..1).await, "{key} prefetched");
+    }
+    let fetched = core.reads.hook().snapshot();
+    assert!(
+        !fetched
+            .keys()
+            .any(|(k, _)| k.starts_with("ds/chunk_00007/")),
+        "beyond the lookahead: {fetched:?}"
+    );
+
+    core.core.release(h);
+    assert!(
+        core.observer.status().active_plans.is_empty(),
+        "the plan closes with its handle"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequential_reader_gets_read_ahead_and_a_random_one_does_not() {
+    let files = plain_files();
+    let core = core_of(&files, |_| {}).await;
+    let big = core.resolve("nested/big.bin").await.unwrap();
+    let part = 64u64 << 10;
+
+    let random = core.core.open(big.ino.0).unwrap().handle;
+    for offset in [9 * part, 2 * part, 6 * part] {
+        core.core
+            .read(big.ino.0, random, offset, 4096)
+            .await
+            .unwrap();
+    }
+    let requested = core.reads.hook().total();
+    assert_eq!(requested, 3, "one part per random read, nothing ahead");
+
+    let sequential = core.core.open(big.ino.0).unwrap().handle;
+    for k in 0..4 {
+        core.core
+            .read(big.ino.0, sequential, k * 8192, 8192)
+            .await
+            .unwrap();
+    }
+    assert!(
+        core.wait_for_read("nested/big.bin", part..2 * part).await,
+        "the part after a streak of sequential reads is fetched before it is read"
+    );
+    let fetched = core.reads.hook().snapshot();
+    for after_random in [10 * part, 3 * part, 7 * part] {
+        let ahead = Some(after_random..(after_random + part).min(big.size));
+        assert!(
+            !fetched.contains_key(&("nested/big.bin".to_owned(), ahead)),
+            "no read-ahead after a random read: {fetched:?}"
+        );
+    }
+}
