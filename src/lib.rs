@@ -10,11 +10,13 @@
 //! - [`cache`]: parts on local disk under a byte budget.
 //! - [`store`]: the object client for S3, GCS, HTTP and local folders, and test doubles.
 //!
+//! [`chunker`] is `scdlfs chunk`, which writes chunked datasets into any store.
 //! [`mount`] assembles them; [`cli`] is the command line; [`status`] and
 //! [`metrics_http`] report on a running mount.
 
 pub mod cache;
 pub mod catalog;
+pub mod chunker;
 pub mod cli;
 pub mod error;
 pub mod fetch;

@@ -734,14 +734,18 @@ fn chunk_refuses_what_is_not_a_monolithic_archive() {
         (
             "a directory without header.sch",
             &empty,
-            &["header.sch", "no such file"],
+            &["not a monolithic SCDL archive", "header.sch is missing"],
         ),
         (
             "a missing directory",
             Path::new("/no/such/archive"),
-            &["/no/such/archive/header.sch"],
+            &["/no/such/archive", "not a directory"],
         ),
-        ("a chunked archive", &chunked, &["not a monolithic archive"]),
+        (
+            "a chunked archive",
+            &chunked,
+            &["not a monolithic SCDL archive", "chunked archive already"],
+        ),
     ];
     for (what, source, words) in cases {
         let outcome = scdlfs(

@@ -1,5 +1,6 @@
 //! The command line: `mount`, `unmount`, `status`, `chunk` and `demo`.
 
+mod chunk_cmd;
 mod daemon;
 mod demo;
 mod mount_cmd;
@@ -46,16 +47,9 @@ enum Command {
         #[arg(long, value_name = "SECONDS")]
         watch: Option<f64>,
     },
-    /// Partition a monolithic SCDL archive into the chunked layout for upload.
-    Chunk {
-        /// The monolithic archive directory (header.sch backend 1).
-        source: PathBuf,
-        /// The new chunked archive directory (must not exist).
-        target: PathBuf,
-        /// Rows per chunk.
-        #[arg(long, default_value_t = 8192)]
-        chunk_rows: u32,
-    },
+    /// Partition a monolithic SCDL archive (a local folder or any store) into the chunked
+    /// layout at any store, streaming, resumable, header published last.
+    Chunk(Box<chunk_cmd::ChunkArgs>),
     /// Make a synthetic chunked dataset, mount it from a local folder, read one epoch
     /// through the mount in shuffled chunk-window order, check every row, and report.
     Demo(demo::DemoArgs),
@@ -176,16 +170,7 @@ pub fn main() -> ExitCode {
             json,
             watch,
         } => status_cmd::run(&mountpoint, json, watch),
-        Command::Chunk {
-            source,
-            target,
-            chunk_rows,
-        } => scdl_format::chunking::partition(&source, &target, chunk_rows)
-            .map(|header| {
-                let chunks = header.chunked.map_or(0, |c| c.num_chunks);
-                println!("wrote {} chunks to {}", chunks, target.display());
-            })
-            .map_err(|e| e.to_string()),
+        Command::Chunk(args) => chunk_cmd::run(*args),
         Command::Demo(args) => demo::run(args),
     };
     match result {

@@ -47,13 +47,22 @@ pub fn moto() -> &'static Moto {
                 Ok(())
             });
         }
-        // Never waited for: PR_SET_PDEATHSIG ends it with the test binary.
-        let server = command.spawn().unwrap_or_else(|e| {
+        // PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, and each
+        // test runs on a thread of its own: fork from a thread that lives as long as the
+        // test binary, so the server serves every test and dies with the binary.
+        let (spawned, result) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let outcome = command.spawn().map(std::mem::forget);
+            spawned.send(outcome).unwrap();
+            loop {
+                std::thread::park();
+            }
+        });
+        result.recv().unwrap().unwrap_or_else(|e| {
             panic!(
                 "cannot start moto_server ({e}); run scripts/setup-python-venv or set SCDLFS_MOTO_SERVER"
             )
         });
-        std::mem::forget(server);
         let started = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(started.elapsed() < Duration::from_secs(30), "moto_server did not start");

@@ -1,13 +1,14 @@
-//! Writing chunked archives: partitioning a monolithic archive by rows, and the chunk
-//! writer that the partitioner and the synthetic-data generators share.
+//! Writing chunked archives: the chunk header and row-offset encoding that every writer
+//! shares (the daemon's `scdlfs chunk`, which streams a monolithic archive from any
+//! store to any store, and the synthetic-data generators), and a local chunk writer.
 
-use std::fs::{self, File};
-use std::io::{self, Read, Seek, SeekFrom};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::dtype::Dtype;
 use crate::header::{Backend, ChunkedInfo, Header, HeaderError};
-use crate::layout::{chunk_dir_name, ArrayKind, ChunkGeometry, HEADER_FILE};
+use crate::layout::{chunk_dir_name, ArrayKind, HEADER_FILE};
 
 /// Files and directories a chunked archive carries over once, globally.
 pub const GLOBAL_ENTRIES: [&str; 4] = [
@@ -65,24 +66,15 @@ impl ChunkWriter {
         row_ptr: &[u64],
         nnz: u64,
     ) -> Result<(), ChunkingError> {
-        if row_ptr.first() != Some(&0) || row_ptr.last() != Some(&nnz) {
+        if row_ptr.last() != Some(&nnz) {
             return Err(ChunkingError::Inconsistent(format!(
-                "chunk {} row offsets must run from 0 to its nnz {nnz}",
+                "chunk {} row offsets must end at its nnz {nnz}",
                 self.chunks_written
             )));
         }
+        let encoded = encode_row_offsets(self.row_ptr_dtype, row_ptr)?;
         let dir = self.root.join(chunk_dir_name(self.chunks_written));
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-        let width = self.row_ptr_dtype.size().expect("row_ptr is an integer") as usize;
-        let mut encoded = vec![0u8; row_ptr.len() * width];
-        for (i, &v) in row_ptr.iter().enumerate() {
-            if !self.row_ptr_dtype.write_uint(&mut encoded, i, v) {
-                return Err(ChunkingError::Inconsistent(format!(
-                    "row offset {v} does not fit {}",
-                    self.row_ptr_dtype
-                )));
-            }
-        }
         for (kind, bytes) in [
             (ArrayKind::Data, data),
             (ArrayKind::RowPtr, &encoded[..]),
@@ -97,142 +89,80 @@ impl ChunkWriter {
         Ok(())
     }
 
-    /// Writes `header.sch`: `template`'s arrays and feature indices, backend 2, and the
-    /// chunk description of what was written. Checks the totals against the template.
+    /// Writes `header.sch` for what was written: see [`chunked_header`].
     pub fn finish(self, template: &Header, chunk_size: u32) -> Result<Header, ChunkingError> {
-        let header = Header {
-            backend: Backend::Chunked,
-            arrays: template
-                .arrays
-                .iter()
-                .filter(|a| !a.name.starts_with("NEIGHBOR"))
-                .cloned()
-                .collect(),
-            chunked: Some(ChunkedInfo {
+        let header = chunked_header(
+            template,
+            ChunkedInfo {
                 chunk_size,
                 num_chunks: self.chunks_written,
                 total_rows: self.rows_written,
-            }),
-            ..template.clone()
-        };
-        let [data, row_ptr, col_ptr] =
-            header
-                .csr_arrays()
-                .map_err(|source| ChunkingError::Header {
-                    path: self.root.join(HEADER_FILE),
-                    source,
-                })?;
-        if data.length != self.nnz_written
-            || col_ptr.length != self.nnz_written
-            || row_ptr.length != self.rows_written + 1
-        {
-            return Err(ChunkingError::Inconsistent(format!(
-                "chunks hold {} rows and {} values; the header says DATA {}, COLPTR {}, ROWPTR {}",
-                self.rows_written, self.nnz_written, data.length, col_ptr.length, row_ptr.length
-            )));
-        }
+            },
+            self.nnz_written,
+        )?;
         let path = self.root.join(HEADER_FILE);
         fs::write(&path, header.encode()).map_err(io_err(&path))?;
         Ok(header)
     }
 }
 
-fn read_at(file: &mut File, path: &Path, offset: u64, len: u64) -> Result<Vec<u8>, ChunkingError> {
-    let mut buf = vec![0u8; len as usize];
-    file.seek(SeekFrom::Start(offset)).map_err(io_err(path))?;
-    file.read_exact(&mut buf).map_err(io_err(path))?;
-    Ok(buf)
-}
-
-fn copy_tree(from: &Path, to: &Path) -> Result<(), ChunkingError> {
-    if from.is_dir() {
-        fs::create_dir_all(to).map_err(io_err(to))?;
-        for entry in fs::read_dir(from).map_err(io_err(from))? {
-            let entry = entry.map_err(io_err(from))?;
-            copy_tree(&entry.path(), &to.join(entry.file_name()))?;
-        }
-    } else {
-        fs::copy(from, to).map_err(io_err(from))?;
-    }
-    Ok(())
-}
-
-/// Partitions the monolithic archive at `source` into a chunked archive at `target`,
-/// `chunk_size` rows per chunk. Streams chunk by chunk, so memory stays at one chunk.
-pub fn partition(source: &Path, target: &Path, chunk_size: u32) -> Result<Header, ChunkingError> {
-    let header_path = source.join(HEADER_FILE);
-    let bytes = fs::read(&header_path).map_err(io_err(&header_path))?;
-    let header = Header::decode(&bytes).map_err(|source| ChunkingError::Header {
-        path: header_path.clone(),
-        source,
-    })?;
-    if header.backend != Backend::Monolithic {
-        return Err(ChunkingError::Inconsistent(format!(
-            "{} is not a monolithic archive",
-            source.display()
-        )));
-    }
+/// The header of a chunked archive: `template`'s arrays (less the neighbour arrays,
+/// which chunks do not carry) and feature indices, backend 2, and `chunks`. Fails
+/// unless the template's array lengths agree with `chunks.total_rows` rows holding
+/// `nnz` values.
+pub fn chunked_header(
+    template: &Header,
+    chunks: ChunkedInfo,
+    nnz: u64,
+) -> Result<Header, ChunkingError> {
+    let header = Header {
+        backend: Backend::Chunked,
+        arrays: template
+            .arrays
+            .iter()
+            .filter(|a| !a.name.starts_with("NEIGHBOR"))
+            .cloned()
+            .collect(),
+        chunked: Some(chunks),
+        ..template.clone()
+    };
     let [data, row_ptr, col_ptr] = header
         .csr_arrays()
         .map_err(|source| ChunkingError::Header {
-            path: header_path.clone(),
+            path: PathBuf::from(HEADER_FILE),
             source,
         })?;
-    let geometry = ChunkGeometry::new(row_ptr.length.saturating_sub(1), chunk_size as u64)
-        .ok_or_else(|| ChunkingError::Inconsistent("chunk size must be positive".into()))?;
-    let open = |kind: ArrayKind| -> Result<(File, PathBuf), ChunkingError> {
-        let path = source.join(kind.file_name());
-        Ok((File::open(&path).map_err(io_err(&path))?, path))
-    };
-    let (mut data_file, data_path) = open(ArrayKind::Data)?;
-    let (mut col_file, col_path) = open(ArrayKind::ColPtr)?;
-    let (mut row_file, row_path) = open(ArrayKind::RowPtr)?;
-    let (data_w, col_w, row_w) = (
-        data.dtype.size().unwrap(),
-        col_ptr.dtype.size().unwrap(),
-        row_ptr.dtype.size().unwrap(),
-    );
-
-    if target.exists() {
+    if data.length != nnz || col_ptr.length != nnz || row_ptr.length != chunks.total_rows + 1 {
         return Err(ChunkingError::Inconsistent(format!(
-            "{} exists already; choose a new directory",
-            target.display()
+            "chunks hold {} rows and {nnz} values; the header says DATA {}, COLPTR {}, ROWPTR {}",
+            chunks.total_rows, data.length, col_ptr.length, row_ptr.length
         )));
     }
-    let mut writer = ChunkWriter::new(target, row_ptr.dtype)?;
-    for chunk in 0..geometry.num_chunks() {
-        let rows = geometry.chunk_rows(chunk);
-        let entries = rows.end - rows.start + 1;
-        let raw = read_at(
-            &mut row_file,
-            &row_path,
-            rows.start * row_w,
-            entries * row_w,
-        )?;
-        let offsets: Vec<u64> = (0..entries as usize)
-            .map(|i| row_ptr.dtype.read_uint(&raw, i))
-            .collect();
-        let (first, last) = (offsets[0], offsets[offsets.len() - 1]);
-        if offsets.windows(2).any(|w| w[0] > w[1]) || last > data.length {
+    Ok(header)
+}
+
+/// A chunk's row offsets as its `row_ptr.npy` stores them: rebased to start at 0, in
+/// the archive's row-offset dtype. Fails on offsets that do not start at 0, decrease,
+/// or do not fit the dtype.
+pub fn encode_row_offsets(dtype: Dtype, offsets: &[u64]) -> Result<Vec<u8>, ChunkingError> {
+    if offsets.first() != Some(&0) || offsets.windows(2).any(|w| w[0] > w[1]) {
+        return Err(ChunkingError::Inconsistent(
+            "a chunk's row offsets must start at 0 and never decrease".into(),
+        ));
+    }
+    let width = dtype
+        .size()
+        .filter(|_| dtype.is_unsigned_int())
+        .ok_or_else(|| {
+            ChunkingError::Inconsistent(format!("row offsets cannot be stored as {dtype}"))
+        })? as usize;
+    let mut encoded = vec![0u8; offsets.len() * width];
+    for (i, &v) in offsets.iter().enumerate() {
+        if !dtype.write_uint(&mut encoded, i, v) {
             return Err(ChunkingError::Inconsistent(format!(
-                "{}: row offsets of rows {}..{} are not monotone within {} values",
-                row_path.display(),
-                rows.start,
-                rows.end,
-                data.length
+                "row offset {v} does not fit {dtype}"
             )));
         }
-        let rebased: Vec<u64> = offsets.iter().map(|o| o - first).collect();
-        let nnz = last - first;
-        let values = read_at(&mut data_file, &data_path, first * data_w, nnz * data_w)?;
-        let cols = read_at(&mut col_file, &col_path, first * col_w, nnz * col_w)?;
-        writer.write_chunk(&values, &cols, &rebased, nnz)?;
     }
-    for entry in GLOBAL_ENTRIES {
-        let from = source.join(entry);
-        if from.exists() {
-            copy_tree(&from, &target.join(entry))?;
-        }
-    }
-    writer.finish(&header, chunk_size)
+    Ok(encoded)
 }

@@ -1,0 +1,651 @@
+//! `scdlfs chunk`: a monolithic SCDL archive, read from a local folder or any store,
+//! partitioned by rows into the chunked layout at any store.
+//!
+//! The job runs in four steps, each of which may stop the run and none of which loses
+//! work:
+//! 1. [`source`] reads and checks the whole source (header, array sizes, every row
+//!    offset) before anything is written: bad input leaves the target untouched.
+//! 2. The target is inspected: empty (a new job), holding this job's resume record
+//!    ([`journal`]: resume), holding this very dataset (nothing to do), or holding
+//!    anything else (refused).
+//! 3. Each missing object is streamed from the source straight to the target: ranged
+//!    reads feed a multipart upload a part at a time, so memory stays at a few parts
+//!    per object in flight whatever the chunk size, and nothing is staged locally.
+//! 4. Everything is verified (sizes and ETags against the record, the row offsets read
+//!    back, the totals the header will claim), then `header.sch` is written last: a
+//!    reader or a mount never sees a half-written dataset as a chunked one.
+
+pub mod journal;
+pub mod progress;
+pub mod source;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart,
+};
+use scdl_format::chunking::{chunked_header, encode_row_offsets, ChunkingError};
+use scdl_format::layout::{chunk_dir_name, HEADER_FILE};
+use scdl_format::{ArrayKind, ChunkedInfo, Header, HeaderError};
+use tokio_util::sync::CancellationToken;
+
+use journal::{JobIdentity, Journal, Uploaded, FORMAT_VERSION, JOURNAL_DIR};
+use progress::Progress;
+use source::MonolithicSource;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChunkError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("not a monolithic SCDL archive: {0}")]
+    NotAnArchive(String),
+    #[error("{location}: {source}")]
+    Header {
+        location: String,
+        source: HeaderError,
+    },
+    #[error("inconsistent archive: {0}")]
+    Inconsistent(String),
+    #[error("the target is not free for this job: {0}")]
+    TargetOccupied(String),
+    #[error("{location}: {source}")]
+    Store {
+        location: String,
+        source: object_store::Error,
+    },
+    #[error("verification failed: {0}")]
+    Verification(String),
+    #[error("interrupted with {done} of {total} objects uploaded")]
+    Interrupted { done: usize, total: usize },
+    /// Inside the job: the token was cancelled; [`run`] reports it as `Interrupted`.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl ChunkError {
+    fn store(location: &ObjectPath, source: object_store::Error) -> ChunkError {
+        ChunkError::Store {
+            location: location.to_string(),
+            source,
+        }
+    }
+
+    /// Whether running the same command again continues the job.
+    pub fn resumable(&self) -> bool {
+        matches!(
+            self,
+            ChunkError::Store { .. } | ChunkError::Interrupted { .. } | ChunkError::Verification(_)
+        )
+    }
+}
+
+impl From<ChunkingError> for ChunkError {
+    fn from(error: ChunkingError) -> ChunkError {
+        ChunkError::Inconsistent(error.to_string())
+    }
+}
+
+/// A store and the prefix below which an archive lives.
+#[derive(Clone, Debug)]
+pub struct Location {
+    pub store: Arc<dyn ObjectStore>,
+    pub prefix: ObjectPath,
+}
+
+impl Location {
+    fn join(&self, key: &str) -> ObjectPath {
+        key.split('/')
+            .fold(self.prefix.clone(), |path, part| path.join(part))
+    }
+}
+
+/// How the job runs.
+#[derive(Clone, Debug)]
+pub struct ChunkOptions {
+    /// Bytes per multipart part (and the largest object sent in one PUT).
+    pub part_size: usize,
+    /// Objects uploaded at once; each keeps up to [`PARTS_IN_FLIGHT`] parts in flight.
+    pub objects_in_flight: usize,
+    /// Also read every uploaded object back and compare its CRC32C.
+    pub verify_data: bool,
+    pub quiet: bool,
+}
+
+/// Parts of one object in flight at once.
+pub const PARTS_IN_FLIGHT: usize = 2;
+
+/// What a finished job did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChunkReport {
+    pub rows: u64,
+    pub chunks: u32,
+    pub objects: usize,
+    pub uploaded_objects: usize,
+    pub uploaded_bytes: u64,
+    pub reused_objects: usize,
+    /// The target held this dataset, published, before the run.
+    pub already_published: bool,
+    /// Objects whose bytes were read back and checked.
+    pub read_back_objects: usize,
+}
+
+/// Where one target object's bytes come from.
+#[derive(Clone, Debug)]
+enum Content {
+    /// Bytes of a source object.
+    Copy { from: ObjectPath, range: Range<u64> },
+    /// A chunk's row offsets, rebased to start at 0.
+    RowOffsets { chunk: u64 },
+}
+
+#[derive(Clone, Debug)]
+struct TargetObject {
+    key: String,
+    size: u64,
+    content: Content,
+}
+
+/// A checked source and the chunked archive it makes, ready to be written.
+pub struct ChunkJob {
+    archive: MonolithicSource,
+    header_bytes: Vec<u8>,
+    objects: Vec<TargetObject>,
+    identity: JobIdentity,
+}
+
+impl ChunkJob {
+    /// Reads and checks the monolithic archive at `source` for chunks of `chunk_rows`.
+    pub async fn prepare(source: Location, chunk_rows: u32) -> Result<ChunkJob, ChunkError> {
+        let archive = MonolithicSource::open(source.store, source.prefix, chunk_rows).await?;
+        let header_bytes = planned_header(&archive)?.encode();
+        let objects = plan_objects(&archive);
+        let identity = JobIdentity {
+            format: FORMAT_VERSION,
+            chunk_rows,
+            source_header_crc32c: crc32c::crc32c(&archive.header_bytes),
+            source_array_bytes: ArrayKind::ALL.map(|kind| archive.array(kind).bytes),
+        };
+        Ok(ChunkJob {
+            archive,
+            header_bytes,
+            objects,
+            identity,
+        })
+    }
+
+    /// Writes the chunked archive at `target`, or resumes writing it. `cancel` stops
+    /// the job between pieces, aborting the multipart uploads in flight.
+    pub async fn run(
+        &self,
+        target: Location,
+        options: &ChunkOptions,
+        cancel: CancellationToken,
+    ) -> Result<ChunkReport, ChunkError> {
+        if options.part_size < 5 << 20 {
+            return Err(ChunkError::Usage(
+                "--part-size must be at least 5MiB (the smallest S3 multipart part)".into(),
+            ));
+        }
+        run(self, target, options, cancel).await
+    }
+}
+
+async fn run(
+    job: &ChunkJob,
+    target: Location,
+    options: &ChunkOptions,
+    cancel: CancellationToken,
+) -> Result<ChunkReport, ChunkError> {
+    let ChunkJob {
+        archive,
+        header_bytes,
+        objects,
+        identity,
+    } = job;
+    let mut report = ChunkReport {
+        rows: archive.geometry.total_rows,
+        chunks: archive.geometry.num_chunks() as u32,
+        objects: objects.len(),
+        ..ChunkReport::default()
+    };
+
+    let journal = Journal::new(target.store.clone(), &target.prefix);
+    let present = list(&target).await?;
+    if let Some(published) = present.get(HEADER_FILE) {
+        let bytes = read_object(&target, HEADER_FILE, published.size).await?;
+        if &bytes != header_bytes {
+            return Err(ChunkError::TargetOccupied(format!(
+                "{} holds another dataset (its header.sch differs from this job's)",
+                target.prefix
+            )));
+        }
+        verify_sizes(objects, &present, &HashMap::new())?;
+        journal.remove().await?;
+        report.already_published = true;
+        return Ok(report);
+    }
+    let recorded = match journal.job().await? {
+        Some(existing) if &existing == identity => journal.uploaded().await?,
+        Some(_) => {
+            return Err(ChunkError::TargetOccupied(format!(
+                "{} holds an interrupted chunking of another source or --chunk-rows; \
+                 delete it or choose another target",
+                target.prefix
+            )))
+        }
+        None => {
+            if let Some(stray) = present.keys().find(|k| !k.starts_with(JOURNAL_DIR)) {
+                return Err(ChunkError::TargetOccupied(format!(
+                    "{} is not empty (it holds {stray}); choose an empty target",
+                    target.prefix
+                )));
+            }
+            journal.begin(identity).await?;
+            HashMap::new()
+        }
+    };
+
+    let (done, todo): (Vec<_>, Vec<_>) = objects.iter().partition(|object| {
+        recorded.get(&object.key).is_some_and(|uploaded| {
+            present
+                .get(&object.key)
+                .is_some_and(|meta| still_as_uploaded(object, uploaded, meta))
+        })
+    });
+    report.reused_objects = done.len();
+    let progress = Progress::new(
+        todo.iter().map(|o| o.size).sum(),
+        todo.len() as u64,
+        options.quiet,
+    );
+    let results: Vec<Result<(String, Uploaded), ChunkError>> = futures::stream::iter(todo)
+        .map(|object| {
+            let (target, journal, progress, cancel) = (&target, &journal, &progress, &cancel);
+            async move {
+                let uploaded = upload(archive, target, object, options, progress, cancel).await?;
+                journal.record(&object.key, &uploaded).await?;
+                progress.object_done();
+                Ok((object.key.clone(), uploaded))
+            }
+        })
+        .buffer_unordered(options.objects_in_flight.max(1))
+        .collect()
+        .await;
+    progress.finish();
+    let mut uploaded_now = HashMap::new();
+    let mut first_error = None;
+    for result in results {
+        match result {
+            Ok((key, uploaded)) => {
+                report.uploaded_bytes += uploaded.size;
+                uploaded_now.insert(key, uploaded);
+            }
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    report.uploaded_objects = uploaded_now.len();
+    if let Some(error) = first_error {
+        return Err(match error {
+            ChunkError::Cancelled => ChunkError::Interrupted {
+                done: done.len() + uploaded_now.len(),
+                total: objects.len(),
+            },
+            other => other,
+        });
+    }
+
+    let mut record = recorded;
+    record.extend(uploaded_now);
+    let present = list(&target).await?;
+    verify_sizes(objects, &present, &record)?;
+    report.read_back_objects =
+        verify_contents(archive, &target, objects, &record, options.verify_data).await?;
+    let header_location = target.join(HEADER_FILE);
+    target
+        .store
+        .put(&header_location, PutPayload::from(header_bytes.clone()))
+        .await
+        .map_err(|source| ChunkError::store(&header_location, source))?;
+    journal.remove().await?;
+    Ok(report)
+}
+
+/// The header to publish: the source's, less the neighbour arrays, chunked.
+fn planned_header(archive: &MonolithicSource) -> Result<Header, ChunkError> {
+    let info = ChunkedInfo {
+        chunk_size: archive.geometry.chunk_size as u32,
+        num_chunks: archive.geometry.num_chunks() as u32,
+        total_rows: archive.geometry.total_rows,
+    };
+    let nnz = archive.boundaries.last().copied().unwrap_or(0);
+    Ok(chunked_header(&archive.header, info, nnz)?)
+}
+
+/// Every object of the chunked archive, chunk by chunk, then the global entries.
+fn plan_objects(archive: &MonolithicSource) -> Vec<TargetObject> {
+    let mut objects = Vec::new();
+    for chunk in 0..archive.geometry.num_chunks() {
+        let rows = archive.geometry.chunk_rows(chunk);
+        let values = archive.boundaries[chunk as usize]..archive.boundaries[chunk as usize + 1];
+        let dir = chunk_dir_name(chunk as u32);
+        for kind in ArrayKind::ALL {
+            let array = archive.array(kind);
+            let key = format!("{dir}/{}", kind.file_name());
+            objects.push(match kind {
+                ArrayKind::RowPtr => TargetObject {
+                    key,
+                    size: (rows.end - rows.start + 1) * array.width,
+                    content: Content::RowOffsets { chunk },
+                },
+                ArrayKind::Data | ArrayKind::ColPtr => TargetObject {
+                    key,
+                    size: (values.end - values.start) * array.width,
+                    content: Content::Copy {
+                        from: array.location.clone(),
+                        range: values.start * array.width..values.end * array.width,
+                    },
+                },
+            });
+        }
+    }
+    for (key, size) in &archive.globals {
+        objects.push(TargetObject {
+            key: key.clone(),
+            size: *size,
+            content: Content::Copy {
+                from: archive.location(key),
+                range: 0..*size,
+            },
+        });
+    }
+    objects
+}
+
+/// A chunk's row offsets as its `row_ptr.npy` holds them.
+async fn row_offsets(archive: &MonolithicSource, chunk: u64) -> Result<Vec<u8>, ChunkError> {
+    let array = archive.array(ArrayKind::RowPtr);
+    let rows = archive.geometry.chunk_rows(chunk);
+    let raw = archive
+        .read_range(
+            &array.location,
+            rows.start * array.width..(rows.end + 1) * array.width,
+        )
+        .await?;
+    let entries = (rows.end - rows.start + 1) as usize;
+    let first = archive.boundaries[chunk as usize];
+    let rebased: Vec<u64> = (0..entries)
+        .map(|i| array.dtype.read_uint(&raw, i) - first)
+        .collect();
+    Ok(encode_row_offsets(array.dtype, &rebased)?)
+}
+
+/// Sends one object; returns what the store now holds.
+async fn upload(
+    archive: &MonolithicSource,
+    target: &Location,
+    object: &TargetObject,
+    options: &ChunkOptions,
+    progress: &Progress,
+    cancel: &CancellationToken,
+) -> Result<Uploaded, ChunkError> {
+    if cancel.is_cancelled() {
+        return Err(ChunkError::Cancelled);
+    }
+    let location = target.join(&object.key);
+    let small = match &object.content {
+        Content::RowOffsets { chunk } => Some(row_offsets(archive, *chunk).await?),
+        Content::Copy { from, range } if object.size <= options.part_size as u64 => {
+            Some(archive.read_range(from, range.clone()).await?)
+        }
+        Content::Copy { .. } => None,
+    };
+    if let Some(bytes) = small {
+        let crc32c = crc32c::crc32c(&bytes);
+        let size = bytes.len() as u64;
+        let result = target
+            .store
+            .put(&location, PutPayload::from(bytes))
+            .await
+            .map_err(|source| ChunkError::store(&location, source))?;
+        progress.add_bytes(size);
+        return Ok(Uploaded {
+            size,
+            crc32c,
+            e_tag: result.e_tag,
+        });
+    }
+    let Content::Copy { from, range } = &object.content else {
+        unreachable!("row offsets always go in one PUT");
+    };
+    let upload = target
+        .store
+        .put_multipart(&location)
+        .await
+        .map_err(|source| ChunkError::store(&location, source))?;
+    let mut writer = WriteMultipart::new_with_chunk_size(upload, options.part_size);
+    match stream_into(archive, from, range.clone(), &mut writer, progress, cancel).await {
+        Ok(crc32c) => {
+            let result = writer
+                .finish()
+                .await
+                .map_err(|source| ChunkError::store(&location, source))?;
+            Ok(Uploaded {
+                size: object.size,
+                crc32c,
+                e_tag: result.e_tag,
+            })
+        }
+        Err(error) => {
+            // An abandoned multipart upload would linger unseen (and billed) in S3.
+            if let Err(abort) = writer.abort().await {
+                tracing::warn!("could not abort the upload of {location}: {abort}");
+            }
+            Err(error)
+        }
+    }
+}
+
+/// Streams `range` of `from` into `writer`; returns the CRC32C of the bytes sent.
+async fn stream_into(
+    archive: &MonolithicSource,
+    from: &ObjectPath,
+    range: Range<u64>,
+    writer: &mut WriteMultipart,
+    progress: &Progress,
+    cancel: &CancellationToken,
+) -> Result<u32, ChunkError> {
+    let expected = range.end - range.start;
+    let options = GetOptions {
+        range: Some(GetRange::Bounded(range)),
+        ..Default::default()
+    };
+    let mut body = archive
+        .store
+        .get_opts(from, options)
+        .await
+        .map_err(|source| ChunkError::store(from, source))?
+        .into_stream();
+    let (mut crc, mut sent) = (0u32, 0u64);
+    loop {
+        let next = tokio::select! {
+            _ = cancel.cancelled() => return Err(ChunkError::Cancelled),
+            next = body.try_next() => next.map_err(|source| ChunkError::store(from, source))?,
+        };
+        let Some(bytes) = next else { break };
+        writer
+            .wait_for_capacity(PARTS_IN_FLIGHT)
+            .await
+            .map_err(|source| ChunkError::store(from, source))?;
+        crc = crc32c::crc32c_append(crc, &bytes);
+        sent += bytes.len() as u64;
+        writer.write(&bytes);
+        progress.add_bytes(bytes.len() as u64);
+    }
+    if sent != expected {
+        return Err(ChunkError::Inconsistent(format!(
+            "{from}: expected {expected} bytes, the store sent {sent}"
+        )));
+    }
+    Ok(crc)
+}
+
+/// Whether a recorded upload is still what the target holds.
+fn still_as_uploaded(object: &TargetObject, uploaded: &Uploaded, meta: &ObjectMeta) -> bool {
+    meta.size == object.size
+        && uploaded.size == object.size
+        && match (&uploaded.e_tag, &meta.e_tag) {
+            (Some(recorded), Some(now)) => recorded == now,
+            _ => true,
+        }
+}
+
+/// Every planned object is present with its size, and unchanged since its upload.
+fn verify_sizes(
+    objects: &[TargetObject],
+    present: &HashMap<String, ObjectMeta>,
+    record: &HashMap<String, Uploaded>,
+) -> Result<(), ChunkError> {
+    for object in objects {
+        let meta = present.get(&object.key).ok_or_else(|| {
+            ChunkError::Verification(format!("{} is missing at the target", object.key))
+        })?;
+        if meta.size != object.size {
+            return Err(ChunkError::Verification(format!(
+                "{} holds {} bytes, not {}",
+                object.key, meta.size, object.size
+            )));
+        }
+        if let Some(uploaded) = record.get(&object.key) {
+            if !still_as_uploaded(object, uploaded, meta) {
+                return Err(ChunkError::Verification(format!(
+                    "{} changed at the target after it was uploaded",
+                    object.key
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads back the row offsets (always: they are small and decide every row's bounds)
+/// or every object (`all`, streamed), comparing each with the CRC32C of the bytes sent,
+/// and checks the row offsets end at their chunk's value count. Returns how many
+/// objects were read back.
+async fn verify_contents(
+    archive: &MonolithicSource,
+    target: &Location,
+    objects: &[TargetObject],
+    record: &HashMap<String, Uploaded>,
+    all: bool,
+) -> Result<usize, ChunkError> {
+    futures::stream::iter(
+        objects
+            .iter()
+            .filter(|object| all || matches!(object.content, Content::RowOffsets { .. })),
+    )
+    .map(|object| async move {
+        let recorded = record.get(&object.key).ok_or_else(|| {
+            ChunkError::Verification(format!("{} has no upload record", object.key))
+        })?;
+        let crc = match object.content {
+            Content::RowOffsets { chunk } => {
+                let bytes = read_object(target, &object.key, object.size).await?;
+                let dtype = archive.array(ArrayKind::RowPtr).dtype;
+                let entries = bytes.len() / archive.array(ArrayKind::RowPtr).width as usize;
+                let last = dtype.read_uint(&bytes, entries - 1);
+                let values =
+                    archive.boundaries[chunk as usize + 1] - archive.boundaries[chunk as usize];
+                if last != values {
+                    return Err(ChunkError::Verification(format!(
+                        "{} ends at {last}, but its chunk holds {values} values",
+                        object.key
+                    )));
+                }
+                crc32c::crc32c(&bytes)
+            }
+            Content::Copy { .. } => stream_crc(target, &object.key, object.size).await?,
+        };
+        if crc != recorded.crc32c {
+            return Err(ChunkError::Verification(format!(
+                "{} does not hold the bytes that were sent (CRC32C differs)",
+                object.key
+            )));
+        }
+        Ok(())
+    })
+    .buffer_unordered(8)
+    .try_fold(0, |n, ()| async move { Ok(n + 1) })
+    .await
+}
+
+/// The CRC32C of a target object, read as a stream.
+async fn stream_crc(target: &Location, key: &str, size: u64) -> Result<u32, ChunkError> {
+    let location = target.join(key);
+    let mut body = target
+        .store
+        .get(&location)
+        .await
+        .map_err(|source| ChunkError::store(&location, source))?
+        .into_stream();
+    let (mut crc, mut read) = (0u32, 0u64);
+    while let Some(bytes) = body
+        .try_next()
+        .await
+        .map_err(|source| ChunkError::store(&location, source))?
+    {
+        crc = crc32c::crc32c_append(crc, &bytes);
+        read += bytes.len() as u64;
+    }
+    if read != size {
+        return Err(ChunkError::Verification(format!(
+            "{key} read back {read} bytes, not {size}"
+        )));
+    }
+    Ok(crc)
+}
+
+/// Every object below the target prefix, by key.
+async fn list(target: &Location) -> Result<HashMap<String, ObjectMeta>, ChunkError> {
+    let listing: Vec<ObjectMeta> = target
+        .store
+        .list(Some(&target.prefix))
+        .try_collect()
+        .await
+        .map_err(|source| ChunkError::store(&target.prefix, source))?;
+    Ok(listing
+        .into_iter()
+        .filter_map(|meta| {
+            let key: Vec<String> = meta
+                .location
+                .prefix_match(&target.prefix)?
+                .map(|part| part.as_ref().to_owned())
+                .collect();
+            Some((key.join("/"), meta))
+        })
+        .collect())
+}
+
+async fn read_object(target: &Location, key: &str, size: u64) -> Result<Vec<u8>, ChunkError> {
+    let location = target.join(key);
+    let bytes = target
+        .store
+        .get(&location)
+        .await
+        .map_err(|source| ChunkError::store(&location, source))?
+        .bytes()
+        .await
+        .map_err(|source| ChunkError::store(&location, source))?;
+    if bytes.len() as u64 != size {
+        return Err(ChunkError::Verification(format!(
+            "{key} read back {} bytes, not {size}",
+            bytes.len()
+        )));
+    }
+    Ok(bytes.to_vec())
+}

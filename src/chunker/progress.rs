@@ -1,0 +1,112 @@
+//! What `scdlfs chunk` tells the user while it runs: an `indicatif` bar (bytes, rate,
+//! ETA) on a terminal, a plain line every few seconds otherwise (logs, CI), or nothing
+//! with `--quiet`.
+
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use parking_lot::Mutex;
+
+use crate::units::format_size;
+
+/// Seconds between plain progress lines.
+const LINE_INTERVAL: Duration = Duration::from_secs(5);
+
+enum Output {
+    Bar(ProgressBar),
+    Lines { last: Mutex<Instant> },
+    Quiet,
+}
+
+/// Progress over a known number of bytes and objects; shared by the upload tasks.
+pub struct Progress {
+    output: Output,
+    total_bytes: u64,
+    total_objects: u64,
+    bytes: AtomicU64,
+    objects: AtomicU64,
+    started: Instant,
+}
+
+impl Progress {
+    /// A bar when stderr is a terminal, plain lines otherwise, nothing when `quiet`.
+    pub fn new(total_bytes: u64, total_objects: u64, quiet: bool) -> Progress {
+        let output = if quiet {
+            Output::Quiet
+        } else if std::io::stderr().is_terminal() {
+            let bar = ProgressBar::new(total_bytes);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+                )
+                .expect("a valid template"),
+            );
+            Output::Bar(bar)
+        } else {
+            Output::Lines {
+                last: Mutex::new(Instant::now()),
+            }
+        };
+        Progress {
+            output,
+            total_bytes,
+            total_objects,
+            bytes: AtomicU64::new(0),
+            objects: AtomicU64::new(0),
+            started: Instant::now(),
+        }
+    }
+
+    pub fn add_bytes(&self, n: u64) {
+        let done = self.bytes.fetch_add(n, Ordering::Relaxed) + n;
+        match &self.output {
+            Output::Bar(bar) => bar.set_position(done),
+            Output::Lines { last } => {
+                let mut last = last.lock();
+                if last.elapsed() >= LINE_INTERVAL {
+                    *last = Instant::now();
+                    eprintln!("{}", self.line(done));
+                }
+            }
+            Output::Quiet => {}
+        }
+    }
+
+    pub fn object_done(&self) {
+        let done = self.objects.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Output::Bar(bar) = &self.output {
+            bar.set_message(format!("{done}/{} objects", self.total_objects));
+        }
+    }
+
+    pub fn finish(&self) {
+        match &self.output {
+            Output::Bar(bar) => bar.finish_and_clear(),
+            Output::Lines { .. } => eprintln!("{}", self.line(self.bytes.load(Ordering::Relaxed))),
+            Output::Quiet => {}
+        }
+    }
+
+    fn line(&self, done: u64) -> String {
+        let seconds = self.started.elapsed().as_secs_f64().max(1e-3);
+        let rate = done as f64 / seconds;
+        let eta = if rate > 0.0 {
+            format!(
+                "{:.0} s",
+                self.total_bytes.saturating_sub(done) as f64 / rate
+            )
+        } else {
+            "unknown".into()
+        };
+        format!(
+            "chunk: {}/{} objects, {} of {}, {}/s, ETA {eta}",
+            self.objects.load(Ordering::Relaxed),
+            self.total_objects,
+            format_size(done),
+            format_size(self.total_bytes),
+            format_size(rate as u64),
+        )
+    }
+}

@@ -1,0 +1,291 @@
+//! The monolithic archive being chunked, read through any store: its header, the sizes
+//! of its arrays, the row offsets at every chunk boundary, and the global entries that
+//! travel along.
+//!
+//! Everything the chunker needs to know about the source is learnt and checked here,
+//! before a single byte is written at the target: a bad source is refused with the
+//! target untouched. The row offsets are streamed once, in bounded pieces, so a source
+//! of any size is checked in constant memory.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+use scdl_format::chunking::GLOBAL_ENTRIES;
+use scdl_format::layout::HEADER_FILE;
+use scdl_format::{ArrayKind, Backend, ChunkGeometry, Dtype, Header};
+
+use super::ChunkError;
+
+/// A header larger than this is not an SCDL header (real ones are a few KiB).
+const MAX_HEADER_BYTES: u64 = 16 << 20;
+
+/// Row offsets are checked in pieces of this many bytes.
+const ROW_OFFSET_PIECE: u64 = 1 << 20;
+
+/// One CSR array of the source.
+#[derive(Clone, Debug)]
+pub struct SourceArray {
+    pub location: ObjectPath,
+    pub dtype: Dtype,
+    /// Bytes per element.
+    pub width: u64,
+    /// Bytes of the whole array.
+    pub bytes: u64,
+}
+
+/// A monolithic archive whose header, array sizes and row offsets were checked.
+#[derive(Debug)]
+pub struct MonolithicSource {
+    pub store: Arc<dyn ObjectStore>,
+    pub header: Header,
+    pub header_bytes: Vec<u8>,
+    /// Data, row offsets and column ids, in [`ArrayKind::ALL`] order.
+    pub arrays: [SourceArray; 3],
+    pub geometry: ChunkGeometry,
+    /// The value offset at each chunk boundary: `num_chunks + 1` entries.
+    pub boundaries: Vec<u64>,
+    /// Global entries (`version.json`, features...) as (path below the archive, size).
+    pub globals: Vec<(String, u64)>,
+    prefix: ObjectPath,
+}
+
+impl MonolithicSource {
+    /// Reads and checks the archive under `prefix`, for chunks of `chunk_rows` rows.
+    pub async fn open(
+        store: Arc<dyn ObjectStore>,
+        prefix: ObjectPath,
+        chunk_rows: u32,
+    ) -> Result<MonolithicSource, ChunkError> {
+        let listing: Vec<_> = store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|source| ChunkError::store(&prefix, source))?;
+        let relative = |location: &ObjectPath| -> Option<String> {
+            location.prefix_match(&prefix).map(|parts| {
+                parts
+                    .map(|p| p.as_ref().to_owned())
+                    .collect::<Vec<_>>()
+                    .join("/")
+            })
+        };
+        let size_of = |name: &str| {
+            listing
+                .iter()
+                .find(|m| relative(&m.location).as_deref() == Some(name))
+                .map(|m| m.size)
+        };
+
+        let header_location = prefix.clone().join(HEADER_FILE);
+        let header_size = size_of(HEADER_FILE)
+            .ok_or_else(|| ChunkError::NotAnArchive(format!("{header_location} is missing")))?;
+        if header_size > MAX_HEADER_BYTES {
+            return Err(ChunkError::NotAnArchive(format!(
+                "{header_location} holds {header_size} bytes, far more than an SCDL header"
+            )));
+        }
+        let header_bytes = store
+            .get(&header_location)
+            .await
+            .map_err(|source| ChunkError::store(&header_location, source))?
+            .bytes()
+            .await
+            .map_err(|source| ChunkError::store(&header_location, source))?
+            .to_vec();
+        let header = Header::decode(&header_bytes).map_err(|source| ChunkError::Header {
+            location: header_location.to_string(),
+            source,
+        })?;
+        match header.backend {
+            Backend::Monolithic => {}
+            Backend::Chunked => {
+                return Err(ChunkError::NotAnArchive(format!(
+                    "{header_location} describes a chunked archive already"
+                )))
+            }
+        }
+        let infos = header.csr_arrays().map_err(|source| ChunkError::Header {
+            location: header_location.to_string(),
+            source,
+        })?;
+
+        let mut arrays = Vec::with_capacity(3);
+        for (kind, info) in ArrayKind::ALL.into_iter().zip(infos) {
+            let location = prefix.clone().join(kind.file_name());
+            let width = info.dtype.size().ok_or_else(|| {
+                ChunkError::Inconsistent(format!(
+                    "{header_location}: {} has no fixed element size",
+                    kind.header_name()
+                ))
+            })?;
+            let expected = info.length.checked_mul(width).ok_or_else(|| {
+                ChunkError::Inconsistent(format!(
+                    "{header_location}: {} length {} overflows",
+                    kind.header_name(),
+                    info.length
+                ))
+            })?;
+            let actual = size_of(kind.file_name())
+                .ok_or_else(|| ChunkError::NotAnArchive(format!("{location} is missing")))?;
+            if actual != expected {
+                return Err(ChunkError::Inconsistent(format!(
+                    "{location} holds {actual} bytes; the header says {} elements of {} = {expected} bytes",
+                    info.length, info.dtype
+                )));
+            }
+            arrays.push(SourceArray {
+                location,
+                dtype: info.dtype,
+                width,
+                bytes: actual,
+            });
+        }
+        let arrays: [SourceArray; 3] = arrays.try_into().expect("three CSR arrays");
+        if !arrays[ArrayKind::RowPtr.index()].dtype.is_unsigned_int() {
+            return Err(ChunkError::Inconsistent(format!(
+                "{header_location}: row offsets of type {} are not unsigned integers",
+                arrays[ArrayKind::RowPtr.index()].dtype
+            )));
+        }
+        let values = infos[ArrayKind::Data.index()].length;
+        if infos[ArrayKind::ColPtr.index()].length != values {
+            return Err(ChunkError::Inconsistent(format!(
+                "{header_location}: {} values but {} column ids",
+                values,
+                infos[ArrayKind::ColPtr.index()].length
+            )));
+        }
+        let rows = infos[ArrayKind::RowPtr.index()]
+            .length
+            .checked_sub(1)
+            .ok_or_else(|| {
+                ChunkError::Inconsistent(format!("{header_location}: ROWPTR is empty"))
+            })?;
+        let geometry = ChunkGeometry::new(rows, chunk_rows as u64)
+            .ok_or_else(|| ChunkError::Usage("--chunk-rows must be positive".into()))?;
+        if geometry.num_chunks() > u32::MAX as u64 {
+            return Err(ChunkError::Usage(format!(
+                "{rows} rows in chunks of {chunk_rows} make more chunks than a header can count"
+            )));
+        }
+
+        let globals = listing
+            .iter()
+            .filter_map(|meta| {
+                let name = relative(&meta.location)?;
+                let top = name.split('/').next()?;
+                GLOBAL_ENTRIES.contains(&top).then_some((name, meta.size))
+            })
+            .collect();
+        let mut source = MonolithicSource {
+            store,
+            header,
+            header_bytes,
+            arrays,
+            geometry,
+            boundaries: Vec::new(),
+            globals,
+            prefix,
+        };
+        source.boundaries = source.check_row_offsets(values).await?;
+        Ok(source)
+    }
+
+    pub fn array(&self, kind: ArrayKind) -> &SourceArray {
+        &self.arrays[kind.index()]
+    }
+
+    pub fn location(&self, relative: &str) -> ObjectPath {
+        relative
+            .split('/')
+            .fold(self.prefix.clone(), |path, part| path.join(part))
+    }
+
+    /// Streams the row offsets once: they must start at 0, never decrease and end at
+    /// `values`. Returns the offset at every chunk boundary.
+    async fn check_row_offsets(&self, values: u64) -> Result<Vec<u64>, ChunkError> {
+        let array = self.array(ArrayKind::RowPtr);
+        let entries = self.geometry.total_rows + 1;
+        let chunk_rows = self.geometry.chunk_size;
+        let mut boundaries = Vec::with_capacity(self.geometry.num_chunks() as usize + 1);
+        let mut previous = 0u64;
+        let mut index = 0u64;
+        let piece_entries = (ROW_OFFSET_PIECE / array.width).max(1);
+        while index < entries {
+            let end = (index + piece_entries).min(entries);
+            let bytes = self
+                .read_range(&array.location, index * array.width..end * array.width)
+                .await?;
+            for (i, offset) in (index..end)
+                .zip((0..(end - index) as usize).map(|k| array.dtype.read_uint(&bytes, k)))
+            {
+                let bad = if i == 0 && offset != 0 {
+                    Some(format!("the first row offset is {offset}, not 0"))
+                } else if offset < previous {
+                    Some(format!(
+                        "row offset {i} ({offset}) is below the one before it ({previous})"
+                    ))
+                } else if offset > values {
+                    Some(format!(
+                        "row offset {i} ({offset}) is past the {values} values"
+                    ))
+                } else {
+                    None
+                };
+                if let Some(reason) = bad {
+                    return Err(ChunkError::Inconsistent(format!(
+                        "{}: {reason}",
+                        array.location
+                    )));
+                }
+                if i % chunk_rows == 0 || i == entries - 1 {
+                    boundaries.push(offset);
+                }
+                previous = offset;
+            }
+            index = end;
+        }
+        if previous != values {
+            return Err(ChunkError::Inconsistent(format!(
+                "{}: the last row offset is {previous}, but the archive holds {values} values",
+                array.location
+            )));
+        }
+        Ok(boundaries)
+    }
+
+    /// Bytes `range` of the object at `location`, whole in memory (callers keep it small).
+    pub async fn read_range(
+        &self,
+        location: &ObjectPath,
+        range: Range<u64>,
+    ) -> Result<Vec<u8>, ChunkError> {
+        if range.is_empty() {
+            return Ok(Vec::new());
+        }
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(range.clone())),
+            ..Default::default()
+        };
+        let bytes = self
+            .store
+            .get_opts(location, options)
+            .await
+            .map_err(|source| ChunkError::store(location, source))?
+            .bytes()
+            .await
+            .map_err(|source| ChunkError::store(location, source))?;
+        if bytes.len() as u64 != range.end - range.start {
+            return Err(ChunkError::Inconsistent(format!(
+                "{location}: asked for {} bytes at {}, got {}",
+                range.end - range.start,
+                range.start,
+                bytes.len()
+            )));
+        }
+        Ok(bytes.to_vec())
+    }
+}

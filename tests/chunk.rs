@@ -1,0 +1,448 @@
+//! `scdlfs chunk` from a monolithic archive to a local folder and to S3 (moto_server on
+//! 127.0.0.1): the result equals what the synthetic chunk writer makes of the same rows,
+//! the mount reads it flat, an interrupted job resumes to the same bytes, and bad input
+//! is refused with the target untouched.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::s3::{moto, unique_bucket};
+use common::{local_store, small_dataset, snapshot, Monolithic, TestMount};
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use scdl_format::{ArrayInfo, ArrayKind, Backend, Dtype, Header};
+use scdlfs::chunker::{ChunkError, ChunkJob, ChunkOptions, Location};
+use scdlfs::store::faulty::{Fault, InjectFaults};
+use scdlfs::store::wrapper::HookedStore;
+use scdlfs::synthetic::SyntheticDataset;
+use tokio_util::sync::CancellationToken;
+
+const SCDLFS: &str = env!("CARGO_BIN_EXE_scdlfs");
+
+/// A bigger dataset than `small_dataset`, in many chunks, so a job can be cut midway.
+fn many_chunks() -> SyntheticDataset {
+    SyntheticDataset {
+        rows: 6_000,
+        genes: 2_000,
+        chunk_rows: 97,
+        mean_values: 40,
+        seed: 5,
+    }
+}
+
+/// Writes `spec` as a monolithic archive at `dir`, built without scdlfs' chunker, with
+/// the global entries a released archive carries.
+fn write_monolithic(spec: &SyntheticDataset, dir: &Path) {
+    let arrays = Monolithic::of(spec);
+    std::fs::create_dir_all(dir.join("var_features")).unwrap();
+    for kind in ArrayKind::ALL {
+        std::fs::write(dir.join(kind.file_name()), arrays.array(kind)).unwrap();
+    }
+    let total = spec.total_values();
+    let info = |name: &str, length, dtype| ArrayInfo {
+        name: name.into(),
+        length,
+        dtype,
+        shape: None,
+    };
+    let header = Header {
+        version: (0, 1, 0),
+        endianness: 1,
+        backend: Backend::Monolithic,
+        arrays: vec![
+            info("DATA", total, Dtype::F32),
+            info("ROWPTR", spec.rows + 1, Dtype::smallest_uint_for(total)),
+            info("COLPTR", total, spec.column_dtype()),
+        ],
+        feature_indices: Vec::new(),
+        chunked: None,
+    };
+    std::fs::write(dir.join("header.sch"), header.encode()).unwrap();
+    std::fs::write(dir.join("version.json"), "\"0.1.3\"").unwrap();
+    std::fs::write(
+        dir.join("metadata.json"),
+        format!("{{\"num_rows\": {}}}", spec.rows),
+    )
+    .unwrap();
+    std::fs::write(dir.join("var_features/names.bin"), common::pattern(3, 5000)).unwrap();
+}
+
+/// What the chunked archive must hold: the synthetic chunk writer's output for the same
+/// rows, plus the feature files carried over.
+fn expected_chunked(spec: &SyntheticDataset, dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    spec.write_chunked(dir).unwrap();
+    let mut files = snapshot(dir);
+    files.insert("var_features/names.bin".into(), common::pattern(3, 5000));
+    files
+}
+
+fn objects(store: &Arc<dyn ObjectStore>, prefix: &str) -> BTreeMap<String, Vec<u8>> {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let prefix = ObjectPath::from(prefix);
+        let listing: Vec<_> = store.list(Some(&prefix)).try_collect().await.unwrap();
+        let mut out = BTreeMap::new();
+        for meta in listing {
+            let key: Vec<String> = meta
+                .location
+                .prefix_match(&prefix)
+                .unwrap()
+                .map(|p| p.as_ref().to_owned())
+                .collect();
+            let bytes = store
+                .get(&meta.location)
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap();
+            out.insert(key.join("/"), bytes.to_vec());
+        }
+        out
+    })
+}
+
+fn keys(store: &Arc<dyn ObjectStore>, prefix: &str) -> std::collections::BTreeSet<String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let prefix = ObjectPath::from(prefix);
+    let listing: Vec<_> = runtime
+        .block_on(store.list(Some(&prefix)).try_collect())
+        .unwrap();
+    listing
+        .into_iter()
+        .map(|meta| {
+            let key: Vec<String> = meta
+                .location
+                .prefix_match(&prefix)
+                .unwrap()
+                .map(|p| p.as_ref().to_owned())
+                .collect();
+            key.join("/")
+        })
+        .collect()
+}
+
+fn chunk_command(source: &Path, target: &str, chunk_rows: u32) -> Command {
+    let mut command = Command::new(SCDLFS);
+    command
+        .args(["chunk", "--chunk-rows", &chunk_rows.to_string()])
+        .arg(source)
+        .arg(target)
+        .args(["--endpoint-url", &moto().endpoint])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    command
+}
+
+fn run_chunk(source: &Path, target: &str, chunk_rows: u32) -> (bool, String, String) {
+    let output = chunk_command(source, target, chunk_rows)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_local_archive_chunks_into_a_local_folder_as_the_chunk_writer_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = small_dataset();
+    write_monolithic(&spec, &dir.path().join("mono"));
+    let target = dir.path().join("out");
+    let (ok, stdout, stderr) = run_chunk(
+        &dir.path().join("mono"),
+        target.to_str().unwrap(),
+        spec.chunk_rows,
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("header.sch published"), "{stdout}");
+    let expected = expected_chunked(&spec, &dir.path().join("expected"));
+    assert_eq!(snapshot(&target), expected);
+
+    let (ok, stdout, stderr) = run_chunk(
+        &dir.path().join("mono"),
+        target.to_str().unwrap(),
+        spec.chunk_rows,
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("nothing to do"), "{stdout}");
+    assert_eq!(snapshot(&target), expected);
+}
+
+/// Chunks whose values outgrow a 5 MiB part, so they stream through multipart uploads.
+fn large_chunks() -> SyntheticDataset {
+    SyntheticDataset {
+        rows: 24_000,
+        genes: 5_000,
+        chunk_rows: 11_000,
+        mean_values: 130,
+        seed: 9,
+    }
+}
+
+#[test]
+fn an_archive_chunks_straight_into_s3_through_multipart_uploads_and_the_mount_reads_it_flat() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = large_chunks();
+    assert!(spec.chunk_rows as u64 * spec.mean_values as u64 * 4 > 5 << 20);
+    write_monolithic(&spec, &dir.path().join("mono"));
+    let bucket = unique_bucket("chunk-s3");
+    moto().create_bucket(&bucket);
+    let output = chunk_command(
+        &dir.path().join("mono"),
+        &format!("s3://{bucket}/atlas/ds"),
+        spec.chunk_rows,
+    )
+    .args(["--part-size", "5MiB", "--verify-data"])
+    .output()
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("checksums of 12 read back"), "{stdout}");
+    let store = moto().store(&bucket);
+    assert_eq!(
+        objects(&store, "atlas/ds"),
+        expected_chunked(&spec, &dir.path().join("expected"))
+    );
+
+    let mount = TestMount::start(store, "atlas", |_| {});
+    let monolithic = Monolithic::of(&spec);
+    for kind in ArrayKind::ALL {
+        let flat = std::fs::read(mount.path().join("ds").join(kind.file_name())).unwrap();
+        assert!(flat == monolithic.array(kind), "{kind:?} differs");
+    }
+}
+
+/// A source whose reads fail from the `after`-th on: a network that goes away midway.
+fn failing_source(root: &Path, after: usize) -> Location {
+    let reads = Arc::new(AtomicUsize::new(0));
+    let hook = InjectFaults::new(move |_, _| {
+        (reads.fetch_add(1, Ordering::SeqCst) >= after).then_some(Fault::Fail)
+    });
+    Location {
+        store: Arc::new(HookedStore::new(local_store(root), hook)),
+        prefix: ObjectPath::default(),
+    }
+}
+
+fn options() -> ChunkOptions {
+    ChunkOptions {
+        part_size: 5 << 20,
+        objects_in_flight: 2,
+        verify_data: true,
+        quiet: true,
+    }
+}
+
+#[test]
+fn a_job_cut_twice_by_network_errors_resumes_to_the_same_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = many_chunks();
+    let mono = dir.path().join("mono");
+    write_monolithic(&spec, &mono);
+    let bucket = unique_bucket("chunk-resume");
+    moto().create_bucket(&bucket);
+    let target = Location {
+        store: moto().store(&bucket),
+        prefix: ObjectPath::from("ds"),
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let attempt = |after: usize| {
+        runtime.block_on(async {
+            let job = ChunkJob::prepare(failing_source(&mono, after), spec.chunk_rows)
+                .await
+                .expect("preparing reads the header and row offsets, a few reads");
+            job.run(target.clone(), &options(), CancellationToken::new())
+                .await
+        })
+    };
+    let mut uploaded_before = 0;
+    for after in [40, 140] {
+        let error = attempt(after).expect_err("the source failed midway");
+        assert!(matches!(error, ChunkError::Store { .. }), "{error}");
+        assert!(error.resumable());
+        let held = objects(&target.store, "ds");
+        assert!(
+            !held.contains_key("header.sch"),
+            "published after a failure"
+        );
+        let data_objects = held.keys().filter(|k| k.ends_with("data.npy")).count();
+        assert!(
+            data_objects > uploaded_before,
+            "the second attempt added nothing: {data_objects}"
+        );
+        uploaded_before = data_objects;
+
+        // Meanwhile, a mount does not take the half-written dataset for a chunked one.
+        let mount = TestMount::start(target.store.clone(), "", |_| {});
+        assert!(!mount.path().join("ds/data.npy").exists());
+        assert!(mount.path().join("ds/chunk_00000").is_dir());
+    }
+    let report = attempt(usize::MAX).expect("the last attempt completes");
+    assert!(report.reused_objects > 0, "{report:?}");
+    assert_eq!(
+        report.reused_objects + report.uploaded_objects,
+        report.objects
+    );
+    assert_eq!(report.read_back_objects, report.objects);
+    assert_eq!(
+        objects(&target.store, "ds"),
+        expected_chunked(&spec, &dir.path().join("expected"))
+    );
+}
+
+#[test]
+fn kill_9_midway_then_the_same_command_finishes_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = many_chunks();
+    let mono = dir.path().join("mono");
+    write_monolithic(&spec, &mono);
+    let bucket = unique_bucket("chunk-kill");
+    moto().create_bucket(&bucket);
+    let store = moto().store(&bucket);
+    let url = format!("s3://{bucket}/ds");
+    let total = spec.rows.div_ceil(spec.chunk_rows as u64) as usize * 3;
+
+    for kill_at in [total / 8, total / 2] {
+        let mut child = chunk_command(&mono, &url, spec.chunk_rows)
+            .args(["--objects-in-flight", "1", "--quiet"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        loop {
+            let held = keys(&store, "ds");
+            let chunk_objects = held.iter().filter(|k| k.starts_with("chunk_")).count();
+            if chunk_objects >= kill_at {
+                assert!(
+                    !held.contains("header.sch"),
+                    "the job ended before the kill"
+                );
+                break;
+            }
+            assert!(child.try_wait().unwrap().is_none(), "chunk ended early");
+            assert!(started.elapsed() < Duration::from_secs(120), "no progress");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!keys(&store, "ds").contains("header.sch"));
+    }
+    let (ok, stdout, stderr) = run_chunk(&mono, &url, spec.chunk_rows);
+    assert!(ok, "{stderr}");
+    let reused: usize = stdout
+        .split("reused ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no reuse count in {stdout}"));
+    assert!(
+        reused >= total / 2 - 1,
+        "only {reused} objects reused: {stdout}"
+    );
+    assert_eq!(
+        objects(&store, "ds"),
+        expected_chunked(&spec, &dir.path().join("expected"))
+    );
+}
+
+/// Runs `scdlfs chunk` on a bad source or into an occupied target and checks the
+/// message and that the target did not change.
+fn refused(source: &Path, target: &Path, words: &[&str]) {
+    let before = target.exists().then(|| snapshot(target));
+    let (ok, _, stderr) = run_chunk(source, target.to_str().unwrap(), 300);
+    assert!(!ok, "accepted; expected a refusal saying {words:?}");
+    let said = stderr.to_lowercase();
+    for word in words {
+        assert!(
+            said.contains(&word.to_lowercase()),
+            "{word:?} not in: {stderr}"
+        );
+    }
+    assert_eq!(
+        target.exists().then(|| snapshot(target)),
+        before,
+        "{words:?}: target changed"
+    );
+}
+
+#[test]
+fn bad_sources_and_occupied_targets_are_refused_and_the_target_is_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = small_dataset();
+    let good = dir.path().join("good");
+    write_monolithic(&spec, &good);
+    let variant = |name: &str, change: &dyn Fn(&Path)| {
+        let path = dir.path().join(name);
+        write_monolithic(&spec, &path);
+        change(&path);
+        path
+    };
+    let fresh = dir.path().join("fresh");
+
+    let garbage = variant("garbage", &|p| {
+        std::fs::write(p.join("header.sch"), b"not a header").unwrap()
+    });
+    refused(&garbage, &fresh, &["header.sch"]);
+    let cut = variant("cut", &|p| {
+        let bytes = std::fs::read(p.join("data.npy")).unwrap();
+        std::fs::write(p.join("data.npy"), &bytes[..bytes.len() - 4]).unwrap();
+    });
+    refused(&cut, &fresh, &["data.npy", "bytes"]);
+    let decreasing = variant("decreasing", &|p| {
+        let mut bytes = std::fs::read(p.join("row_ptr.npy")).unwrap();
+        let width = bytes.len() / (spec.rows as usize + 1);
+        bytes[100 * width] = bytes[100 * width].wrapping_add(0x7f);
+        std::fs::write(p.join("row_ptr.npy"), bytes).unwrap();
+    });
+    refused(&decreasing, &fresh, &["row_ptr.npy", "row offset"]);
+    let no_data = variant("no_data", &|p| {
+        std::fs::remove_file(p.join("data.npy")).unwrap()
+    });
+    refused(&no_data, &fresh, &["data.npy", "missing"]);
+    assert!(!fresh.exists(), "a target folder was made for a bad source");
+
+    let occupied = dir.path().join("occupied");
+    std::fs::create_dir(&occupied).unwrap();
+    std::fs::write(occupied.join("notes.txt"), b"mine").unwrap();
+    refused(&good, &occupied, &["not empty", "notes.txt"]);
+
+    let other = dir.path().join("other");
+    let (ok, _, stderr) = run_chunk(&good, other.to_str().unwrap(), 500);
+    assert!(ok, "{stderr}");
+    refused(&good, &other, &["another dataset"]);
+
+    let interrupted = dir.path().join("interrupted");
+    std::fs::create_dir_all(interrupted.join(".scdlfs-chunk")).unwrap();
+    std::fs::write(
+        interrupted.join(".scdlfs-chunk/job.json"),
+        r#"{"format":1,"chunk_rows":123,"source_header_crc32c":1,"source_array_bytes":[1,2,3]}"#,
+    )
+    .unwrap();
+    refused(
+        &good,
+        &interrupted,
+        &["interrupted chunking of another source"],
+    );
+}
