@@ -634,7 +634,8 @@ def torch_section(args, ctx, summary, link_s):
       "`DataLoader(num_workers=2)` with the `scdlfs` package's sampler (`ChunkWindowSampler`, 4 chunks per window, "
       "batches of 64; `BlockSampler`, the block order above, as batch sampler); each worker checks every row's "
       "digest. The main process iterates the sampler and writes the hints; the workers read. *local disk* = the "
-      "flat archive copied to local files (page cache warm). Measured %s on %s (%d cores): %.2f GB dataset, "
+      "flat archive copied to local files (page cache warm). *epoch s* and *rows/s* count from the first batch "
+      "on; *first row s* is the DataLoader's start-up (workers forked, first batch read). Measured %s on %s (%d cores): %.2f GB dataset, "
       "%s, link %.0f MB/s + %.0f ms (link limit **%.1f s**), cache %s, medians of %d run(s), epochs stop after "
       "%.0f s (then ~, extrapolated)." % (time.strftime("%Y-%m-%d"), socket.gethostname(), os.cpu_count(),
                                           ctx.info["bytes"] / 1e9, SERVER_DESC[args.server], args.rate_mbps,
@@ -773,7 +774,7 @@ def main():
     ctx.info = generate(args, ctx.name, args.size_mb)
     small_name = None
     datasets = [ctx.name]
-    if not args.quick:
+    if not args.quick and "scdlfs" in args.systems.split(","):
         small_name = "ds-%d" % args.small_size_mb
         ctx.small_info = generate(args, small_name, args.small_size_mb)
         datasets.append(small_name)

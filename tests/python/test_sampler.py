@@ -285,6 +285,45 @@ def test_pickled_sampler_opens_its_own_hint_handle(mount):
     assert copy.hints_active
 
 
+def _open_hint_handles(hint_file: str) -> int:
+    fds = Path("/proc/self/fd")
+    count = 0
+    for fd in fds.iterdir():
+        try:
+            count += os.readlink(fd) == hint_file
+        except OSError:
+            pass
+    return count
+
+
+def test_a_forked_process_drops_the_inherited_hint_handle(mount):
+    """What a DataLoader worker forked from the main process finds: no hint handle of its
+    parent's (the at-fork hook closed its copy), and its own if it ever iterates."""
+    path = mount.mountpoint / DATASET
+    hint_file = str(path / ".scdlfs-hints")
+    sampler = make_sampler("windows", str(path))
+    rows = iter(sampler)
+    next(rows)
+    assert _open_hint_handles(hint_file) == 1
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, never return into pytest
+        try:
+            inherited = _open_hint_handles(hint_file)
+            next(iter(sampler))
+            own = _open_hint_handles(hint_file)
+            os.write(write_end, f"{inherited} {own}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    report = os.read(read_end, 64).decode()
+    os.waitpid(pid, 0)
+    assert report == "0 1", f"hint handles in the child before and after it iterated: {report}"
+    assert _open_hint_handles(hint_file) == 1
+    next(rows)
+    assert sampler.take_hint_error() is None
+
+
 def _epoch_over_link(sampler_bucket, link, tmp_path, hints: bool, digests):
     """One cold epoch, DataLoader with 2 workers, through a fresh mount behind the link;
     returns the mount's counters and the plans `scdlfs status` showed mid-epoch."""

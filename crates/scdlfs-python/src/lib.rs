@@ -263,11 +263,6 @@ impl NativeSampler {
         self.layout.chunks.num_chunks()
     }
 
-    #[getter]
-    fn chunk_rows(&self) -> u64 {
-        self.layout.chunks.chunk_size()
-    }
-
     /// What `dataset_dir` is: "flat view", "raw view" or "plain monolithic directory".
     #[getter]
     fn kind(&self) -> String {

@@ -102,9 +102,20 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
 
     _native: NativeSampler
 
-    def __init__(self, dataset_dir: str | os.PathLike[str], settings: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        dataset_dir: str | os.PathLike[str],
+        order: dict[str, Any],
+        rank: int | None,
+        world_size: int | None,
+        even: Even,
+        hints: bool,
+        hint_lookahead: int,
+    ) -> None:
+        rank, world_size = distributed_rank_and_world_size(rank, world_size)
         self._dataset_dir = os.fspath(dataset_dir)
-        self._settings = settings
+        self._settings = dict(order, rank=rank, world_size=world_size, even=even, hints=hints,
+                              hint_lookahead=hint_lookahead)  # fmt: skip
         self._epoch = 0
         self._native = self._build()
         _LIVE.add(self)
@@ -227,20 +238,8 @@ class ChunkWindowSampler(_SCDLSampler):
         hints: bool = True,
         hint_lookahead: int = DEFAULT_HINT_LOOKAHEAD,
     ) -> None:
-        rank, world_size = distributed_rank_and_world_size(rank, world_size)
-        super().__init__(
-            dataset_dir,
-            dict(
-                chunks_per_window=chunks_per_window,
-                seed=seed,
-                shuffle=shuffle,
-                rank=rank,
-                world_size=world_size,
-                even=even,
-                hints=hints,
-                hint_lookahead=hint_lookahead,
-            ),
-        )
+        order = dict(chunks_per_window=chunks_per_window, seed=seed, shuffle=shuffle)
+        super().__init__(dataset_dir, order, rank, world_size, even, hints, hint_lookahead)
 
     def _build(self) -> NativeSampler:
         return NativeSampler.chunk_windows(self._dataset_dir, **self._settings)
@@ -277,21 +276,8 @@ class BlockSampler(_SCDLSampler):
         hints: bool = True,
         hint_lookahead: int = DEFAULT_HINT_LOOKAHEAD,
     ) -> None:
-        rank, world_size = distributed_rank_and_world_size(rank, world_size)
-        super().__init__(
-            dataset_dir,
-            dict(
-                block_size=block_size,
-                batch_size=batch_size,
-                fetch_factor=fetch_factor,
-                seed=seed,
-                rank=rank,
-                world_size=world_size,
-                even=even,
-                hints=hints,
-                hint_lookahead=hint_lookahead,
-            ),
-        )
+        order = dict(block_size=block_size, batch_size=batch_size, fetch_factor=fetch_factor, seed=seed)
+        super().__init__(dataset_dir, order, rank, world_size, even, hints, hint_lookahead)
 
     def _build(self) -> NativeSampler:
         return NativeSampler.blocks(self._dataset_dir, **self._settings)
