@@ -41,6 +41,9 @@ pub enum FsError {
     CorruptData(String),
     #[error("local cache I/O failed: {0}")]
     CacheIo(Arc<std::io::Error>),
+    /// A cached part failed its checksum and was dropped; reading it again fetches it.
+    #[error("{0}")]
+    CacheCorrupt(String),
 }
 
 impl FsError {
@@ -59,7 +62,8 @@ impl FsError {
             | FsError::ObjectChanged { .. }
             | FsError::ShortRead { .. }
             | FsError::CorruptData(_)
-            | FsError::CacheIo(_) => Errno::EIO,
+            | FsError::CacheIo(_)
+            | FsError::CacheCorrupt(_) => Errno::EIO,
         }
     }
 
@@ -74,6 +78,17 @@ impl FsError {
 impl From<std::io::Error> for FsError {
     fn from(error: std::io::Error) -> Self {
         FsError::CacheIo(Arc::new(error))
+    }
+}
+
+impl From<crate::cache::CacheError> for FsError {
+    fn from(error: crate::cache::CacheError) -> Self {
+        match error {
+            crate::cache::CacheError::Io(error) => error.into(),
+            corrupt @ crate::cache::CacheError::Corrupt { .. } => {
+                FsError::CacheCorrupt(corrupt.to_string())
+            }
+        }
     }
 }
 

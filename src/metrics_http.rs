@@ -138,6 +138,12 @@ pub fn render(status: &Status) -> String {
         "Downloaded parts served without being cached because the budget was full.",
         cache.parts_not_cached_for_lack_of_room as f64,
     );
+    metric(
+        "scdlfs_cache_corrupt_parts_dropped_total",
+        "counter",
+        "Cached parts that failed their checksum on a read, dropped and fetched again.",
+        cache.corrupt_parts_dropped as f64,
+    );
     let gauges = [
         (
             "scdlfs_cache_budget_bytes",
@@ -225,6 +231,7 @@ mod tests {
                 cached_groups: 1,
                 evicted_parts: 5,
                 parts_not_cached_for_lack_of_room: 0,
+                corrupt_parts_dropped: 0,
             },
             active_plans: Vec::new(),
             downloads_in_flight: 1,

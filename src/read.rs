@@ -18,6 +18,10 @@ use crate::fetch::{Fetcher, PartBytes};
 use crate::metrics::Metrics;
 use crate::view::{Piece, ReadPlan};
 
+/// How often a read assembles its parts when cached ones keep failing their checksum
+/// (each failure drops the part, so the next attempt downloads it).
+const CORRUPT_PART_ATTEMPTS: u32 = 3;
+
 pub struct ReadPath {
     fetcher: Arc<Fetcher>,
     metrics: Arc<Metrics>,
@@ -66,8 +70,14 @@ impl ReadPath {
         for (key, _, _) in self.parts_needed(plan) {
             parts.insert(key, PartBytes::Cached(self.fetcher.cache().get(key)?));
         }
-        Metrics::add(&self.metrics.reads_from_cache, 1);
-        Some(self.finish(plan, &parts))
+        match self.finish(plan, &parts) {
+            // The bad part is out of the cache now: the read goes to the network.
+            Err(FsError::CacheCorrupt(_)) => None,
+            result => {
+                Metrics::add(&self.metrics.reads_from_cache, 1);
+                Some(result)
+            }
+        }
     }
 
     /// Serves the read, downloading what is missing.
@@ -91,7 +101,19 @@ impl ReadPath {
                     && !self.fetcher.is_cached(dataset.array(c, ArrayKind::RowPtr))
             });
         }
-        let ((), parts) = futures::try_join!(checks, self.fetch_all(needed))?;
+        let ((), mut parts) = futures::try_join!(checks, self.fetch_all(needed))?;
+        let mut attempt = 1;
+        let result = loop {
+            match self.finish(&plan, &parts.into_iter().collect()) {
+                // A cached part failed its checksum and left the cache: fetch it again.
+                Err(FsError::CacheCorrupt(_)) if attempt < CORRUPT_PART_ATTEMPTS => {
+                    attempt += 1;
+                    on_network = true;
+                    parts = self.fetch_all(self.parts_needed(&plan)).await?;
+                }
+                result => break result,
+            }
+        };
         if on_network {
             Metrics::add(&self.metrics.demand_reads_waited, 1);
             Metrics::add(
@@ -99,7 +121,7 @@ impl ReadPath {
                 started.elapsed().as_micros() as u64,
             );
         }
-        self.finish(&plan, &parts.into_iter().collect())
+        result
     }
 
     /// The parts, each from the cache or its download.

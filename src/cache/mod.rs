@@ -7,6 +7,12 @@
 //! cache directory never holds more than the budget. Readers get a [`PinnedPart`],
 //! which keeps the part resident until it is dropped.
 //!
+//! No byte leaves the cache unchecked: every read checks the CRC32C of each block it
+//! touches (kept in memory since the part was written) against what the disk returned.
+//! A part that fails is dropped from the cache at once, logged and counted, and the
+//! read fails with [`CacheError::Corrupt`], which the read path answers by fetching the
+//! part again.
+//!
 //! The cache knows objects and parts, never SCDL: grouping parts into units is the
 //! caller's decision, and eviction advice comes from an [`EvictionAdvisor`].
 
@@ -24,7 +30,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use part_file::{PartHeader, HEADER_LEN};
+use part_file::{blocks_of, PartHeader};
 pub use policy::{EvictionAdvisor, GroupId, NextUse, ObjectId, PartKey, Policy, Unit};
 
 /// The subdirectory of `--cache-dir` that this format version owns.
@@ -33,7 +39,28 @@ const VERSION_DIR: &str = "scdlfs-v1";
 #[derive(Debug)]
 struct ResidentFile {
     file: File,
+    /// Where the data starts in the file: the header's length.
+    data_offset: u64,
     data_len: u64,
+    block_len: u32,
+    block_crc32c: Box<[u32]>,
+}
+
+/// Where a part's bytes came from: what its file's header records.
+#[derive(Clone, Copy, Debug)]
+pub struct PartOrigin<'a> {
+    pub key: &'a str,
+    pub etag: &'a str,
+    pub object_offset: u64,
+}
+
+/// Why bytes could not be read from the cache.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("cached part {part:?} failed its checksum in block {block}; dropped from the cache")]
+    Corrupt { part: PartKey, block: u64 },
+    #[error("reading a cached part failed: {0}")]
+    Io(#[from] io::Error),
 }
 
 struct Inner {
@@ -51,6 +78,9 @@ pub struct CacheStats {
     pub cached_groups: usize,
     pub evicted_parts: u64,
     pub parts_not_cached_for_lack_of_room: u64,
+    /// Parts that failed their checksum on a read and were dropped.
+    #[serde(default)]
+    pub corrupt_parts_dropped: u64,
 }
 
 pub struct DiskCache {
@@ -60,6 +90,7 @@ pub struct DiskCache {
     next_file: AtomicU64,
     evicted_parts: AtomicU64,
     refused_for_room: AtomicU64,
+    corrupt_dropped: AtomicU64,
     /// Held for the daemon's life: an exclusive lock on the cache directory.
     _lock: File,
 }
@@ -99,6 +130,7 @@ impl DiskCache {
             next_file: AtomicU64::new(0),
             evicted_parts: AtomicU64::new(0),
             refused_for_room: AtomicU64::new(0),
+            corrupt_dropped: AtomicU64::new(0),
             _lock: lock,
         })
     }
@@ -138,13 +170,15 @@ impl DiskCache {
         &self,
         key: PartKey,
         group: Option<GroupId>,
-        header: &PartHeader,
+        origin: PartOrigin,
         data: &[u8],
     ) -> io::Result<bool> {
-        if !PartHeader::fits(&header.key, &header.etag) {
+        if !PartHeader::fits(origin.key, origin.etag) {
             return Ok(false);
         }
-        let disk_bytes = (HEADER_LEN + data.len()) as u64;
+        let header = PartHeader::of(origin.key, origin.etag, origin.object_offset, data);
+        let encoded = header.encode();
+        let disk_bytes = (encoded.len() + data.len()) as u64;
         let advisor = self.advisor.read().clone();
         let (reservation, victims) = {
             let mut inner = self.inner.lock();
@@ -162,7 +196,7 @@ impl DiskCache {
             self.refused_for_room.fetch_add(1, Ordering::Relaxed);
             return Ok(false);
         };
-        let written = self.write_part_file(header, data);
+        let written = self.write_part_file(&encoded, data);
         let mut inner = self.inner.lock();
         match written {
             Ok((file, path)) => {
@@ -177,7 +211,10 @@ impl DiskCache {
                     (
                         Arc::new(ResidentFile {
                             file,
-                            data_len: data.len() as u64,
+                            data_offset: encoded.len() as u64,
+                            data_len: header.data_len,
+                            block_len: header.block_len,
+                            block_crc32c: header.block_crc32c.into(),
                         }),
                         path,
                     ),
@@ -208,13 +245,13 @@ impl DiskCache {
         }
     }
 
-    fn write_part_file(&self, header: &PartHeader, data: &[u8]) -> io::Result<(File, PathBuf)> {
+    fn write_part_file(&self, header: &[u8], data: &[u8]) -> io::Result<(File, PathBuf)> {
         let id = self.next_file.fetch_add(1, Ordering::Relaxed);
         let path = self.parts_dir.join(format!("{id:016x}.part"));
         let tmp = self.parts_dir.join(format!("{id:016x}.part.tmp"));
         let result = (|| {
             let mut file = File::create(&tmp)?;
-            file.write_all(&header.encode())?;
+            file.write_all(header)?;
             file.write_all(data)?;
             fs::rename(&tmp, &path)?;
             File::open(&path)
@@ -236,8 +273,32 @@ impl DiskCache {
             cached_groups: inner.policy.resident_groups(),
             evicted_parts: self.evicted_parts.load(Ordering::Relaxed),
             parts_not_cached_for_lack_of_room: self.refused_for_room.load(Ordering::Relaxed),
+            corrupt_parts_dropped: self.corrupt_dropped.load(Ordering::Relaxed),
         }
     }
+
+    /// Drops a part whose bytes failed their checksum, unless an earlier read dropped
+    /// it already (then the part may have been fetched again: a new file).
+    fn drop_corrupt(&self, key: PartKey, file: &Arc<ResidentFile>, block: u64) {
+        let mut inner = self.inner.lock();
+        let Some((resident, _)) = inner.files.get(&key) else {
+            return;
+        };
+        if !Arc::ptr_eq(resident, file) {
+            return;
+        }
+        let (_, path) = inner.files.remove(&key).expect("present");
+        inner.policy.discard(key);
+        self.delete_files(vec![path.clone()]);
+        drop(inner);
+        self.corrupt_dropped.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(path = %path.display(), part = ?key, block, "a cached part failed its checksum: dropped, and fetched again when read");
+    }
+}
+
+thread_local! {
+    /// Where a read puts the blocks it covers only in part, to check them whole.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A resident part, kept from eviction while this handle lives.
@@ -256,32 +317,94 @@ impl PinnedPart {
         self.file.data_len == 0
     }
 
-    /// Fills `buf` from `offset` within the part's data.
-    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.file
-            .file
-            .read_exact_at(buf, HEADER_LEN as u64 + offset)
+    /// Fills `buf` from `offset` within the part's data, checking every block it
+    /// touches. Blocks the request covers whole are read straight into `buf`; the
+    /// (at most two) blocks it covers in part are read whole into a scratch buffer.
+    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<(), CacheError> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let file = &*self.file;
+        let range = offset..offset + buf.len() as u64;
+        assert!(range.end <= file.data_len, "read past the part's end");
+        let block_len = file.block_len as u64;
+        let block_range =
+            |block: u64| block * block_len..((block + 1) * block_len).min(file.data_len);
+        let blocks = blocks_of(&range, file.block_len);
+        let covered = |block: u64| {
+            let bytes = block_range(block);
+            range.start <= bytes.start && bytes.end <= range.end
+        };
+        let whole_start = blocks.start + u64::from(!covered(blocks.start));
+        let whole_end =
+            blocks.end - u64::from(blocks.end > whole_start && !covered(blocks.end - 1));
+        if whole_start < whole_end {
+            let bytes = block_range(whole_start).start..block_range(whole_end - 1).end;
+            let dest = &mut buf[(bytes.start - offset) as usize..(bytes.end - offset) as usize];
+            file.file
+                .read_exact_at(dest, file.data_offset + bytes.start)?;
+            for (i, block) in dest.chunks(block_len as usize).enumerate() {
+                self.check(whole_start + i as u64, block)?;
+            }
+        }
+        for block in blocks.filter(|b| !(whole_start..whole_end).contains(b)) {
+            let bytes = block_range(block);
+            SCRATCH.with_borrow_mut(|scratch| {
+                scratch.resize((bytes.end - bytes.start) as usize, 0);
+                file.file
+                    .read_exact_at(scratch, file.data_offset + bytes.start)?;
+                self.check(block, scratch)?;
+                let from = range.start.max(bytes.start);
+                let to = range.end.min(bytes.end);
+                buf[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
+                    &scratch[(from - bytes.start) as usize..(to - bytes.start) as usize],
+                );
+                Ok::<_, CacheError>(())
+            })?;
+        }
+        Ok(())
+    }
+
+    fn check(&self, block: u64, bytes: &[u8]) -> Result<(), CacheError> {
+        if crc32c::crc32c(bytes) == self.file.block_crc32c[block as usize] {
+            return Ok(());
+        }
+        self.cache.drop_corrupt(self.key, &self.file, block);
+        Err(CacheError::Corrupt {
+            part: self.key,
+            block,
+        })
     }
 }
 
 impl Drop for PinnedPart {
     fn drop(&mut self) {
-        self.cache.inner.lock().policy.unpin(self.key);
+        let mut inner = self.cache.inner.lock();
+        // A part dropped as corrupt took its pins with it.
+        let current = inner
+            .files
+            .get(&self.key)
+            .is_some_and(|(file, _)| Arc::ptr_eq(file, &self.file));
+        if current {
+            inner.policy.unpin(self.key);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use part_file::BLOCK_LEN;
 
-    fn header(len: usize) -> PartHeader {
-        PartHeader {
-            key: "k".into(),
-            etag: "e".into(),
-            object_offset: 0,
-            data_len: len as u64,
-            data_crc32c: 0,
-        }
+    const ORIGIN: PartOrigin = PartOrigin {
+        key: "k",
+        etag: "e",
+        object_offset: 0,
+    };
+
+    /// Bytes a part of `len` data bytes takes on disk.
+    fn disk_len(len: usize) -> u64 {
+        (PartHeader::of(ORIGIN.key, ORIGIN.etag, 0, &vec![0; len]).encoded_len() + len) as u64
     }
 
     fn dir_bytes(dir: &Path) -> u64 {
@@ -298,17 +421,35 @@ mod tests {
         }
     }
 
+    fn only_file(dir: &Path) -> PathBuf {
+        let mut files: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(files.len(), 1);
+        files.pop().unwrap()
+    }
+
+    fn flip_byte(path: &Path, at: u64) {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, at).unwrap();
+        file.write_all_at(&[byte[0] ^ 0x10], at).unwrap();
+    }
+
     #[test]
     fn the_directory_stays_within_budget_and_reads_back() {
         let dir = tempfile::tempdir().unwrap();
         let part = 10_000usize;
-        let budget = 3 * (HEADER_LEN + part) as u64;
+        let budget = 3 * disk_len(part);
         let cache = Arc::new(DiskCache::open(dir.path(), budget, None).unwrap());
         for object in 0..10u64 {
             let data = vec![object as u8; part];
-            assert!(cache
-                .insert(key(object), None, &header(part), &data)
-                .unwrap());
+            assert!(cache.insert(key(object), None, ORIGIN, &data).unwrap());
             assert!(dir_bytes(cache.parts_dir()) <= budget);
         }
         let pinned = cache.get(key(9)).unwrap();
@@ -330,13 +471,103 @@ mod tests {
     #[test]
     fn pinned_parts_leave_new_parts_uncached() {
         let dir = tempfile::tempdir().unwrap();
-        let budget = (HEADER_LEN + 100) as u64;
+        let budget = disk_len(100);
         let cache = Arc::new(DiskCache::open(dir.path(), budget, None).unwrap());
-        assert!(cache.insert(key(1), None, &header(100), &[1; 100]).unwrap());
+        assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]).unwrap());
         let pinned = cache.get(key(1)).unwrap();
-        assert!(!cache.insert(key(2), None, &header(100), &[2; 100]).unwrap());
+        assert!(!cache.insert(key(2), None, ORIGIN, &[2; 100]).unwrap());
         drop(pinned);
-        assert!(cache.insert(key(2), None, &header(100), &[2; 100]).unwrap());
+        assert!(cache.insert(key(2), None, ORIGIN, &[2; 100]).unwrap());
         assert_eq!(cache.stats().parts_not_cached_for_lack_of_room, 1);
+    }
+
+    #[test]
+    fn a_flipped_bit_is_caught_and_drops_the_part() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Arc::new(DiskCache::open(dir.path(), 1 << 30, None).unwrap());
+        let data: Vec<u8> = (0..3 * BLOCK_LEN as usize + 100)
+            .map(|i| (i % 253) as u8)
+            .collect();
+        assert!(cache.insert(key(1), None, ORIGIN, &data).unwrap());
+        let path = only_file(cache.parts_dir());
+        let data_offset = fs::metadata(&path).unwrap().len() - data.len() as u64;
+        // A byte in the third block.
+        flip_byte(&path, data_offset + 2 * BLOCK_LEN as u64 + 7);
+        let pinned = cache.get(key(1)).unwrap();
+        let mut buf = vec![0u8; 1000];
+        pinned.read_exact_at(&mut buf, 10).unwrap();
+        assert_eq!(
+            buf,
+            data[10..1010],
+            "blocks the read does not touch are not checked"
+        );
+        let error = pinned
+            .read_exact_at(&mut buf, 2 * BLOCK_LEN as u64 + 500)
+            .unwrap_err();
+        assert!(
+            matches!(error, CacheError::Corrupt { block: 2, .. }),
+            "{error}"
+        );
+        assert!(cache.get(key(1)).is_none(), "dropped from the index");
+        assert_eq!(
+            fs::read_dir(cache.parts_dir()).unwrap().count(),
+            0,
+            "file deleted"
+        );
+        let stats = cache.stats();
+        assert_eq!((stats.corrupt_parts_dropped, stats.cached_bytes), (1, 0));
+        // Another read through the stale handle fails again, without counting twice.
+        assert!(pinned
+            .read_exact_at(&mut buf, 2 * BLOCK_LEN as u64)
+            .is_err());
+        drop(pinned);
+        assert_eq!(cache.stats().corrupt_parts_dropped, 1);
+        assert!(
+            cache.insert(key(1), None, ORIGIN, &data).unwrap(),
+            "fetched again"
+        );
+        let again = cache.get(key(1)).unwrap();
+        again
+            .read_exact_at(&mut buf, 2 * BLOCK_LEN as u64 + 500)
+            .unwrap();
+        assert_eq!(buf, data[2 * BLOCK_LEN as usize + 500..][..1000]);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Any read of an intact part returns exactly its bytes; with one byte flipped,
+        /// a read returns its bytes exactly when it does not touch that byte's block.
+        #[test]
+        fn reads_return_the_bytes_or_fail_on_a_touched_bad_block(
+            len in 1usize..4 * BLOCK_LEN as usize,
+            reads in proptest::collection::vec((0.0f64..1.0, 0.0f64..1.0), 1..8),
+            flip in proptest::option::of(0.0f64..1.0),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let cache = Arc::new(DiskCache::open(dir.path(), 1 << 30, None).unwrap());
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 % 256) as u8).collect();
+            assert!(cache.insert(key(1), None, ORIGIN, &data).unwrap());
+            let flipped = flip.map(|f| (f * len as f64) as u64);
+            if let Some(at) = flipped {
+                let path = only_file(cache.parts_dir());
+                flip_byte(&path, fs::metadata(&path).unwrap().len() - len as u64 + at);
+            }
+            let pinned = cache.get(key(1)).unwrap();
+            for (a, b) in reads {
+                let start = (a * len as f64) as u64;
+                let end = start + (b * (len as u64 - start) as f64) as u64;
+                let mut buf = vec![0u8; (end - start) as usize];
+                let result = pinned.read_exact_at(&mut buf, start);
+                let bad_block_touched = flipped.is_some_and(|at| {
+                    part_file::blocks_of(&(start..end), BLOCK_LEN).contains(&(at / BLOCK_LEN as u64))
+                });
+                if bad_block_touched {
+                    proptest::prop_assert!(result.is_err());
+                } else {
+                    proptest::prop_assert!(result.is_ok());
+                    proptest::prop_assert_eq!(&buf[..], &data[start as usize..end as usize]);
+                }
+            }
+        }
     }
 }

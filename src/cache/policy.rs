@@ -305,6 +305,29 @@ impl Policy {
         true
     }
 
+    /// Removes one part from the books (its unit stays, with the other parts), pinned
+    /// or not: for a part whose bytes turned out to be bad. Its pins are forgotten: the
+    /// holders must not unpin it (the key may be resident again by then, a new copy).
+    pub fn discard(&mut self, key: PartKey) {
+        let Some(part) = self.parts.remove(&key) else {
+            return;
+        };
+        self.used_bytes -= part.bytes;
+        let pins = self.pins.remove(&key).unwrap_or(0);
+        let Some(unit) = self.units.peek_mut(&part.unit) else {
+            return;
+        };
+        unit.parts.retain(|k| *k != key);
+        unit.bytes -= part.bytes;
+        unit.pins -= pins;
+        if unit.parts.is_empty() {
+            self.units.pop(&part.unit);
+            if matches!(part.unit, Unit::Group(_)) {
+                self.groups_resident -= 1;
+            }
+        }
+    }
+
     /// Removes `unit` and all its parts from the books, returning the parts.
     fn evict(&mut self, unit: Unit) -> Vec<PartKey> {
         let Some(state) = self.units.pop(&unit) else {
@@ -474,6 +497,10 @@ mod tests {
             index: u64,
         },
         UnpinOne,
+        Discard {
+            object: u64,
+            index: u64,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -488,6 +515,7 @@ mod tests {
             ),
             (0u64..6, 0u64..4).prop_map(|(object, index)| Op::Pin { object, index }),
             Just(Op::UnpinOne),
+            (0u64..6, 0u64..4).prop_map(|(object, index)| Op::Discard { object, index }),
         ]
     }
 
@@ -519,6 +547,12 @@ mod tests {
                     }
                     Op::UnpinOne => {
                         if let Some(key) = pinned.pop() { p.unpin(key); }
+                    }
+                    Op::Discard { object, index } => {
+                        let key = part(object, index);
+                        p.discard(key);
+                        resident.remove(&key);
+                        pinned.retain(|k| *k != key);
                     }
                 }
                 prop_assert!(p.used_bytes() + p.reserved_bytes() <= budget);

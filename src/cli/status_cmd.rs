@@ -65,7 +65,7 @@ fn render(s: &Status) -> String {
          network           {}/s over the last {:.0} s, {}/s since the start\n\
          readers got       {}/s over the last {:.0} s, {}/s since the start\n\
          prefetch          {} parts asked, {} hits ({:.1}% of prefetched parts used)\n\
-         cache             {} of {} in {} parts, {} chunks; {} parts evicted\n",
+         cache             {} of {} in {} parts, {} chunks; {} parts evicted, {} dropped as corrupt\n",
         s.source,
         s.uptime_seconds,
         c.reads,
@@ -91,6 +91,7 @@ fn render(s: &Status) -> String {
         s.cache.cached_parts,
         s.cache.cached_groups,
         s.cache.evicted_parts,
+        s.cache.corrupt_parts_dropped,
     );
     for plan in &s.active_plans {
         out.push_str(&format!(

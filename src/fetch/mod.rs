@@ -19,8 +19,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use object_store::{GetOptions, GetRange, ObjectStore};
 use parking_lot::Mutex;
 
-use crate::cache::part_file::PartHeader;
-use crate::cache::{DiskCache, PartKey, PinnedPart};
+use crate::cache::{DiskCache, PartKey, PartOrigin, PinnedPart};
 use crate::catalog::ObjectInfo;
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
@@ -269,21 +268,22 @@ impl Fetcher {
         };
         Metrics::add(&self.metrics.bytes_fetched, bytes.len() as u64);
         Metrics::add(&self.metrics.parts_fetched, 1);
-        let header = PartHeader {
-            key: object.key.to_string(),
-            etag: object.etag.clone().unwrap_or_default(),
-            object_offset: range.start,
-            data_len: bytes.len() as u64,
-            data_crc32c: crc32c::crc32c(&bytes),
-        };
-        let (cache, key, group, stored) = (
+        let (cache, key, group, stored, object_info) = (
             self.cache.clone(),
             Self::key(object, index),
             object.group,
             bytes.clone(),
+            object.clone(),
         );
-        let inserted =
-            tokio::task::spawn_blocking(move || cache.insert(key, group, &header, &stored)).await;
+        let inserted = tokio::task::spawn_blocking(move || {
+            let origin = PartOrigin {
+                key: object_info.key.as_ref(),
+                etag: object_info.etag.as_deref().unwrap_or_default(),
+                object_offset: range.start,
+            };
+            cache.insert(key, group, origin, &stored)
+        })
+        .await;
         match inserted {
             Ok(Ok(true)) => {}
             Ok(Ok(false)) => {
