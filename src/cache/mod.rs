@@ -93,6 +93,21 @@ pub struct DiskCache {
     corrupt_dropped: AtomicU64,
     /// Held for the daemon's life: an exclusive lock on the cache directory.
     _lock: File,
+    /// Lets a test act at the moments the directory grows or shrinks.
+    #[cfg(test)]
+    test_hook: Mutex<Option<StepHook>>,
+}
+
+#[cfg(test)]
+type StepHook = Arc<dyn Fn(Step) + Send + Sync>;
+
+/// The moments of an insert a test can act at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// A new part file has all its bytes on disk (under its temporary name).
+    Written,
+    /// A part file is about to be deleted.
+    Deleting,
 }
 
 impl DiskCache {
@@ -132,6 +147,8 @@ impl DiskCache {
             refused_for_room: AtomicU64::new(0),
             corrupt_dropped: AtomicU64::new(0),
             _lock: lock,
+            #[cfg(test)]
+            test_hook: Mutex::new(None),
         })
     }
 
@@ -180,7 +197,10 @@ impl DiskCache {
         let encoded = header.encode();
         let disk_bytes = (encoded.len() + data.len()) as u64;
         let advisor = self.advisor.read().clone();
-        let (reservation, victims) = {
+        // The books credit freed bytes as soon as they are told; so every file whose
+        // bytes they credit is deleted before the lock is released, or another insert
+        // could write into room that is still taken on disk.
+        let reservation = {
             let mut inner = self.inner.lock();
             if inner.policy.contains(key) {
                 return Ok(true);
@@ -189,44 +209,58 @@ impl DiskCache {
                 inner
                     .policy
                     .reserve(disk_bytes, Unit::of(key, group), advisor.as_deref());
-            (reservation, self.forget_files(&mut inner, victims))
+            let victims = self.forget_files(&mut inner, victims);
+            self.delete_files(victims);
+            reservation
         };
-        self.delete_files(victims);
         let Some(reservation) = reservation else {
             self.refused_for_room.fetch_add(1, Ordering::Relaxed);
             return Ok(false);
         };
         let written = self.write_part_file(&encoded, data);
+        self.step(Step::Written);
         let mut inner = self.inner.lock();
-        match written {
-            Ok((file, path)) => {
-                if !inner.policy.commit(reservation, key, group) {
-                    // Another download of the same part landed first.
-                    drop(inner);
-                    self.delete_files(vec![path]);
-                    return Ok(true);
-                }
-                inner.files.insert(
-                    key,
-                    (
-                        Arc::new(ResidentFile {
-                            file,
-                            data_offset: encoded.len() as u64,
-                            data_len: header.data_len,
-                            block_len: header.block_len,
-                            block_crc32c: header.block_crc32c.into(),
-                        }),
-                        path,
-                    ),
-                );
-                Ok(true)
-            }
+        let (file, path) = match written {
+            Ok(written) => written,
             Err(error) => {
                 inner.policy.cancel(reservation);
-                Err(error)
+                return Err(error);
             }
+        };
+        if inner.policy.contains(key) {
+            // Another download of the same part landed first.
+            self.delete_files(vec![path]);
+            inner.policy.cancel(reservation);
+            return Ok(true);
+        }
+        let committed = inner.policy.commit(reservation, key, group);
+        debug_assert!(committed, "checked under the same lock");
+        inner.files.insert(
+            key,
+            (
+                Arc::new(ResidentFile {
+                    file,
+                    data_offset: encoded.len() as u64,
+                    data_len: header.data_len,
+                    block_len: header.block_len,
+                    block_crc32c: header.block_crc32c.into(),
+                }),
+                path,
+            ),
+        );
+        Ok(true)
+    }
+
+    #[cfg(test)]
+    fn step(&self, step: Step) {
+        let hook = self.test_hook.lock().clone();
+        if let Some(hook) = hook {
+            hook(step);
         }
     }
+
+    #[cfg(not(test))]
+    fn step(&self, _: Step) {}
 
     fn forget_files(&self, inner: &mut Inner, victims: Vec<PartKey>) -> Vec<PathBuf> {
         self.evicted_parts
@@ -237,8 +271,11 @@ impl DiskCache {
             .collect()
     }
 
+    /// Deletes part files; called with the books' lock held, before their bytes are
+    /// credited or right after, so that the room they free is free on disk too.
     fn delete_files(&self, paths: Vec<PathBuf>) {
         for path in paths {
+            self.step(Step::Deleting);
             if let Err(error) = fs::remove_file(&path) {
                 tracing::warn!(path = %path.display(), %error, "could not delete an evicted cache file");
             }
@@ -458,6 +495,124 @@ mod tests {
         assert_eq!(buf, [9; 4]);
         assert!(cache.get(key(0)).is_none());
         assert_eq!(cache.stats().evicted_parts, 7);
+    }
+
+    /// Runs inserts on named threads with a hook that makes the race of issue 10
+    /// happen whenever the code allows it: when a thread is about to delete a part
+    /// file, it starts the `writer` thread's insert and waits (up to a second) for the
+    /// writer's file to be on disk. Records the directory's largest size seen each time
+    /// a file has been written. Threads named `dup` meet before either commits, so both
+    /// downloads of one part are on disk at once.
+    fn race(
+        cache: &Arc<DiskCache>,
+        inserts: Vec<(&'static str, PartKey, Vec<u8>)>,
+        writer: (PartKey, Vec<u8>),
+    ) -> u64 {
+        use std::sync::mpsc;
+        use std::time::Duration;
+        let largest = Arc::new(AtomicU64::new(0));
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let (written_tx, written_rx) = mpsc::channel::<()>();
+        let (go_tx, written_rx) = (Mutex::new(Some(go_tx)), Mutex::new(written_rx));
+        let dups = std::sync::Barrier::new(2);
+        let parts_dir = cache.parts_dir().to_owned();
+        let hook = {
+            let largest = largest.clone();
+            move |step: Step| {
+                let thread = std::thread::current();
+                let name = thread.name().unwrap_or_default();
+                match step {
+                    Step::Written => {
+                        largest.fetch_max(dir_bytes(&parts_dir), Ordering::SeqCst);
+                        match name {
+                            "writer" => written_tx.send(()).unwrap(),
+                            "dup" => {
+                                dups.wait();
+                            }
+                            _ => {}
+                        }
+                    }
+                    Step::Deleting if name != "writer" => {
+                        if let Some(go) = go_tx.lock().take() {
+                            go.send(()).unwrap();
+                            let _ = written_rx.lock().recv_timeout(Duration::from_secs(1));
+                        }
+                    }
+                    Step::Deleting => {}
+                }
+            }
+        };
+        *cache.test_hook.lock() = Some(Arc::new(hook));
+        std::thread::scope(|scope| {
+            let writer_thread = std::thread::Builder::new()
+                .name("writer".into())
+                .spawn_scoped(scope, move || {
+                    go_rx.recv().unwrap();
+                    assert!(cache.insert(writer.0, None, ORIGIN, &writer.1).unwrap());
+                })
+                .unwrap();
+            for (name, key, data) in &inserts {
+                std::thread::Builder::new()
+                    .name(name.to_string())
+                    .spawn_scoped(scope, move || {
+                        assert!(cache.insert(*key, None, ORIGIN, data).unwrap());
+                    })
+                    .unwrap();
+            }
+            writer_thread.join().unwrap();
+        });
+        *cache.test_hook.lock() = None;
+        largest.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn evicted_files_are_deleted_before_their_room_is_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let unit = disk_len(10_000);
+        let budget = 3 * unit;
+        let cache = Arc::new(DiskCache::open(dir.path(), budget, None).unwrap());
+        let big = (2 * unit - disk_len(0)) as usize;
+        assert_eq!(disk_len(big), 2 * unit);
+        assert!(cache.insert(key(1), None, ORIGIN, &vec![1; big]).unwrap());
+        assert!(cache.insert(key(2), None, ORIGIN, &[2; 10_000]).unwrap());
+        // Part 3 evicts part 1, which frees twice what part 3 takes: part 4 then fits
+        // without evicting anything, and must not be written while part 1 is on disk.
+        let largest = race(
+            &cache,
+            vec![("evictor", key(3), vec![3; 10_000])],
+            (key(4), vec![4; 10_000]),
+        );
+        assert!(
+            largest <= budget,
+            "directory reached {largest}, budget {budget}"
+        );
+        assert_eq!(dir_bytes(cache.parts_dir()), budget);
+        assert_eq!(cache.stats().evicted_parts, 1);
+    }
+
+    #[test]
+    fn a_losing_duplicate_is_deleted_before_its_room_is_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let unit = disk_len(10_000);
+        let budget = 3 * unit;
+        let cache = Arc::new(DiskCache::open(dir.path(), budget, None).unwrap());
+        assert!(cache.insert(key(2), None, ORIGIN, &[2; 10_000]).unwrap());
+        let _kept = cache.get(key(2)).unwrap();
+        // Two downloads of part 5 both reserve and write; the loser's reservation must
+        // not be reused by part 6 while the loser's file is still on disk.
+        let largest = race(
+            &cache,
+            vec![
+                ("dup", key(5), vec![5; 10_000]),
+                ("dup", key(5), vec![5; 10_000]),
+            ],
+            (key(6), vec![6; 10_000]),
+        );
+        assert!(
+            largest <= budget,
+            "directory reached {largest}, budget {budget}"
+        );
+        assert_eq!(dir_bytes(cache.parts_dir()), budget);
     }
 
     #[test]

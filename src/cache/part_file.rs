@@ -144,7 +144,7 @@ impl PartHeader {
             return Err(HeaderError::UnknownVersion(version));
         }
         let len = u32::from_le_bytes(prefix[12..16].try_into().unwrap()) as usize;
-        if len == 0 || len % PAGE != 0 || len > MAX_HEADER_LEN {
+        if len == 0 || !len.is_multiple_of(PAGE) || len > MAX_HEADER_LEN {
             return Err(HeaderError::BadLength(len));
         }
         Ok(len)
