@@ -139,6 +139,12 @@ pub fn render(status: &Status) -> String {
         cache.parts_not_cached_for_lack_of_room as f64,
     );
     metric(
+        "scdlfs_cache_parts_not_cached_for_disk_errors_total",
+        "counter",
+        "Downloaded parts served without being cached because the cache directory could not be written.",
+        cache.parts_not_cached_for_disk_errors as f64,
+    );
+    metric(
         "scdlfs_cache_corrupt_parts_dropped_total",
         "counter",
         "Cached parts that failed their checksum on a read, dropped and fetched again.",
@@ -159,6 +165,11 @@ pub fn render(status: &Status) -> String {
             "scdlfs_cache_reserved_bytes",
             "Bytes reserved in the disk cache for downloads under way.",
             cache.reserved_bytes as f64,
+        ),
+        (
+            "scdlfs_cache_disk_unusable",
+            "1 while the cache directory cannot be written and parts are served uncached.",
+            f64::from(u8::from(cache.disk_unusable.is_some())),
         ),
         (
             "scdlfs_cache_parts",
@@ -232,6 +243,8 @@ mod tests {
                 evicted_parts: 5,
                 parts_not_cached_for_lack_of_room: 0,
                 corrupt_parts_dropped: 0,
+                disk_unusable: None,
+                parts_not_cached_for_disk_errors: 0,
             },
             active_plans: Vec::new(),
             downloads_in_flight: 1,

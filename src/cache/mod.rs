@@ -7,6 +7,12 @@
 //! cache directory never holds more than the budget. Readers get a [`PinnedPart`],
 //! which keeps the part resident until it is dropped.
 //!
+//! A cache directory that cannot be written (full, removed, read-only) turns caching
+//! off with one log line and a flag in `status`; downloads are then served from memory,
+//! and one insert tries the disk again every [`DISK_RETRY_AFTER`]. The directory and
+//! its files are private to the daemon's user (0700 and 0600), and are opened without
+//! following symbolic links.
+//!
 //! No byte leaves the cache unchecked: every read checks the CRC32C of each block it
 //! touches (kept in memory since the part was written) against what the disk returned.
 //! A part that fails is dropped from the cache at once, logged and counted, and the
@@ -23,10 +29,11 @@ use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -35,6 +42,16 @@ pub use policy::{EvictionAdvisor, GroupId, NextUse, ObjectId, PartKey, Policy, U
 
 /// The subdirectory of `--cache-dir` that this format version owns.
 const VERSION_DIR: &str = "scdlfs-v1";
+
+/// How long caching stays off after a failed write before one insert tries again.
+pub const DISK_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// Whether the cache directory can be written, and since when it cannot.
+#[derive(Debug, Default)]
+struct DiskState {
+    unusable_since: Option<Instant>,
+    reason: Option<String>,
+}
 
 #[derive(Debug)]
 struct ResidentFile {
@@ -81,6 +98,12 @@ pub struct CacheStats {
     /// Parts that failed their checksum on a read and were dropped.
     #[serde(default)]
     pub corrupt_parts_dropped: u64,
+    /// Why the cache directory cannot be written, while it cannot.
+    #[serde(default)]
+    pub disk_unusable: Option<String>,
+    /// Downloaded parts served without being cached because the disk failed.
+    #[serde(default)]
+    pub parts_not_cached_for_disk_errors: u64,
 }
 
 pub struct DiskCache {
@@ -91,6 +114,9 @@ pub struct DiskCache {
     evicted_parts: AtomicU64,
     refused_for_room: AtomicU64,
     corrupt_dropped: AtomicU64,
+    disk: Mutex<DiskState>,
+    disk_retry_after: Duration,
+    refused_for_disk: AtomicU64,
     /// Held for the daemon's life: an exclusive lock on the cache directory.
     _lock: File,
     /// Lets a test act at the moments the directory grows or shrinks.
@@ -116,8 +142,23 @@ impl DiskCache {
     pub fn open(dir: &Path, budget_bytes: u64, max_groups: Option<usize>) -> io::Result<DiskCache> {
         let root = dir.join(VERSION_DIR);
         let parts_dir = root.join("parts");
-        fs::create_dir_all(&parts_dir)?;
-        let lock = OpenOptions::new()
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&parts_dir)?;
+        for owned in [&root, &parts_dir] {
+            if !fs::symlink_metadata(owned)?.is_dir() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{} is not a directory (a symbolic link?); scdlfs refuses to cache there",
+                        owned.display()
+                    ),
+                ));
+            }
+            fs::set_permissions(owned, fs::Permissions::from_mode(0o700))?;
+        }
+        let lock = private_file()
             .create(true)
             .truncate(false)
             .write(true)
@@ -146,6 +187,9 @@ impl DiskCache {
             evicted_parts: AtomicU64::new(0),
             refused_for_room: AtomicU64::new(0),
             corrupt_dropped: AtomicU64::new(0),
+            disk: Mutex::new(DiskState::default()),
+            disk_retry_after: DISK_RETRY_AFTER,
+            refused_for_disk: AtomicU64::new(0),
             _lock: lock,
             #[cfg(test)]
             test_hook: Mutex::new(None),
@@ -189,9 +233,13 @@ impl DiskCache {
         group: Option<GroupId>,
         origin: PartOrigin,
         data: &[u8],
-    ) -> io::Result<bool> {
+    ) -> bool {
         if !PartHeader::fits(origin.key, origin.etag) {
-            return Ok(false);
+            return false;
+        }
+        if !self.disk_usable() {
+            self.refused_for_disk.fetch_add(1, Ordering::Relaxed);
+            return false;
         }
         let header = PartHeader::of(origin.key, origin.etag, origin.object_offset, data);
         let encoded = header.encode();
@@ -203,7 +251,7 @@ impl DiskCache {
         let reservation = {
             let mut inner = self.inner.lock();
             if inner.policy.contains(key) {
-                return Ok(true);
+                return true;
             }
             let (reservation, victims) =
                 inner
@@ -215,7 +263,7 @@ impl DiskCache {
         };
         let Some(reservation) = reservation else {
             self.refused_for_room.fetch_add(1, Ordering::Relaxed);
-            return Ok(false);
+            return false;
         };
         let written = self.write_part_file(&encoded, data);
         self.step(Step::Written);
@@ -224,14 +272,18 @@ impl DiskCache {
             Ok(written) => written,
             Err(error) => {
                 inner.policy.cancel(reservation);
-                return Err(error);
+                drop(inner);
+                self.disk_failed(&error);
+                self.refused_for_disk.fetch_add(1, Ordering::Relaxed);
+                return false;
             }
         };
+        self.disk_ok();
         if inner.policy.contains(key) {
             // Another download of the same part landed first.
             self.delete_files(vec![path]);
             inner.policy.cancel(reservation);
-            return Ok(true);
+            return true;
         }
         let committed = inner.policy.commit(reservation, key, group);
         debug_assert!(committed, "checked under the same lock");
@@ -248,7 +300,38 @@ impl DiskCache {
                 path,
             ),
         );
-        Ok(true)
+        true
+    }
+
+    /// Whether an insert may write: always while the disk works; after a failure,
+    /// one insert per [`DISK_RETRY_AFTER`].
+    fn disk_usable(&self) -> bool {
+        let mut disk = self.disk.lock();
+        match disk.unusable_since {
+            None => true,
+            Some(since) if since.elapsed() >= self.disk_retry_after => {
+                disk.unusable_since = Some(Instant::now());
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    fn disk_failed(&self, error: &io::Error) {
+        let mut disk = self.disk.lock();
+        if disk.reason.is_none() {
+            tracing::error!(dir = %self.parts_dir.display(), %error, retry_seconds = self.disk_retry_after.as_secs(), "the cache directory cannot be written: serving parts from the store without caching them");
+        }
+        disk.unusable_since = Some(Instant::now());
+        disk.reason = Some(error.to_string());
+    }
+
+    fn disk_ok(&self) {
+        let mut disk = self.disk.lock();
+        if disk.reason.take().is_some() {
+            tracing::info!(dir = %self.parts_dir.display(), "the cache directory can be written again: caching resumes");
+        }
+        disk.unusable_since = None;
     }
 
     #[cfg(test)]
@@ -276,8 +359,12 @@ impl DiskCache {
     fn delete_files(&self, paths: Vec<PathBuf>) {
         for path in paths {
             self.step(Step::Deleting);
-            if let Err(error) = fs::remove_file(&path) {
-                tracing::warn!(path = %path.display(), %error, "could not delete an evicted cache file");
+            match fs::remove_file(&path) {
+                // A file already gone (a removed cache directory) is what deleting wanted.
+                Err(error) if error.kind() != io::ErrorKind::NotFound => {
+                    tracing::warn!(path = %path.display(), %error, "could not delete a cache file");
+                }
+                _ => {}
             }
         }
     }
@@ -287,11 +374,11 @@ impl DiskCache {
         let path = self.parts_dir.join(format!("{id:016x}.part"));
         let tmp = self.parts_dir.join(format!("{id:016x}.part.tmp"));
         let result = (|| {
-            let mut file = File::create(&tmp)?;
+            let mut file = private_file().write(true).create_new(true).open(&tmp)?;
             file.write_all(header)?;
             file.write_all(data)?;
             fs::rename(&tmp, &path)?;
-            File::open(&path)
+            private_file().read(true).open(&path)
         })();
         if result.is_err() {
             let _ = fs::remove_file(&tmp);
@@ -311,6 +398,8 @@ impl DiskCache {
             evicted_parts: self.evicted_parts.load(Ordering::Relaxed),
             parts_not_cached_for_lack_of_room: self.refused_for_room.load(Ordering::Relaxed),
             corrupt_parts_dropped: self.corrupt_dropped.load(Ordering::Relaxed),
+            disk_unusable: self.disk.lock().reason.clone(),
+            parts_not_cached_for_disk_errors: self.refused_for_disk.load(Ordering::Relaxed),
         }
     }
 
@@ -331,6 +420,14 @@ impl DiskCache {
         self.corrupt_dropped.fetch_add(1, Ordering::Relaxed);
         tracing::error!(path = %path.display(), part = ?key, block, "a cached part failed its checksum: dropped, and fetched again when read");
     }
+}
+
+/// Options for the cache's own files: readable by the daemon's user only, and never
+/// through a symbolic link planted in their place.
+fn private_file() -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+    options
 }
 
 thread_local! {
@@ -486,7 +583,7 @@ mod tests {
         let cache = Arc::new(DiskCache::open(dir.path(), budget, None).unwrap());
         for object in 0..10u64 {
             let data = vec![object as u8; part];
-            assert!(cache.insert(key(object), None, ORIGIN, &data).unwrap());
+            assert!(cache.insert(key(object), None, ORIGIN, &data));
             assert!(dir_bytes(cache.parts_dir()) <= budget);
         }
         let pinned = cache.get(key(9)).unwrap();
@@ -548,14 +645,14 @@ mod tests {
                 .name("writer".into())
                 .spawn_scoped(scope, move || {
                     go_rx.recv().unwrap();
-                    assert!(cache.insert(writer.0, None, ORIGIN, &writer.1).unwrap());
+                    assert!(cache.insert(writer.0, None, ORIGIN, &writer.1));
                 })
                 .unwrap();
             for (name, key, data) in &inserts {
                 std::thread::Builder::new()
                     .name(name.to_string())
                     .spawn_scoped(scope, move || {
-                        assert!(cache.insert(*key, None, ORIGIN, data).unwrap());
+                        assert!(cache.insert(*key, None, ORIGIN, data));
                     })
                     .unwrap();
             }
@@ -573,8 +670,8 @@ mod tests {
         let cache = Arc::new(DiskCache::open(dir.path(), budget, None).unwrap());
         let big = (2 * unit - disk_len(0)) as usize;
         assert_eq!(disk_len(big), 2 * unit);
-        assert!(cache.insert(key(1), None, ORIGIN, &vec![1; big]).unwrap());
-        assert!(cache.insert(key(2), None, ORIGIN, &[2; 10_000]).unwrap());
+        assert!(cache.insert(key(1), None, ORIGIN, &vec![1; big]));
+        assert!(cache.insert(key(2), None, ORIGIN, &[2; 10_000]));
         // Part 3 evicts part 1, which frees twice what part 3 takes: part 4 then fits
         // without evicting anything, and must not be written while part 1 is on disk.
         let largest = race(
@@ -596,7 +693,7 @@ mod tests {
         let unit = disk_len(10_000);
         let budget = 3 * unit;
         let cache = Arc::new(DiskCache::open(dir.path(), budget, None).unwrap());
-        assert!(cache.insert(key(2), None, ORIGIN, &[2; 10_000]).unwrap());
+        assert!(cache.insert(key(2), None, ORIGIN, &[2; 10_000]));
         let _kept = cache.get(key(2)).unwrap();
         // Two downloads of part 5 both reserve and write; the loser's reservation must
         // not be reused by part 6 while the loser's file is still on disk.
@@ -616,6 +713,53 @@ mod tests {
     }
 
     #[test]
+    fn a_removed_directory_turns_caching_off_once_and_on_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cache = DiskCache::open(dir.path(), 1 << 20, None).unwrap();
+        cache.disk_retry_after = Duration::from_millis(200);
+        let cache = Arc::new(cache);
+        assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
+        let kept = cache.get(key(1)).unwrap();
+        fs::remove_dir_all(dir.path()).unwrap();
+        assert!(!cache.insert(key(2), None, ORIGIN, &[2; 100]));
+        let stats = cache.stats();
+        assert!(stats.disk_unusable.is_some(), "{stats:?}");
+        // Recreated at once, the directory is not tried again before the retry delay.
+        fs::create_dir_all(cache.parts_dir()).unwrap();
+        assert!(!cache.insert(key(3), None, ORIGIN, &[3; 100]));
+        assert_eq!(fs::read_dir(cache.parts_dir()).unwrap().count(), 0);
+        assert_eq!(cache.stats().parts_not_cached_for_disk_errors, 2);
+        let mut buf = [0u8; 10];
+        kept.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [1; 10], "parts already open still serve, checked");
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(cache.insert(key(4), None, ORIGIN, &[4; 100]));
+        assert_eq!(cache.stats().disk_unusable, None);
+    }
+
+    #[test]
+    fn the_directory_and_files_are_private_and_symlinks_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Arc::new(DiskCache::open(dir.path(), 1 << 20, None).unwrap());
+        assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
+        let mode = |path: &Path| fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        let root = dir.path().join(VERSION_DIR);
+        assert_eq!(mode(&root), 0o700);
+        assert_eq!(mode(cache.parts_dir()), 0o700);
+        assert_eq!(mode(&root.join("lock")), 0o600);
+        assert_eq!(mode(&only_file(cache.parts_dir())), 0o600);
+        drop(cache);
+
+        let elsewhere = tempfile::tempdir().unwrap();
+        let planted = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), planted.path().join(VERSION_DIR)).unwrap();
+        let refused = DiskCache::open(planted.path(), 1 << 20, None)
+            .err()
+            .unwrap();
+        assert!(refused.to_string().contains("symbolic link"), "{refused}");
+    }
+
+    #[test]
     fn a_second_daemon_cannot_share_the_directory() {
         let dir = tempfile::tempdir().unwrap();
         let _first = DiskCache::open(dir.path(), 1 << 20, None).unwrap();
@@ -628,11 +772,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let budget = disk_len(100);
         let cache = Arc::new(DiskCache::open(dir.path(), budget, None).unwrap());
-        assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]).unwrap());
+        assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
         let pinned = cache.get(key(1)).unwrap();
-        assert!(!cache.insert(key(2), None, ORIGIN, &[2; 100]).unwrap());
+        assert!(!cache.insert(key(2), None, ORIGIN, &[2; 100]));
         drop(pinned);
-        assert!(cache.insert(key(2), None, ORIGIN, &[2; 100]).unwrap());
+        assert!(cache.insert(key(2), None, ORIGIN, &[2; 100]));
         assert_eq!(cache.stats().parts_not_cached_for_lack_of_room, 1);
     }
 
@@ -643,7 +787,7 @@ mod tests {
         let data: Vec<u8> = (0..3 * BLOCK_LEN as usize + 100)
             .map(|i| (i % 253) as u8)
             .collect();
-        assert!(cache.insert(key(1), None, ORIGIN, &data).unwrap());
+        assert!(cache.insert(key(1), None, ORIGIN, &data));
         let path = only_file(cache.parts_dir());
         let data_offset = fs::metadata(&path).unwrap().len() - data.len() as u64;
         // A byte in the third block.
@@ -677,10 +821,7 @@ mod tests {
             .is_err());
         drop(pinned);
         assert_eq!(cache.stats().corrupt_parts_dropped, 1);
-        assert!(
-            cache.insert(key(1), None, ORIGIN, &data).unwrap(),
-            "fetched again"
-        );
+        assert!(cache.insert(key(1), None, ORIGIN, &data), "fetched again");
         let again = cache.get(key(1)).unwrap();
         again
             .read_exact_at(&mut buf, 2 * BLOCK_LEN as u64 + 500)
@@ -701,7 +842,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let cache = Arc::new(DiskCache::open(dir.path(), 1 << 30, None).unwrap());
             let data: Vec<u8> = (0..len).map(|i| (i * 7 % 256) as u8).collect();
-            assert!(cache.insert(key(1), None, ORIGIN, &data).unwrap());
+            assert!(cache.insert(key(1), None, ORIGIN, &data));
             let flipped = flip.map(|f| (f * len as f64) as u64);
             if let Some(at) = flipped {
                 let path = only_file(cache.parts_dir());

@@ -16,11 +16,12 @@ const MIN_DEFAULT_CACHE: u64 = 256 << 20;
 
 pub fn run(args: MountArgs) -> Result<(), String> {
     let source = Source::parse(&args.source).map_err(|e| e.to_string())?;
-    let cache_dir = args
-        .cache_dir
-        .clone()
-        .unwrap_or_else(|| default_cache_dir(&args.mountpoint));
-    std::fs::create_dir_all(&cache_dir)
+    let cache_dir = match &args.cache_dir {
+        Some(dir) => dir.clone(),
+        None => default_cache_dir(&args.mountpoint)?,
+    };
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(&cache_dir)
         .map_err(|e| format!("cannot create cache directory {}: {e}", cache_dir.display()))?;
     if !args.foreground {
         // Obvious mistakes are reported here, before anything detaches.
@@ -136,8 +137,9 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), Stri
     mount.unmount().map_err(|e| format!("unmount failed: {e}"))
 }
 
-/// One cache directory per mountpoint, under the system's or the user's cache.
-fn default_cache_dir(mountpoint: &Path) -> PathBuf {
+/// One cache directory per mountpoint, under the system's or the user's cache; never
+/// in a directory shared with other users such as `/tmp`.
+fn default_cache_dir(mountpoint: &Path) -> Result<PathBuf, String> {
     let absolute = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_owned());
     let name: String = absolute
         .to_string_lossy()
@@ -158,10 +160,10 @@ fn default_cache_dir(mountpoint: &Path) -> PathBuf {
         std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .unwrap_or_else(std::env::temp_dir)
+            .ok_or("neither XDG_CACHE_HOME nor HOME is set: give the cache a private place with --cache-dir")?
             .join("scdlfs")
     };
-    base.join(name)
+    Ok(base.join(name))
 }
 
 /// Half of what is free on the cache's filesystem, at least 256 MiB.

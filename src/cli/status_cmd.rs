@@ -93,6 +93,12 @@ fn render(s: &Status) -> String {
         s.cache.evicted_parts,
         s.cache.corrupt_parts_dropped,
     );
+    if let Some(reason) = &s.cache.disk_unusable {
+        out.push_str(&format!(
+            "cache disk        UNUSABLE ({reason}): serving from the store, {} parts not cached\n",
+            s.cache.parts_not_cached_for_disk_errors
+        ));
+    }
     for plan in &s.active_plans {
         out.push_str(&format!(
             "plan              {} epoch {}: step {} of {}\n",

@@ -285,12 +285,10 @@ impl Fetcher {
         })
         .await;
         match inserted {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) => {
+            Ok(true) => {}
+            // No room, or the disk failed (the cache logs that once).
+            Ok(false) => {
                 self.uncached.lock().put(key, bytes.clone());
-            }
-            Ok(Err(error)) => {
-                tracing::warn!(object = %object.key, part = index, %error, "could not write the part to the disk cache; serving it from memory");
             }
             Err(error) => {
                 tracing::error!(object = %object.key, part = index, %error, "caching the part failed; serving it from memory");
