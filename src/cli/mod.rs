@@ -5,12 +5,15 @@ mod daemon;
 mod demo;
 mod mount_cmd;
 mod notify;
+mod spellings;
 mod status_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::ffi::OsString;
+
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::store::ClientSettings;
 use crate::units::parse_size;
@@ -21,13 +24,13 @@ use crate::units::parse_size;
     version,
     about = "Mount a remote chunked SCDL dataset as a local directory"
 )]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
-    command: Command,
+    pub(crate) command: Command,
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {
+pub(crate) enum Command {
     /// Mount SOURCE (s3://, gs://, http(s)://, file:// or a local folder) at MOUNTPOINT.
     Mount(Box<MountArgs>),
     /// Unmount a scdlfs mount (also one left behind by a killed daemon).
@@ -139,6 +142,17 @@ pub struct MountArgs {
     )]
     pub fuse_threads: usize,
 
+    /// Mount options in fstab spelling, e.g. `-o allow_other,cache_size=20GiB`: each is
+    /// the flag of that name (underscores read as dashes); mount(8)'s own (ro, nodev,
+    /// nofail, _netdev, x-systemd.*, ...) are ignored. Every flag can also be given as
+    /// an SCDLFS_<FLAG> environment variable, as shown.
+    #[arg(
+        short = 'o',
+        long = "options",
+        value_name = "OPTS",
+        help_heading = "Mount"
+    )]
+    pub options: Vec<String>,
     /// Let users other than the mounting one use the mount.
     #[arg(long, help_heading = "Mount")]
     pub allow_other: bool,
@@ -159,8 +173,22 @@ pub struct MountArgs {
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
+/// Parses a command line, with the other spellings of its flags ([`spellings`]).
+pub(crate) fn parse_from(argv: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Error> {
+    let argv: Vec<OsString> = argv.into_iter().collect();
+    let command = spellings::with_environment(Cli::command());
+    let cli = Cli::from_arg_matches(&command.clone().try_get_matches_from(&argv)?)?;
+    match &cli.command {
+        Command::Mount(args) if !args.options.is_empty() => {
+            let expanded = spellings::expand_options(argv);
+            Cli::from_arg_matches(&command.try_get_matches_from(expanded)?)
+        }
+        _ => Ok(cli),
+    }
+}
+
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit());
     let result = match cli.command {
         Command::Mount(args) => mount_cmd::run(*args),
         Command::Unmount { mountpoint, lazy } => crate::unmount::unmount(&mountpoint, lazy)
