@@ -8,6 +8,7 @@
 //! - [`prefetch`]: plans from hint files, read-ahead, eviction advice.
 //! - [`fetch`]: one download per part, demand before prefetch, retries.
 //! - [`cache`]: parts on local disk under a byte budget.
+//! - [`parts`]: part ids and the geometry of parts and blocks, shared by the above.
 //! - [`store`]: the object client for S3, GCS, HTTP and local folders, and test doubles.
 //!
 //! [`chunker`] is `scdlfs chunk`, which writes chunked datasets into any store.
@@ -24,6 +25,7 @@ pub mod fs;
 pub mod metrics;
 pub mod metrics_http;
 pub mod mount;
+pub mod parts;
 pub mod prefetch;
 pub mod read;
 pub mod status;

@@ -11,11 +11,11 @@ use std::time::Instant;
 use futures::future::try_join_all;
 use scdl_format::{ArrayKind, Dtype};
 
-use crate::cache::PartKey;
 use crate::catalog::{FlatDataset, ObjectInfo};
 use crate::error::{FsError, FsResult};
 use crate::fetch::{Fetcher, PartBytes};
 use crate::metrics::Metrics;
+use crate::parts::PartKey;
 use crate::view::{Piece, ReadPlan};
 
 /// How often a read assembles its parts when cached ones keep failing their checksum

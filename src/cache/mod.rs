@@ -37,8 +37,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
-use part_file::{blocks_of, PartHeader};
-pub use policy::{EvictionAdvisor, GroupId, NextUse, ObjectId, PartKey, Policy, Unit};
+use crate::parts::{span, spans_touched, GroupId, PartKey};
+use part_file::PartHeader;
+pub use policy::{EvictionAdvisor, NextUse, Policy, Unit};
 
 /// The subdirectory of `--cache-dir` that this format version owns.
 const VERSION_DIR: &str = "scdlfs-v1";
@@ -462,9 +463,8 @@ impl PinnedPart {
         let range = offset..offset + buf.len() as u64;
         assert!(range.end <= file.data_len, "read past the part's end");
         let block_len = file.block_len as u64;
-        let block_range =
-            |block: u64| block * block_len..((block + 1) * block_len).min(file.data_len);
-        let blocks = blocks_of(&range, file.block_len);
+        let block_range = |block: u64| span(block, block_len, file.data_len);
+        let blocks = spans_touched(&range, block_len);
         let covered = |block: u64| {
             let bytes = block_range(block);
             range.start <= bytes.start && bytes.end <= range.end
@@ -528,6 +528,7 @@ impl Drop for PinnedPart {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parts::ObjectId;
     use part_file::BLOCK_LEN;
 
     const ORIGIN: PartOrigin = PartOrigin {
@@ -855,7 +856,7 @@ mod tests {
                 let mut buf = vec![0u8; (end - start) as usize];
                 let result = pinned.read_exact_at(&mut buf, start);
                 let bad_block_touched = flipped.is_some_and(|at| {
-                    part_file::blocks_of(&(start..end), BLOCK_LEN).contains(&(at / BLOCK_LEN as u64))
+                    spans_touched(&(start..end), BLOCK_LEN as u64).contains(&(at / BLOCK_LEN as u64))
                 });
                 if bad_block_touched {
                     proptest::prop_assert!(result.is_err());

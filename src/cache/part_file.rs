@@ -27,8 +27,6 @@
 //! reads of the underlying filesystem. The block length is chosen by measurement (see
 //! [`BLOCK_LEN`]) and recorded, so a later version may change it without a new format.
 
-use std::ops::Range;
-
 pub const MAGIC: &[u8; 8] = b"SCDLFSPT";
 pub const FORMAT_VERSION: u32 = 2;
 /// The unit the header length is a multiple of.
@@ -191,15 +189,6 @@ impl PartHeader {
     }
 }
 
-/// The blocks of `block_len` bytes that bytes `range` of the data touch.
-pub fn blocks_of(range: &Range<u64>, block_len: u32) -> Range<u64> {
-    if range.is_empty() {
-        return 0..0;
-    }
-    let block_len = block_len as u64;
-    range.start / block_len..(range.end - 1) / block_len + 1
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,17 +270,6 @@ mod tests {
             let encoded = header.encode();
             prop_assert_eq!(encoded.len() % 4096, 0);
             prop_assert_eq!(PartHeader::decode(&encoded).unwrap(), header);
-        }
-
-        #[test]
-        fn blocks_of_are_exactly_the_touched_blocks(start in 0u64..10_000, len in 0u64..10_000, block in 1u32..3000) {
-            let range = start..start + len;
-            let blocks = blocks_of(&range, block);
-            for b in 0..(20_000 / block as u64 + 2) {
-                let bytes = b * block as u64..(b + 1) * block as u64;
-                let touched = !range.is_empty() && bytes.start < range.end && range.start < bytes.end;
-                prop_assert_eq!(blocks.contains(&b), touched, "block {}", b);
-            }
         }
     }
 }

@@ -14,20 +14,7 @@ use std::hash::Hash;
 
 use lru::LruCache;
 
-/// Identifies an object within one mount.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ObjectId(pub u64);
-
-/// Identifies a group of parts that are cached and evicted together.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GroupId(pub u64);
-
-/// One fetch unit: part `index` of an object (bytes `index * part_size ..`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PartKey {
-    pub object: ObjectId,
-    pub index: u64,
-}
+use crate::parts::{GroupId, PartKey};
 
 /// What the LRU orders and eviction removes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -379,6 +366,7 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parts::ObjectId;
     use proptest::prelude::*;
     use std::collections::HashSet;
 

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use scdl_format::layout::parse_chunk_dir_name;
 use scdl_format::ArrayKind;
 
-use crate::cache::{GroupId, ObjectId};
+use crate::parts::{GroupId, ObjectId};
 
 /// One object of the store, as pinned by this mount.
 #[derive(Debug)]

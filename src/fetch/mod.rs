@@ -19,10 +19,11 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use object_store::{GetOptions, GetRange, ObjectStore};
 use parking_lot::Mutex;
 
-use crate::cache::{DiskCache, PartKey, PartOrigin, PinnedPart};
+use crate::cache::{DiskCache, PartOrigin, PinnedPart};
 use crate::catalog::ObjectInfo;
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
+use crate::parts::{span, spans_touched, PartKey};
 use permits::{Permits, Urgency};
 
 /// Attempts per part before readers get an error.
@@ -106,13 +107,12 @@ impl Fetcher {
 
     /// The parts that bytes `range` of an object fall in.
     pub fn parts_of(&self, range: &Range<u64>) -> Range<u64> {
-        part_indices(range, self.part_size)
+        spans_touched(range, self.part_size)
     }
 
     /// Bytes of the object that part `index` holds.
     pub fn part_range(&self, object: &ObjectInfo, index: u64) -> Range<u64> {
-        let start = index * self.part_size;
-        start..(start + self.part_size).min(object.size)
+        span(index, self.part_size, object.size)
     }
 
     pub fn key(object: &ObjectInfo, index: u64) -> PartKey {
@@ -339,32 +339,5 @@ impl Fetcher {
             });
         }
         Ok(bytes)
-    }
-}
-
-/// The indices of the `part_size`-byte parts that bytes `range` fall in.
-pub fn part_indices(range: &Range<u64>, part_size: u64) -> Range<u64> {
-    if range.is_empty() {
-        return 0..0;
-    }
-    range.start / part_size..(range.end - 1) / part_size + 1
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #[test]
-        fn part_indices_are_exactly_the_touched_parts(start in 0u64..10_000, len in 0u64..10_000, part in 1u64..3000) {
-            let range = start..start + len;
-            let parts = part_indices(&range, part);
-            for p in 0..(20_000 / part + 2) {
-                let bytes = p * part..(p + 1) * part;
-                let touched = bytes.start < range.end && range.start < bytes.end;
-                prop_assert_eq!(parts.contains(&p), touched, "part {}", p);
-            }
-        }
     }
 }

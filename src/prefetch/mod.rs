@@ -24,9 +24,10 @@ use scdl_format::ArrayKind;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use crate::cache::{EvictionAdvisor, GroupId, NextUse, PartKey};
+use crate::cache::{EvictionAdvisor, NextUse};
 use crate::catalog::{FileContent, FlatDataset, ObjectInfo};
 use crate::fetch::Fetcher;
+use crate::parts::{GroupId, PartKey};
 use crate::read::ReadPath;
 use crate::view::{plan_read, Piece, ReadPlan};
 use plan::{Plan, Step, Touched};

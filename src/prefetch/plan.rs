@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use scdl_format::hint::HintLine;
 
-use crate::cache::PartKey;
+use crate::parts::PartKey;
 use crate::view::flat::FlatLayout;
 
 /// A plan longer than this is refused (EINVAL): the daemon keeps plans in memory.
@@ -345,7 +345,7 @@ mod tests {
     fn resolved_steps_are_matched_by_part_not_by_chunk() {
         let l = layout(2, 10);
         let part = |index| PartKey {
-            object: crate::cache::ObjectId(7),
+            object: crate::parts::ObjectId(7),
             index,
         };
         let mut plan = Plan::default();
