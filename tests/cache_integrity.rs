@@ -5,13 +5,12 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::*;
-use scdl_format::ArrayKind;
 use scdlfs::cache::part_file::PartHeader;
 use scdlfs::store::counting::CountReads;
 use scdlfs::store::wrapper::HookedStore;
@@ -44,18 +43,7 @@ fn part_of(path: &Path) -> (String, u64, u64, u64) {
 #[test]
 fn flipped_bits_in_cached_parts_are_never_served_and_are_refetched() {
     let src = tempfile::tempdir().unwrap();
-    let files = plain_files();
-    write_files(src.path(), &files);
-    let spec = small_dataset();
-    spec.write_chunked(&src.path().join("ds")).unwrap();
-    let mono = Monolithic::of(&spec);
-    let mut want: BTreeMap<String, Vec<u8>> = files.clone();
-    for kind in ArrayKind::ALL {
-        want.insert(
-            format!("ds/{}", kind.file_name()),
-            mono.array(kind).to_vec(),
-        );
-    }
+    let want = write_source(src.path());
 
     let counted = Arc::new(HookedStore::new(
         local_store(src.path()),

@@ -5,27 +5,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use common::*;
-use scdl_format::ArrayKind;
-
-/// Every file the tests read, with its bytes.
-fn source(root: &Path) -> BTreeMap<String, Vec<u8>> {
-    let mut want = plain_files();
-    write_files(root, &want);
-    let spec = small_dataset();
-    spec.write_chunked(&root.join("ds")).unwrap();
-    let mono = Monolithic::of(&spec);
-    for kind in ArrayKind::ALL {
-        want.insert(
-            format!("ds/{}", kind.file_name()),
-            mono.array(kind).to_vec(),
-        );
-    }
-    want
-}
 
 fn read_all(mount: &TestMount, want: &BTreeMap<String, Vec<u8>>) {
     for (name, bytes) in want {
@@ -65,7 +48,7 @@ impl Drop for SmallTmpfs {
 #[test]
 fn a_full_cache_disk_serves_from_the_store() {
     let src = tempfile::tempdir().unwrap();
-    let want = source(src.path());
+    let want = write_source(src.path());
     let tmpfs = SmallTmpfs::mount("256k");
     let mount = TestMount::start(local_store(src.path()), "", |s| {
         s.cache_dir = tmpfs.path();
@@ -90,7 +73,7 @@ fn a_full_cache_disk_serves_from_the_store() {
 #[test]
 fn a_removed_cache_directory_serves_from_the_store() {
     let src = tempfile::tempdir().unwrap();
-    let want = source(src.path());
+    let want = write_source(src.path());
     let mount = TestMount::start(local_store(src.path()), "", |_| {});
     let (first, rest): (BTreeMap<_, _>, BTreeMap<_, _>) = want
         .clone()

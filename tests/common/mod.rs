@@ -121,6 +121,23 @@ pub fn write_files(root: &Path, files: &BTreeMap<String, Vec<u8>>) {
     }
 }
 
+/// Writes the plain files and the small dataset (as `ds/`) under `root`; returns every
+/// file the mount shows of them with the bytes it must read back.
+pub fn write_source(root: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut want = plain_files();
+    write_files(root, &want);
+    let spec = small_dataset();
+    spec.write_chunked(&root.join("ds")).unwrap();
+    let mono = Monolithic::of(&spec);
+    for kind in ArrayKind::ALL {
+        want.insert(
+            format!("ds/{}", kind.file_name()),
+            mono.array(kind).to_vec(),
+        );
+    }
+    want
+}
+
 /// A small synthetic dataset with a short last chunk and empty rows.
 pub fn small_dataset() -> SyntheticDataset {
     SyntheticDataset {
