@@ -1,22 +1,26 @@
 #!/usr/bin/env python3
 """The scdlfs benchmark driver: one command, one machine (root, /dev/fuse, Debian).
 
-    bench/run.py            # the full benchmark: regenerates docs/benchmarks.md and its PNG
-    bench/run.py --quick    # the reduced variant (CI): small dataset, one run each,
-                            # checks that every system read the right bytes
+    bench/run.py            # the full benchmark: regenerates docs/benchmarks.md, its PNG
+                            # and README.md's benchmark summary (between its markers)
+    bench/run.py --large-size-mb 15000   # the same, plus the daemon's peak RSS on 15 GB
+    bench/run.py --quick    # the reduced variant (CI): small dataset, a cache smaller than
+                            # it, one run each; fails unless every epoch read enough rows,
+                            # each checked, and the cache budget bound on every mount
 
 It installs what is missing (Debian: fuse3 s3fs rclone nginx-light fonts-dejavu-core;
 crates.io: s3s-fs 0.14.1 into the work directory; PyPI: boto3 into a venv), builds the
 release binaries, generates the synthetic dataset, serves it from an S3-compatible
 server on 127.0.0.1 behind the link-emulating proxy (bench/src/proxy.rs), and reads
 epochs in three orders through every system. Only loopback addresses are used, and every
-S3 client gets explicit dummy keys.
+S3 client gets explicit dummy keys. Every figure of the page and of README's summary is
+computed from the results file of the run that writes them (results.json in the work
+directory; `--report-only` re-renders from it).
 
 The `torch` system is the way PyTorch users read: bionemo-scdl's SingleCellMemMapDataset
 through a DataLoader with 2 workers and the scdlfs package's sampler
 (bench/torch_loader.py), on scdlfs and on a local copy of the flat archive. Run alone
-(`--systems torch`), it updates only its own section of docs/benchmarks.md.
-"""
+(`--systems torch`), it updates only its own section of docs/benchmarks.md."""
 
 import argparse
 import atexit
@@ -41,6 +45,8 @@ ORDERS = ["windows", "blocks", "random"]
 TORCH = "PyTorch DataLoader"
 TORCH_ORDERS = ["windows", "blocks"]  # the orders of the scdlfs package's samplers
 TORCH_BEGIN, TORCH_END = "<!-- pytorch section: begin -->", "<!-- pytorch section: end -->"
+PYTHON_LOADER_CHUNKS = 8  # the Python chunk loader's LRU, in chunks
+QUICK_MIN_ROWS = 100  # --quick fails if an epoch read fewer rows (and was not the whole epoch)
 CHILDREN = []  # (Popen, description), ended at exit
 MOUNTS = []  # mountpoints to unmount at exit
 
@@ -121,6 +127,14 @@ def peak_rss_kib(pid):
     except OSError:
         pass
     return None
+
+
+def size_bytes(text):
+    """"3GiB", "24MiB", "512KiB" or a number of bytes."""
+    for suffix, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if text.endswith(suffix):
+            return int(float(text[:-len(suffix)]) * scale)
+    return int(text)
 
 
 def clean_env():
@@ -240,7 +254,8 @@ http {{
 
 
 def start_server(args, datasets):
-    """The S3-compatible server on 127.0.0.1; returns its endpoint."""
+    """The S3-compatible server on 127.0.0.1; returns its endpoint and, for s3s-nginx, the
+    endpoint of s3s-fs alone (whose own speed the report gives)."""
     logs = os.path.join(args.work, "logs")
     if args.server == "s3s-nginx":
         s3s_port, port = free_port(), free_port()
@@ -254,7 +269,7 @@ def start_server(args, datasets):
             f.write(NGINX_CONF.format(work=args.work, port=port, s3s_port=s3s_port))
         proc = spawn(["nginx", "-c", conf], "nginx", stderr=open(os.path.join(logs, "nginx.log"), "w"))
         wait_port(port, proc, "nginx")
-        return "http://127.0.0.1:%d" % port
+        return "http://127.0.0.1:%d" % port, "http://127.0.0.1:%d" % s3s_port
     port = free_port()
     proc = spawn([args.moto, "-H", "127.0.0.1", "-p", str(port)], "moto_server")
     wait_port(port, proc, "moto_server")
@@ -264,7 +279,7 @@ def start_server(args, datasets):
     for name in datasets:
         run([BENCH, "upload", "--endpoint", endpoint, "--bucket", BUCKET, "--prefix", name,
              "--src", os.path.join(args.work, "s3root", BUCKET, name)], env=clean_env())
-    return endpoint
+    return endpoint, None
 
 
 def start_proxy(args, endpoint):
@@ -291,6 +306,12 @@ def probe(endpoint, prefix, concurrency, max_mb):
 
 class Ctx:
     pass
+
+
+# The page-cache states an epoch starts in. Every reader is a new process, so no memory
+# map of an earlier epoch keeps pages alive across a drop (PITFALLS.md, "Measuring").
+DROPPED = "page cache dropped"
+WARM = "page cache warm"
 
 
 def read_epoch(ctx, dataset_dir, order, epoch, hints=True, limit=None):
@@ -337,29 +358,86 @@ def fresh_dir(path):
     return path
 
 
-def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_epoch):
-    """Mounts with `cmd` (foreground), runs `epochs` [(label, order, epoch, hints, limit, prefill)]
-    with `reader`, records each, then unmounts. The daemon's peak RSS is read at the end."""
+def read_through(dataset_dir):
+    """Reads every file of a dataset directory once (fills scdlfs's disk cache and the page
+    cache of the files), closing each."""
+    for name in sorted(os.listdir(dataset_dir)):
+        path = os.path.join(dataset_dir, name)
+        if name.startswith(".") or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            while f.read(8 << 20):
+                pass
+
+
+def drop_page_cache():
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as e:
+        raise RuntimeError("cannot drop the page cache (root and a writable /proc/sys needed): %s" % e)
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process and all its threads so far."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scdlfs_status(mnt):
+    return json.loads(os.getxattr(mnt, "user.scdlfs.status"))
+
+
+class Epoch:
+    """One epoch to read: `label` in the report, epoch number `epoch` of `order`, starting in
+    page-cache state `page_cache` (DROPPED or WARM; a fresh mount's first epoch is DROPPED),
+    `fill`: read the files through first (so that a warm epoch finds the whole dataset in
+    scdlfs's disk cache even after a time-bounded cold epoch)."""
+
+    def __init__(self, label, order, epoch, page_cache, hints=True, limit=None, fill=False):
+        self.label, self.order, self.epoch, self.page_cache = label, order, epoch, page_cache
+        self.hints, self.limit, self.fill = hints, limit, fill
+
+
+def prepare(dataset_dir, e):
+    if e.fill or e.page_cache == WARM:
+        read_through(dataset_dir)
+    if e.page_cache == DROPPED:
+        drop_page_cache()
+
+
+def tag(r, e, layout):
+    r.update(system=e.label, order=e.order, epoch=e.epoch, page_cache=e.page_cache, layout=layout)
+    return r
+
+
+def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_epoch, layout="chunked",
+                   scdlfs=False):
+    """Mounts with `cmd` (foreground), runs `epochs` with `reader`, records each, then
+    unmounts. After each epoch: the daemon's peak RSS so far (VmHWM) and, for scdlfs, the
+    daemon's CPU seconds and the bytes it served during the epoch (its status attribute)."""
     MOUNTS.append(mnt)
     logf = open(os.path.join(ctx.work, "logs", system.split()[0] + ".log"), "a")
     proc = spawn(cmd, system, env=env, stderr=logf, stdout=logf)
     results = []
     try:
         wait_mounted(mnt, proc, system, os.path.join(dataset_dir, "header.sch"))
-        for label, order, epoch, hints, limit, prefill in epochs:
-            if prefill and (order == "random" or not results[-1]["completed"]):
-                for name in ("data.npy", "row_ptr.npy", "col_ptr.npy"):
-                    with open(os.path.join(dataset_dir, name), "rb") as f:
-                        while f.read(8 << 20):
-                            pass
+        for e in epochs:
+            prepare(dataset_dir, e)
             before = proxy_bytes(ctx.stats)
-            r = reader(ctx, dataset_dir, order, epoch, hints, limit)
+            cpu0 = cpu_seconds(proc.pid)
+            served0 = scdlfs_status(mnt)["counters"]["bytes_read"] if scdlfs else None
+            r = reader(ctx, dataset_dir, e.order, e.epoch, e.hints, e.limit)
             r["bytes_fetched"] = proxy_bytes(ctx.stats) - before
-            r["system"], r["order"] = label, order
-            results.append(r)
-        rss = peak_rss_kib(proc.pid)
-        for r in results:
-            r["daemon_peak_rss_kib"] = rss
+            r["daemon_cpu_s"] = cpu_seconds(proc.pid) - cpu0
+            r["daemon_peak_rss_kib"] = peak_rss_kib(proc.pid)
+            if scdlfs:
+                status = scdlfs_status(mnt)
+                r["bytes_served"] = status["counters"]["bytes_read"] - served0
+                r["cache"] = status["cache"]
+            results.append(tag(r, e, layout))
     finally:
         if proc.poll() is None:
             stop(proc)
@@ -367,35 +445,14 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_
     return results
 
 
-def sys_local(ctx, order, run_i):
-    r = read_epoch(ctx, ctx.local_dir, order, run_i, True, None)
-    r.update(system="local disk", order=order, bytes_fetched=0, daemon_peak_rss_kib=None)
-    return [r]
-
-
-def sys_scdlfs(ctx, order, run_i, hints, dataset=None, label_suffix="", warm=True, reader=read_epoch, prefix=""):
-    dataset = dataset or ctx.name
-    mnt = fresh_dir(os.path.join(ctx.work, "mnt", "scdlfs"))
-    cache = fresh_dir(os.path.join(ctx.work, "cache", "scdlfs"))
-    cmd = [SCDLFS, "mount", "s3://" + BUCKET, mnt, "--endpoint-url", ctx.proxy, "--region", "us-east-1",
-           "--cache-dir", cache, "--cache-size", ctx.cache_size, "--foreground", "--log-level", "warn"]
-    h = "hints" if hints else "no hints"
-    epochs = [("%sscdlfs cold, %s%s" % (prefix, h, label_suffix), order, 2 * run_i, hints, ctx.limit, False)]
-    if warm:
-        # Warm: the next epoch on the same mount; after an incomplete cold epoch the files
-        # are read through first, so that the cache holds the whole dataset.
-        epochs.append(("%sscdlfs warm, %s" % (prefix, h), order, 2 * run_i + 1, hints, ctx.limit, True))
-    return mount_and_read(ctx, "scdlfs", cmd, clean_env(), mnt, os.path.join(mnt, dataset), epochs, reader)
-
-
-def torch_local_copy(ctx):
-    """The flat archive on local disk, as SingleCellMemMapDataset opens it: the flat view's
-    files copied once from a mount straight to the server (not through the link), with
+def flat_local_copy(ctx):
+    """The flat archive on local disk, as the flat view shows it: the flat view's files
+    copied once from a mount straight to the server (not through the link), with
     .chunked/header.sch so that the sampler sees the same chunks as on the mount."""
     dest = os.path.join(ctx.work, "local-flat", ctx.name)
     if os.path.exists(os.path.join(dest, ".complete")):
         return dest
-    log("copying the flat view of %s to local disk for the PyTorch reader" % ctx.name)
+    log("copying the flat view of %s to local disk" % ctx.name)
     shutil.rmtree(dest, ignore_errors=True)
     mnt = fresh_dir(os.path.join(ctx.work, "mnt", "copy"))
     cache = fresh_dir(os.path.join(ctx.work, "cache", "copy"))
@@ -416,12 +473,48 @@ def torch_local_copy(ctx):
     return dest
 
 
+def sys_local(ctx, order, run_i, reader=read_epoch, prefix=""):
+    """Local disk reading the flat archive, in the states and epochs scdlfs reads in (see
+    sys_scdlfs): epoch 2r and 2r+1 with the page cache dropped, 2r+1 with it warm."""
+    local = flat_local_copy(ctx)
+    results = []
+    for e in (Epoch(prefix + "local disk, " + DROPPED, order, 2 * run_i, DROPPED),
+              Epoch(prefix + "local disk, " + DROPPED, order, 2 * run_i + 1, DROPPED),
+              Epoch(prefix + "local disk, " + WARM, order, 2 * run_i + 1, WARM)):
+        prepare(local, e)
+        r = reader(ctx, local, order, e.epoch, True, None)
+        r.update(bytes_fetched=0, daemon_peak_rss_kib=None)
+        results.append(tag(r, e, "flat"))
+    return results
+
+
+def scdlfs_cmd(ctx, mnt, cache):
+    return [SCDLFS, "mount", "s3://" + BUCKET, mnt, "--endpoint-url", ctx.proxy, "--region", "us-east-1",
+            "--cache-dir", cache, "--cache-size", ctx.cache_size, "--foreground", "--log-level", "warn"]
+
+
+def sys_scdlfs(ctx, order, run_i, hints, dataset=None, label_suffix="", warm=True, reader=read_epoch, prefix="",
+               limit="default"):
+    """The flat view on a fresh mount with an empty cache: the cold epoch 2r; then epoch 2r+1
+    from the disk cache with the page cache dropped, and again with the page cache warm."""
+    dataset = dataset or ctx.name
+    limit = ctx.limit if limit == "default" else limit
+    mnt = fresh_dir(os.path.join(ctx.work, "mnt", "scdlfs"))
+    cache = fresh_dir(os.path.join(ctx.work, "cache", "scdlfs"))
+    h = "hints" if hints else "no hints"
+    epochs = [Epoch("%sscdlfs cold, %s%s" % (prefix, h, label_suffix), order, 2 * run_i, DROPPED, hints, limit)]
+    if warm:
+        epochs += [Epoch("%sscdlfs disk-cache warm, %s" % (prefix, h), order, 2 * run_i + 1, DROPPED, hints, limit,
+                         fill=True),
+                   Epoch("%sscdlfs page-cache warm, %s" % (prefix, h), order, 2 * run_i + 1, WARM, hints, limit)]
+    return mount_and_read(ctx, "scdlfs", scdlfs_cmd(ctx, mnt, cache), clean_env(), mnt, os.path.join(mnt, dataset),
+                          epochs, reader, layout="flat", scdlfs=True)
+
+
 def sys_torch(ctx, order, run_i):
-    """The PyTorch reader: local disk (page cache warm), then scdlfs cold and warm, with and
-    without hints."""
-    local = read_torch_epoch(ctx, torch_local_copy(ctx), order, run_i, True, None)
-    local.update(system=TORCH + ", local disk", order=order, bytes_fetched=0, daemon_peak_rss_kib=None)
-    results = [local]
+    """The PyTorch reader on the flat archive: local disk, then scdlfs with and without
+    hints, in the same epochs and page-cache states."""
+    results = sys_local(ctx, order, run_i, reader=read_torch_epoch, prefix=TORCH + ", ")
     for hints in (True, False):
         results += sys_scdlfs(ctx, order, run_i, hints, reader=read_torch_epoch, prefix=TORCH + ", ")
     return results
@@ -440,7 +533,7 @@ def sys_s3fs(ctx, order, run_i):
            "-o", "multireq_max=16", "-o", "max_stat_cache_size=100000", "-o", "stat_cache_expire=3600",
            "-o", "enable_noobj_cache", "-o", "dbglevel=err"]
     return mount_and_read(ctx, "s3fs-fuse", cmd, clean_env(), mnt, os.path.join(mnt, ctx.name),
-                          [("s3fs-fuse", order, 2 * run_i, False, ctx.limit, False)])
+                          [Epoch("s3fs-fuse", order, 2 * run_i, DROPPED, False, ctx.limit)])
 
 
 def sys_rclone(ctx, order, run_i):
@@ -452,11 +545,11 @@ def sys_rclone(ctx, order, run_i):
                RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY=SECRET, RCLONE_CONFIG_BENCH_REGION="us-east-1",
                RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE="true", RCLONE_CONFIG="/dev/null")
     cmd = ["rclone", "mount", "bench:" + BUCKET, mnt, "--read-only", "--vfs-cache-mode", "full",
-           "--cache-dir", cache, "--vfs-cache-max-size", ctx.cache_size.replace("GiB", "G"),
+           "--cache-dir", cache, "--vfs-cache-max-size", "%dK" % (size_bytes(ctx.cache_size) // 1024),
            "--vfs-read-chunk-size", "8M", "--vfs-read-ahead", "64M", "--buffer-size", "16M",
            "--dir-cache-time", "1h", "--attr-timeout", "1h", "--no-modtime", "--log-level", "ERROR"]
     return mount_and_read(ctx, "rclone", cmd, env, mnt, os.path.join(mnt, ctx.name),
-                          [("rclone mount", order, 2 * run_i, False, ctx.limit, False)])
+                          [Epoch("rclone mount", order, 2 * run_i, DROPPED, False, ctx.limit)])
 
 
 def sys_python(ctx, order, run_i):
@@ -467,7 +560,7 @@ def sys_python(ctx, order, run_i):
     before = proxy_bytes(ctx.stats)
     cmd = [ctx.python, os.path.join(REPO, "bench", "chunk_loader.py"), "--endpoint", ctx.proxy,
            "--bucket", BUCKET, "--prefix", ctx.name, "--order-file", order_file, "--digests", ctx.digests,
-           "--cache-dir", cache, "--max-chunks", "8"]
+           "--cache-dir", cache, "--max-chunks", str(PYTHON_LOADER_CHUNKS)]
     if ctx.limit:
         cmd += ["--time-limit", str(ctx.limit)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
@@ -480,15 +573,16 @@ def sys_python(ctx, order, run_i):
     if proc.returncode != 0:
         raise RuntimeError("the Python chunk loader failed (%s): %s" % (order, err.strip()[-2000:]))
     r = json.loads(out)
-    r.update(system="Python chunk loader", order=order, bytes_fetched=proxy_bytes(ctx.stats) - before,
-             daemon_peak_rss_kib=rss or None)
-    return [r]
-
+    r.update(bytes_fetched=proxy_bytes(ctx.stats) - before, daemon_peak_rss_kib=rss or None)
+    return [tag(r, Epoch("Python chunk loader", order, 2 * run_i, DROPPED), "chunked")]
 
 # ---------------------------------------------------------------- report
 
-SYSTEM_ORDER = ["local disk", "scdlfs warm, hints", "scdlfs warm, no hints", "scdlfs cold, hints",
-                "scdlfs cold, no hints", "s3fs-fuse", "rclone mount", "Python chunk loader"]
+SYSTEM_ORDER = ["local disk, " + WARM, "scdlfs page-cache warm, hints", "scdlfs page-cache warm, no hints",
+                "local disk, " + DROPPED, "scdlfs disk-cache warm, hints", "scdlfs disk-cache warm, no hints",
+                "scdlfs cold, hints", "scdlfs cold, no hints", "s3fs-fuse", "rclone mount", "Python chunk loader"]
+README_BEGIN = "<!-- benchmark summary: generated by bench/run.py from its results; do not edit -->"
+README_END = "<!-- benchmark summary: end -->"
 
 
 def med(xs):
@@ -496,19 +590,30 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
+def family(system):
+    return TORCH if system.startswith(TORCH) else ""
+
+
+def pair_key(r):
+    """What makes a local-disk epoch the honest reference of another: the same reader family,
+    layout, order, epoch and page-cache state, in the same run."""
+    return family(r["system"]), r["layout"], r["order"], r["run"], r["epoch"], r["page_cache"]
+
+
+def is_local(r):
+    return "local disk" in r["system"]
+
+
 def summarize(results):
-    """Medians per (system, order); ratios against local disk pair by pair within a run."""
-    family = lambda system: TORCH if system.startswith(TORCH) else ""
-    local = {(family(r["system"]), r["order"], r["run"]): r for r in results
-             if r["system"] in ("local disk", TORCH + ", local disk")}
+    """Medians per (system, order); ratios against local disk pair by pair (pair_key)."""
+    local = {pair_key(r): r for r in results if is_local(r)}
     rows = {}
     for r in results:
-        key = (r["system"], r["order"])
-        rows.setdefault(key, []).append(r)
+        rows.setdefault((r["system"], r["order"]), []).append(r)
     out = {}
     for key, rs in rows.items():
-        ratios = [r["rows_per_s"] / local[(family(r["system"]), r["order"], r["run"])]["rows_per_s"]
-                  for r in rs if (family(r["system"]), r["order"], r["run"]) in local]
+        ratios = [r["rows_per_s"] / local[pair_key(r)]["rows_per_s"] for r in rs
+                  if not is_local(r) and pair_key(r) in local]
         out[key] = dict(
             runs=len(rs),
             completed=all(r["completed"] for r in rs),
@@ -517,10 +622,12 @@ def summarize(results):
             rows_per_s=med([r["rows_per_s"] for r in rs]),
             ratio=med(ratios),
             first_row_s=med([r["first_row_s"] for r in rs]),
-            stall_s=med([r["stall_s"] for r in rs]),
+            stall_s=med([r.get("stall_s") for r in rs]),
             bytes_fetched=med([r["bytes_fetched"] for r in rs]),
             bytes_per_row=med([r["bytes_fetched"] / max(r["rows"], 1) for r in rs]),
-            rss_mib=med([r["daemon_peak_rss_kib"] / 1024 if r["daemon_peak_rss_kib"] else None for r in rs]),
+            rss_mib=med([r["daemon_peak_rss_kib"] / 1024 if r.get("daemon_peak_rss_kib") else None for r in rs]),
+            cpu_s_per_gb=med([r["daemon_cpu_s"] / r["bytes_served"] * 1e9 if r.get("bytes_served") else None
+                              for r in rs]),
         )
     return out
 
@@ -529,131 +636,268 @@ def fmt(x, spec):
     return "—" if x is None else format(x, spec)
 
 
-def write_report(args, ctx, results, summary, probes, path_md, path_png, started):
+def epoch_text(m):
+    return fmt(m["epoch_s"], ".1f") if m["completed"] else "~" + fmt(m["epoch_s"], ".0f")
+
+
+def server_desc(args, probes):
+    if args.server == "moto":
+        return "moto_server (PyPI)"
+    return ("s3s-fs 0.14.1 (crates.io) for listings and bucket requests, with Debian's nginx serving object "
+            "GET/HEAD (Range, ETag, If-Match) from the same folder in front of it, because s3s-fs alone answers "
+            "HEAD on a directory key with 500 (nginx answers 404) and is slow for bodies: measured in this run, "
+            "s3s-fs alone serves %.0f MB/s on 1 connection and %.0f MB/s on 8"
+            % (probes["s3s_1"]["mb_per_s"], probes["s3s_8"]["mb_per_s"]))
+
+
+def sized(label, name):
+    return "%s (%s)" % (label, name)
+
+
+class Report:
+    """Everything the page says, computed from one run's saved results."""
+
+    def __init__(self, saved):
+        self.saved = saved
+        self.args = saved["args"]
+        self.info = saved["info"]
+        self.summary = summarize(saved["results"])
+        self.link_s = self.info["bytes"] / (self.args["rate_mbps"] * 1e6)
+
+    def get(self, system, order, key):
+        return self.summary.get((system, order), {}).get(key)
+
+    def rss_by_size(self, hints_label="scdlfs cold, hints"):
+        """Median peak RSS of the daemon at the end of a cold windows epoch with hints, per
+        dataset size: [(bytes, MiB, completed)]."""
+        out = []
+        for name, size in sorted(self.saved["sizes"].items(), key=lambda kv: kv[1]):
+            label = hints_label if name == self.saved["name"] else sized(hints_label, name)
+            m = self.summary.get((label, "windows"))
+            if m and m["rss_mib"] is not None:
+                out.append((size, m["rss_mib"], m["completed"]))
+        return out
+
+    def targets(self):
+        """(target, measured, verdict) for each target of issue 12 this run measures."""
+        g, link_s = self.get, self.link_s
+        rows = []
+
+        def verdict(ok):
+            return "not measured" if ok is None else ("**met**" if ok else "**missed**")
+
+        for system, order, bound in (("scdlfs cold, hints", "windows", 1.05), ("scdlfs cold, hints", "random", 1.15),
+                                     ("scdlfs cold, no hints", "windows", 1.3)):
+            m = self.summary.get((system, order))
+            rows.append(("%s, %s order: epoch ≤ %.2f× the link limit (%.1f s)" % (system, order, bound, link_s),
+                         "%s s = %.2f×" % (epoch_text(m), m["epoch_s"] / link_s) if m else "—",
+                         verdict(m["epoch_s"] <= bound * link_s if m else None)))
+        firsts = [(h, g("scdlfs cold, " + h, "windows", "first_row_s")) for h in ("hints", "no hints")]
+        known = [x for _, x in firsts if x is not None]
+        rows.append(("time to first row ≤ 0.1 s, cold windows epoch, with hints and without",
+                     ", ".join("%s %s s" % (h, fmt(x, ".2f")) for h, x in firsts),
+                     verdict(max(known) <= 0.1 if len(known) == 2 else None)))
+        for state, system in ((DROPPED, "scdlfs disk-cache warm, hints"), (WARM, "scdlfs page-cache warm, hints")):
+            ratios = [(o, g(system, o, "ratio")) for o in ORDERS]
+            known = [x for _, x in ratios if x is not None]
+            rows.append(("%s ≥ 0.9× local disk rows/s (%s, same epoch), every order" % (system, state),
+                         ", ".join("%s %s×" % (o, fmt(x, ".2f")) for o, x in ratios),
+                         verdict(min(known) >= 0.9 if known else None)))
+        others = [(s, g(s, "windows", "rows_per_s")) for s in ("s3fs-fuse", "rclone mount")]
+        best = max([x for _, x in others if x] or [0])
+        ours = g("scdlfs cold, hints", "windows", "rows_per_s")
+        rows.append(("scdlfs cold, hints ≥ 3× the rows/s of the better of s3fs-fuse and rclone, windows order",
+                     "%.1f×" % (ours / best) if best and ours else "—",
+                     verdict(ours >= 3 * best if best and ours else None)))
+        rss = self.rss_by_size()
+        rows.append(("daemon peak RSS < 150 MiB with plans (cold windows epoch, hints), every dataset size",
+                     ", ".join("%.0f MiB at %.2f GB%s" % (mib, size / 1e9, "" if done else " (time-bounded)")
+                               for size, mib, done in rss) or "—",
+                     verdict(max(mib for _, mib, _ in rss) < 150 if rss else None)))
+        big = [x for x in rss if x[0] >= 10e9]
+        flat = [x for x in rss if x[0] >= self.info["bytes"]]
+        rows.append(("daemon peak RSS flat (within 10%) from the main dataset to ≥ 10 GB (`--large-size-mb`)",
+                     "%.0f → %.0f MiB" % (flat[0][1], big[-1][1]) if big else "no dataset ≥ 10 GB in this run",
+                     verdict(big[-1][1] <= 1.1 * flat[0][1] if big else None)))
+        return rows
+
+
+def write_report(saved, path_md, path_png, font, readme):
+    rep = Report(saved)
+    args, info, summary, link_s, probes = rep.args, rep.info, rep.summary, rep.link_s, saved["probes"]
     systems = [s for s in SYSTEM_ORDER if any(k[0] == s for k in summary)]
-    link_s = ctx.info["bytes"] / (args.rate_mbps * 1e6)
     lines = []
     w = lines.append
     w("# Benchmarks")
     w("")
-    w("<!-- GENERATED by bench/run.py; do not edit by hand. -->")
+    w("<!-- GENERATED by bench/run.py from %s; do not edit by hand. -->" % os.path.relpath(saved["path"], REPO))
     w("")
-    w("Regenerate (as root, on Debian with /dev/fuse; %d minutes here with the tools installed, plus the "
-      "release build and the s3s-fs install on a fresh machine):" % round((time.time() - started) / 60))
+    w("Regenerate (as root, on Debian with /dev/fuse; this run took %d minutes with the tools installed, plus "
+      "the release build and the s3s-fs install on a fresh machine):" % round(saved["minutes"]))
     w("")
-    w("```sh\nbench/run.py\n```")
+    w("```sh\n%s\n```" % saved["command"])
     w("")
-    w("What was measured, on %s (%d cores), %s:" % (socket.gethostname(), os.cpu_count(),
-                                                   time.strftime("%Y-%m-%d")))
+    w("What was measured, on %s (%d cores), %s:" % (saved["host"], saved["cores"], saved["date"]))
     w("")
     w("- **Dataset**: synthetic chunked SCDL, %d rows of %d values on average (%d genes), %d chunks of %d rows, "
       "%.2f GB (values f32, column ids u16). Every row read by every system is checked against the "
-      "generator (CRC-32 of its bytes)." % (ctx.info["rows"], ctx.info["mean_values"], ctx.info["genes"],
-                                           ctx.info["num_chunks"], ctx.info["chunk_rows"], ctx.info["bytes"] / 1e9))
-    w("- **Server**: %s on 127.0.0.1. Its ceiling alone, ranged GETs of 8 MiB: **%.0f MB/s** with 1 connection, "
-      "**%.0f MB/s** with 8." % (SERVER_DESC[args.server], probes["server_1"]["mb_per_s"], probes["server_8"]["mb_per_s"]))
+      "generator (CRC-32 of its bytes)." % (info["rows"], info["mean_values"], info["genes"],
+                                           info["num_chunks"], info["chunk_rows"], info["bytes"] / 1e9))
+    w("- **Server**: %s, on 127.0.0.1. Its ceiling alone, measured in this run with ranged GETs of 8 MiB: "
+      "**%.0f MB/s** with 1 connection, **%.0f MB/s** with 8." % (
+          server_desc(argparse.Namespace(**args), probes), probes["server_1"]["mb_per_s"],
+          probes["server_8"]["mb_per_s"]))
     w("- **Link**: bench/src/proxy.rs between every client and the server: %.0f MB/s shared by all connections "
       "(token bucket), %.0f ms added before every response. Measured through it: %.0f MB/s with 8 connections. "
       "Link limit for one pass over the dataset (bytes ÷ bandwidth): **%.1f s**."
-      % (args.rate_mbps, args.latency_ms, probes["link_8"]["mb_per_s"], link_s))
+      % (args["rate_mbps"], args["latency_ms"], probes["link_8"]["mb_per_s"], link_s))
     w("- **Orders** (from `scdl-sampler`): `windows` = shuffled windows of 4 chunks, rows shuffled inside; "
       "`blocks` = scDataset block order (blocks of 32 rows, 32 blocks per fetch, minibatches of 64); "
       "`random` = minibatches of 64 uniformly random rows. Epochs stop after %.0f s (then *epoch s* is "
-      "extrapolated from rows/s and marked ~)." % args.time_limit)
-    w("- **Systems**: local disk = the chunked dataset read from local files (page cache warm: the limit); "
-      "scdlfs = the flat view through memory maps (`--read-part-size 8MiB`, cache %s, cold = empty cache, "
-      "warm = the next epoch on the same mount); s3fs-fuse %s and rclone %s (Debian), with disk caches, read "
-      "the chunk files directly through memory maps; Python chunk loader = bench/chunk_loader.py, the original "
-      "loader's design (whole-chunk downloads with boto3 into an LRU of 8 chunks, the next window prefetched by "
-      "a thread)." % (ctx.cache_size, ctx.versions.get("s3fs", "?"), ctx.versions.get("rclone", "?")))
-    w("- **Figures**: medians of %d runs; *× local* is the median of per-run ratios of rows/s against local disk "
-      "in the same run; *stall* = time in row reads slower than 1 ms (the loader: time waiting for a chunk); "
-      "*fetched / dataset* = bytes through the link per row read × rows ÷ dataset bytes (for a time-bounded epoch, "
-      "extrapolated to a whole one); *RSS* = the daemon's peak resident memory (VmHWM; for "
-      "the loader, the loader process)." % args.runs)
+      "extrapolated from rows/s and marked ~)." % args["time_limit"])
+    w("- **Same layout, same epoch, same page-cache state.** scdlfs readers map the flat view; *local disk* maps "
+      "a local copy of the same flat archive. In run r, a fresh mount with an empty cache (%s) reads epoch 2r "
+      "(*cold*); then, with the files read through once so that the disk cache holds them and the page cache "
+      "dropped (`echo 3 > /proc/sys/vm/drop_caches`; every reader is a new process, so no map outlives its "
+      "epoch), epoch 2r+1 (*disk-cache warm*); then epoch 2r+1 again after reading the files through "
+      "(*page-cache warm*). Local disk reads epochs 2r and 2r+1 with the page cache dropped and 2r+1 with it "
+      "warm. *× local* is the median of per-run ratios of rows/s against the local-disk epoch with the same "
+      "epoch number and page-cache state (the cold epoch against local disk with the page cache dropped). The "
+      "server's files stay in its own page cache (as when its ceiling is measured)." % saved["cache_size"])
+    w("- **Other systems** (cold, empty caches, epoch 2r): s3fs-fuse %s and rclone %s (Debian), with disk "
+      "caches, map the chunk files; Python chunk loader = bench/chunk_loader.py, the original loader's design "
+      "(whole-chunk downloads with boto3 into an LRU of %d chunks, the next window prefetched by a thread). They "
+      "read the chunked layout, so they have no *× local*; *× link* compares every cold reader with the bytes "
+      "they all need." % (saved["versions"].get("s3fs", "?"), saved["versions"].get("rclone", "?"),
+                          PYTHON_LOADER_CHUNKS))
+    w("- **Figures**: medians of %d runs; *× link* = epoch s ÷ link limit; *stall* = time in row reads slower than "
+      "1 ms (the loader: time waiting for a chunk); *fetched / dataset* = bytes through the link per row read × "
+      "rows ÷ dataset bytes (for a time-bounded epoch, extrapolated to a whole one); *RSS* = the daemon's peak "
+      "resident memory (VmHWM) at the end of that epoch, since its mount (for the loader, the loader process); "
+      "*CPU s/GB* = the daemon's user + system CPU seconds during the epoch (/proc/<pid>/stat) per GB it served "
+      "to the reader (its status counter of bytes read)." % args["runs"])
     w("")
     for order in ORDERS:
         w("### Order: %s" % order)
         w("")
-        w("| system | epoch s | rows/s | × local | first row s | stall s | fetched / dataset | RSS MiB |")
-        w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        w("| system | epoch s | rows/s | × local | × link | first row s | stall s | fetched / dataset | RSS MiB "
+          "| CPU s/GB |")
+        w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for s in systems:
             m = summary.get((s, order))
             if not m:
                 continue
-            epoch = fmt(m["epoch_s"], ".1f") if m["completed"] else "~" + fmt(m["epoch_s"], ".0f")
-            fetched = m["bytes_per_row"] * ctx.info["rows"] / ctx.info["bytes"] if m["bytes_per_row"] is not None else None
-            w("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                s, epoch, fmt(m["rows_per_s"], ",.0f"), fmt(m["ratio"], ".3f"), fmt(m["first_row_s"], ".2f"),
+            fetched = m["bytes_per_row"] * info["rows"] / info["bytes"] if m["bytes_per_row"] is not None else None
+            cold = s.startswith("scdlfs cold") or s in ("s3fs-fuse", "rclone mount", "Python chunk loader")
+            w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                s, epoch_text(m), fmt(m["rows_per_s"], ",.0f"), fmt(m["ratio"], ".2f"),
+                fmt(m["epoch_s"] / link_s if cold else None, ".2f"), fmt(m["first_row_s"], ".2f"),
                 fmt(m["stall_s"], ".1f"), fmt(fetched, ".2f") + "×" if fetched is not None else "—",
-                fmt(m["rss_mib"], ".0f")))
+                fmt(m["rss_mib"], ".0f"), fmt(m["cpu_s_per_gb"], ".2f")))
         w("")
-    w("![rows per second by system and order](benchmarks.png)")
-    w("")
+    if path_png:
+        w("![rows per second by system and order](benchmarks.png)")
+        w("")
+    rss = rep.rss_by_size()
+    if rss:
+        w("**Daemon peak RSS against dataset size** (the same phase and statistic at every size: a fresh mount's "
+          "cold windows epoch with hints, VmHWM at its end, median of the runs): %s." % ", ".join(
+              "%.0f MiB at %.2f GB%s" % (mib, size / 1e9, "" if done else " (time-bounded epoch)")
+              for size, mib, done in rss))
+        w("")
     if any(k[0].startswith(TORCH) for k in summary):
-        lines.extend(torch_section(args, ctx, summary, link_s))
+        lines.extend(torch_section(rep))
         w("")
     w("## Against the targets")
     w("")
-    for line in targets(args, ctx, summary, link_s):
-        w("- " + line)
-    notes = os.path.join(REPO, "bench", "NOTES.md")
-    if os.path.exists(notes):
-        w("## Analysis")
-        w("")
-        w("(Hand-written in bench/NOTES.md from the run that produced this page; the numbers above are regenerated.)")
-        w("")
-        w(open(notes).read().strip())
-        w("")
+    w("| target (issue 12) | measured | |")
+    w("| --- | --- | --- |")
+    for target, measured, verdict in rep.targets():
+        w("| %s | %s | %s |" % (target, measured, verdict))
+    w("")
     w("## Reduced variant (CI)")
     w("")
-    w("`bench/run.py --quick` (run by `scripts/test-all`): a ~50 MB dataset, moto_server as the S3 server "
-      "(no crates.io build in CI), one run of each system and order, time-bounded, and it fails unless every "
-      "system read only correct rows and the untimed epochs visited every row.")
+    w("`bench/run.py --quick` (run by `scripts/test-all`): a ~50 MB dataset, moto_server as the S3 server, "
+      "a cache smaller than the dataset, one run of each system and order, time-bounded; it renders this page "
+      "into its work directory and fails unless every epoch read at least %d rows (or the whole epoch), each "
+      "checked against the generator, and on every scdlfs mount the cache budget bound (parts evicted or refused "
+      "for lack of room)." % QUICK_MIN_ROWS)
     w("")
-    w("Raw results: `%s` (per run), summary: `%s`." % (os.path.relpath(ctx.results_path, REPO),
-                                                     os.path.relpath(ctx.summary_path, REPO)))
+    w("Raw results: `%s` (per epoch)." % os.path.relpath(saved["path"], REPO))
     with open(path_md, "w") as f:
         f.write("\n".join(lines) + "\n")
-    plot = dict(title="scdlfs benchmark: %.2f GB, %.0f MB/s + %.0f ms link, median of %d run(s)"
-                % (ctx.info["bytes"] / 1e9, args.rate_mbps, args.latency_ms, args.runs),
-                orders=ORDERS, systems=systems,
-                rows_per_s=[[summary.get((s, o), {}).get("rows_per_s") for o in ORDERS] for s in systems])
-    plot_json = os.path.join(args.work, "plot.json")
-    with open(plot_json, "w") as f:
-        json.dump(plot, f)
-    run([BENCH, "plot", "--summary", plot_json, "--out", path_png, "--font", args.font])
+    splice(readme, README_BEGIN, README_END, readme_summary(rep, os.path.relpath(path_md, os.path.dirname(readme))))
+    if path_png:
+        plot = dict(title="scdlfs benchmark: %.2f GB, %.0f MB/s + %.0f ms link, median of %d run(s)"
+                    % (info["bytes"] / 1e9, args["rate_mbps"], args["latency_ms"], args["runs"]),
+                    orders=ORDERS, systems=systems,
+                    rows_per_s=[[summary.get((s, o), {}).get("rows_per_s") for o in ORDERS] for s in systems])
+        plot_json = os.path.join(os.path.dirname(saved["path"]), "plot.json")
+        with open(plot_json, "w") as f:
+            json.dump(plot, f)
+        run([BENCH, "plot", "--summary", plot_json, "--out", path_png, "--font", font])
 
 
-def torch_section(args, ctx, summary, link_s):
+def readme_summary(rep, link):
+    """README's benchmark paragraph: only figures of this run."""
+    g, args, info = rep.get, rep.args, rep.info
+    cold = ", ".join("%s %s×" % (o, fmt(g("scdlfs cold, hints", o, "epoch_s") and
+                                        g("scdlfs cold, hints", o, "epoch_s") / rep.link_s, ".2f")) for o in ORDERS)
+    warm = ", ".join("%s %s×" % (o, fmt(g("scdlfs disk-cache warm, hints", o, "ratio"), ".2f")) for o in ORDERS)
+    verdicts = [v for _, _, v in rep.targets()]
+    text = ("A synthetic %.2f GB dataset served from an S3-compatible server on 127.0.0.1 behind an emulated "
+            "%.0f MB/s, %.0f ms link (link limit %.1f s), read in chunk-window, block and random order; medians "
+            "of %d runs on a %d-core machine (%s). A cold scdlfs epoch with hints takes %s the link limit. From "
+            "the disk cache with the page cache dropped, scdlfs reads at %s the rows/s of local disk in the same "
+            "state (same flat layout, same epoch). Targets: %d met, %d missed, %d not measured in this run. "
+            "Figures, method and every target: [%s](%s)." % (
+                info["bytes"] / 1e9, args["rate_mbps"], args["latency_ms"], rep.link_s, args["runs"],
+                rep.saved["cores"], rep.saved["date"], cold, warm, verdicts.count("**met**"),
+                verdicts.count("**missed**"), verdicts.count("not measured"), link, link))
+    return [README_BEGIN, text, README_END]
+
+
+def splice(path, begin, end, block_lines):
+    """Replaces the block between `begin` and `end` in a file (or appends it)."""
+    text = open(path).read() if os.path.exists(path) else ""
+    block = "\n".join(block_lines)
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def torch_section(rep):
     """The PyTorch DataLoader section of the report, between markers, so that a run of the
     torch system alone can replace it in the report of a full run."""
+    args, info, summary, link_s, saved = rep.args, rep.info, rep.summary, rep.link_s, rep.saved
     lines = [TORCH_BEGIN, "## PyTorch: the SCDL reader through a DataLoader", ""]
     w = lines.append
     w("How PyTorch users read (bench/torch_loader.py): bionemo-scdl's `SingleCellMemMapDataset` on the directory, "
       "`DataLoader(num_workers=2)` with the `scdlfs` package's sampler (`ChunkWindowSampler`, 4 chunks per window, "
       "batches of 64; `BlockSampler`, the block order above, as batch sampler); each worker checks every row's "
-      "digest. The main process iterates the sampler and writes the hints; the workers read. *local disk* = the "
-      "flat archive copied to local files (page cache warm). *epoch s* and *rows/s* count from the first batch "
-      "on; *first row s* is the DataLoader's start-up (workers forked, first batch read). Measured %s on %s (%d cores): %.2f GB dataset, "
-      "%s, link %.0f MB/s + %.0f ms (link limit **%.1f s**), cache %s, medians of %d run(s), epochs stop after "
-      "%.0f s (then ~, extrapolated)." % (time.strftime("%Y-%m-%d"), socket.gethostname(), os.cpu_count(),
-                                          ctx.info["bytes"] / 1e9, SERVER_DESC[args.server], args.rate_mbps,
-                                          args.latency_ms, link_s, ctx.cache_size, args.runs, args.time_limit))
+      "digest. The main process iterates the sampler and writes the hints; the workers read. Epochs and page-cache "
+      "states as above; *local disk* = the same local copy of the flat archive. *epoch s* and *rows/s* count from "
+      "the first batch on; *first row s* is the DataLoader's start-up (workers forked, first batch read). Measured "
+      "%s on %s (%d cores): %.2f GB dataset, link %.0f MB/s + %.0f ms (link limit **%.1f s**), cache %s, medians "
+      "of %d run(s), epochs stop after %.0f s (then ~, extrapolated)." % (
+          saved["date"], saved["host"], saved["cores"], info["bytes"] / 1e9, args["rate_mbps"],
+          args["latency_ms"], link_s, saved["cache_size"], args["runs"], args["time_limit"]))
     w("")
-    w("| order | reader | epoch s | rows/s | × local | first row s | fetched / dataset |")
-    w("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    w("| order | reader | epoch s | rows/s | × local | first row s | fetched / dataset | CPU s/GB |")
+    w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for order in TORCH_ORDERS:
-        for s in ["local disk", "scdlfs cold, hints", "scdlfs cold, no hints", "scdlfs warm, hints",
-                  "scdlfs warm, no hints"]:
+        for s in SYSTEM_ORDER[:8]:
             m = summary.get((TORCH + ", " + s, order))
             if not m:
                 continue
-            epoch = fmt(m["epoch_s"], ".1f") if m["completed"] else "~" + fmt(m["epoch_s"], ".0f")
-            fetched = m["bytes_per_row"] * ctx.info["rows"] / ctx.info["bytes"]
-            w("| %s | %s | %s | %s | %s | %s | %s |" % (order, s, epoch, fmt(m["rows_per_s"], ",.0f"),
-                                                       fmt(m["ratio"], ".2f"), fmt(m["first_row_s"], ".2f"),
-                                                       fmt(fetched, ".2f") + "×"))
+            fetched = m["bytes_per_row"] * info["rows"] / info["bytes"]
+            w("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                order, s, epoch_text(m), fmt(m["rows_per_s"], ",.0f"), fmt(m["ratio"], ".2f"),
+                fmt(m["first_row_s"], ".2f"), fmt(fetched, ".2f") + "×", fmt(m["cpu_s_per_gb"], ".2f")))
     w("")
     for order in TORCH_ORDERS:
         cold = summary.get((TORCH + ", scdlfs cold, hints", order))
@@ -661,75 +905,12 @@ def torch_section(args, ctx, summary, link_s):
         if cold and plain:
             w("- %s order, cold epoch with hints %s s = %.2f× the link limit (target ≤ 1.2×: %s); without hints "
               "(what users got before the package) %s s." % (
-                  order, fmt(cold["epoch_s"], ".1f"), cold["epoch_s"] / link_s,
-                  "**met**" if cold["epoch_s"] <= 1.2 * link_s else "**missed**", fmt(plain["epoch_s"], ".1f")))
+                  order, epoch_text(cold), cold["epoch_s"] / link_s,
+                  "**met**" if cold["epoch_s"] <= 1.2 * link_s else "**missed**", epoch_text(plain)))
     w(TORCH_END)
     return lines
 
-
-def splice_torch_section(path_md, section):
-    """Replaces the PyTorch section of an existing report (or adds it before the targets)."""
-    text = open(path_md).read() if os.path.exists(path_md) else "# Benchmarks\n"
-    block = "\n".join(section)
-    if TORCH_BEGIN in text and TORCH_END in text:
-        head, rest = text.split(TORCH_BEGIN, 1)
-        text = head + block + rest.split(TORCH_END, 1)[1]
-    elif "## Against the targets" in text:
-        text = text.replace("## Against the targets", block + "\n\n## Against the targets", 1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path_md, "w") as f:
-        f.write(text)
-
-
-SERVER_DESC = {
-    "s3s-nginx": "s3s-fs 0.14.1 (crates.io) for listings and bucket requests, with Debian's nginx serving "
-                 "object GET/HEAD (Range, ETag, If-Match) from the same folder in front of it, because s3s-fs "
-                 "alone streams bodies in 4 KiB pieces (measured here: ~0.05 GB/s on one connection, ~0.14 GB/s "
-                 "on eight, below the link) and answers HEAD on a directory key with 500 (nginx answers 404)",
-    "moto": "moto_server (PyPI)",
-}
-
-
-def targets(args, ctx, summary, link_s):
-    out = []
-    g = lambda s, o, k: summary.get((s, o), {}).get(k)
-    worst = min((g("scdlfs warm, hints", o, "ratio") or 0) for o in ORDERS)
-    out.append("Warm-cache epoch ≥ 0.9× local-disk rows/s: windows %s, blocks %s, random %s → %s." % (
-        fmt(g("scdlfs warm, hints", "windows", "ratio"), ".2f"), fmt(g("scdlfs warm, hints", "blocks", "ratio"), ".2f"),
-        fmt(g("scdlfs warm, hints", "random", "ratio"), ".2f"), "**met**" if worst >= 0.9 else "**missed**"))
-    for o in ("windows", "blocks"):
-        e = g("scdlfs cold, hints", o, "epoch_s")
-        if e is not None:
-            out.append("Cold epoch with hints within 1.2× of the link limit (%.1f s), %s order: %.1f s = %.2f× → %s." % (
-                link_s, o, e, e / link_s, "**met**" if e <= 1.2 * link_s else "**missed**"))
-    best = max([x for x in (g("s3fs-fuse", "windows", "rows_per_s"), g("rclone mount", "windows", "rows_per_s")) if x] or [0])
-    ours = g("scdlfs cold, hints", "windows", "rows_per_s")
-    if best and ours:
-        out.append("≥ 3× the best of s3fs-fuse and rclone on chunk-window order (cold): %.1f× → %s." % (
-            ours / best, "**met**" if ours >= 3 * best else "**missed**"))
-    small = ctx.rss_small
-    big = g("scdlfs cold, hints", "windows", "rss_mib")
-    if small and big:
-        out.append("Daemon peak RSS independent of dataset size: %.0f MiB at %.2f GB, %.0f MiB at %.2f GB (same "
-                   "settings, cold windows epoch)." % (small[0], small[1] / 1e9, big, ctx.info["bytes"] / 1e9))
-    return out
-
-
 # ---------------------------------------------------------------- main
-
-def report_only(args):
-    path = os.path.join(args.work, "results.json")
-    saved = json.load(open(path))
-    ctx = Ctx()
-    ctx.info, ctx.rss_small, ctx.versions = saved["info"], saved["rss_small"], saved["versions"]
-    ctx.cache_size = saved["cache_size"]
-    ctx.results_path, ctx.summary_path = path, os.path.join(args.work, "summary.json")
-    for k in ("runs", "rate_mbps", "latency_ms", "time_limit", "server"):
-        setattr(args, k, saved["args"][k])
-    write_report(args, ctx, saved["results"], summarize(saved["results"]), saved["probes"], args.report,
-                 os.path.join(os.path.dirname(args.report), "benchmarks.png"), time.time() - saved["minutes"] * 60)
-
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -737,6 +918,9 @@ def main():
     p.add_argument("--work", default=os.path.join(REPO, "target", "bench"))
     p.add_argument("--size-mb", type=int, default=1500)
     p.add_argument("--small-size-mb", type=int, default=400, help="second size, for the daemon's RSS")
+    p.add_argument("--large-size-mb", type=int, default=0,
+                   help="also a dataset this large (15000 for the RSS-flat figure): scdlfs cold windows epochs with "
+                        "and without hints, whole epochs, for the daemon's peak RSS")
     p.add_argument("--chunk-rows", type=int, default=4096)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--rate-mbps", type=float, default=200.0)
@@ -748,20 +932,32 @@ def main():
     p.add_argument("--orders", default=",".join(ORDERS))
     p.add_argument("--font", default="/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
     p.add_argument("--report", default=os.path.join(REPO, "docs", "benchmarks.md"))
-    p.add_argument("--report-only", action="store_true",
-                   help="re-render the report from the last run's results.json (after editing bench/NOTES.md)")
+    p.add_argument("--readme", default=os.path.join(REPO, "README.md"),
+                   help="the file whose benchmark summary (between its markers) is regenerated")
+    p.add_argument("--report-only", action="store_true", help="re-render the report from the last run's results.json")
+    command = " ".join(["bench/run.py"] + sys.argv[1:])
     args = p.parse_args()
-    if args.report_only:
-        return report_only(args)
     if args.quick:
         args.size_mb, args.runs, args.chunk_rows = 50, 1, 1024
         args.time_limit = min(args.time_limit, 8.0)
         args.server = args.server or "moto"
         args.work = os.path.join(REPO, "target", "bench-quick")
+        # Smaller than the dataset, so that eviction runs during every scdlfs epoch.
+        args.cache_size = "24MiB"
+        # The page is rendered (which checks the report code) but not into the repository.
+        args.report = os.path.join(args.work, "benchmarks.md")
+        args.readme = os.path.join(args.work, "README.md")
+    png = None if args.quick else os.path.join(os.path.dirname(args.report), "benchmarks.png")
+    if args.report_only:
+        saved = json.load(open(os.path.join(args.work, "results.json")))
+        write_report(saved, args.report, png, args.font, args.readme)
+        return
     args.server = args.server or "s3s-nginx"
     started = time.time()
     for d in ("logs", "mnt", "cache"):
         os.makedirs(os.path.join(args.work, d), exist_ok=True)
+    if args.quick:
+        shutil.copy(os.path.join(REPO, "README.md"), args.readme)
     atexit.register(cleanup)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -772,22 +968,21 @@ def main():
     ctx.cache_size = args.cache_size
     ctx.name = "ds-%d" % args.size_mb
     ctx.info = generate(args, ctx.name, args.size_mb)
-    small_name = None
-    datasets = [ctx.name]
-    if not args.quick and "scdlfs" in args.systems.split(","):
-        small_name = "ds-%d" % args.small_size_mb
-        ctx.small_info = generate(args, small_name, args.small_size_mb)
-        datasets.append(small_name)
+    systems = args.systems.split(",")
+    extra = {}  # dataset name -> its info, for the daemon's RSS against size
+    if not args.quick and "scdlfs" in systems:
+        for size in (args.small_size_mb, args.large_size_mb):
+            if size:
+                extra["ds-%d" % size] = generate(args, "ds-%d" % size, size)
     ctx.digests = os.path.join(args.work, "digests", ctx.name)
-    ctx.local_dir = os.path.join(args.work, "s3root", BUCKET, ctx.name)
-    ctx.versions = {}
+    versions = {}
     for tool, cmd in (("s3fs", ["s3fs", "--version"]), ("rclone", ["rclone", "version"])):
         try:
-            ctx.versions[tool] = subprocess.run(cmd, capture_output=True, text=True).stdout.split("\n")[0].split()[-1]
+            versions[tool] = subprocess.run(cmd, capture_output=True, text=True).stdout.split("\n")[0].split()[-1]
         except (OSError, IndexError):
             pass
 
-    endpoint = start_server(args, datasets)
+    endpoint, s3s_alone = start_server(args, [ctx.name] + list(extra))
     ctx.endpoint = endpoint
     ctx.proxy, ctx.stats = start_proxy(args, endpoint)
     log("server %s, link %s (%.0f MB/s, %.0f ms)" % (endpoint, ctx.proxy, args.rate_mbps, args.latency_ms))
@@ -796,10 +991,12 @@ def main():
         "server_8": probe(endpoint, ctx.name, 8, 600 if not args.quick else 40),
         "link_8": probe(ctx.proxy, ctx.name, 8, 400 if not args.quick else 40),
     }
+    if s3s_alone:
+        probes["s3s_1"] = probe(s3s_alone, ctx.name, 1, 40)
+        probes["s3s_8"] = probe(s3s_alone, ctx.name, 8, 80)
     log("server ceiling: %.0f MB/s (1 connection), %.0f MB/s (8); through the link %.0f MB/s"
         % (probes["server_1"]["mb_per_s"], probes["server_8"]["mb_per_s"], probes["link_8"]["mb_per_s"]))
 
-    systems = args.systems.split(",")
     orders = args.orders.split(",")
     results = []
     failures = []
@@ -809,15 +1006,24 @@ def main():
             for r in fn(*a, **kw):
                 r["run"] = run_i
                 results.append(r)
-                log("run %d %-24s %-8s %9.0f rows/s%s  %6.1f s  fetched %6.0f MB  rss %s" % (
+                log("run %d %-40s %-8s %9.0f rows/s%s  %6.1f s  fetched %6.0f MB  rss %s  cpu %s" % (
                     run_i, r["system"], r["order"], r["rows_per_s"], "" if r["completed"] else " (time-bounded)",
                     r["seconds"], r["bytes_fetched"] / 1e6,
-                    "%d MiB" % (r["daemon_peak_rss_kib"] // 1024) if r["daemon_peak_rss_kib"] else "—"))
+                    "%d MiB" % (r["daemon_peak_rss_kib"] // 1024) if r.get("daemon_peak_rss_kib") else "—",
+                    "%.1f s" % r["daemon_cpu_s"] if "daemon_cpu_s" in r else "—"))
         except RuntimeError as e:
             failures.append(str(e))
             log("FAILED: %s" % e)
 
-    ctx.rss_small = None
+    def other_size(name, hints, limit):
+        """The same daemon settings on another dataset: a fresh mount's cold windows epoch."""
+        other = Ctx()
+        other.__dict__.update(ctx.__dict__)
+        other.name, other.info = name, extra[name]
+        other.digests = os.path.join(args.work, "digests", name)
+        return sys_scdlfs(other, "windows", run_i, hints, dataset=name, label_suffix=" (%s)" % name, warm=False,
+                          limit=limit)
+
     for run_i in range(args.runs):
         for order in orders:
             if "local" in systems:
@@ -833,57 +1039,68 @@ def main():
                 record(sys_python, ctx, order, run_i)
             if "torch" in systems and order in TORCH_ORDERS and (order == "windows" or not args.quick):
                 record(sys_torch, ctx, order, run_i)
-        if small_name and "scdlfs" in systems:
-            # The same daemon settings on the smaller dataset, for peak RSS against size.
-            small = Ctx()
-            small.__dict__.update(ctx.__dict__)
-            small.name, small.info = small_name, ctx.small_info
-            small.digests = os.path.join(args.work, "digests", small_name)
-            try:
-                r = sys_scdlfs(small, "windows", run_i, True, dataset=small_name,
-                               label_suffix=" (%s)" % small_name, warm=False)[0]
-                rss = r["daemon_peak_rss_kib"] / 1024
-                ctx.rss_small = (rss if ctx.rss_small is None else max(ctx.rss_small[0], rss), small.info["bytes"])
-                log("run %d scdlfs on %s: peak RSS %.0f MiB" % (run_i, small_name, rss))
-            except RuntimeError as e:
-                failures.append(str(e))
+        if args.small_size_mb and "ds-%d" % args.small_size_mb in extra:
+            record(other_size, "ds-%d" % args.small_size_mb, True, ctx.limit)
+        if args.large_size_mb and "ds-%d" % args.large_size_mb in extra:
+            # Whole epochs: the peak RSS of a whole pass over a dataset larger than the cache.
+            for hints in (True, False):
+                record(other_size, "ds-%d" % args.large_size_mb, hints, None)
 
-    ctx.results_path = os.path.join(args.work, "results.json")
-    ctx.summary_path = os.path.join(args.work, "summary.json")
-    summary = summarize(results)
-    with open(ctx.results_path, "w") as f:
-        json.dump(dict(probes=probes, results=results, args=vars(args), info=ctx.info, rss_small=ctx.rss_small,
-                       versions=ctx.versions, cache_size=ctx.cache_size, minutes=(time.time() - started) / 60),
-                  f, indent=1)
-    with open(ctx.summary_path, "w") as f:
-        json.dump({"%s | %s" % k: v for k, v in summary.items()}, f, indent=1)
+    saved = dict(path=os.path.join(args.work, "results.json"), command=command, probes=probes, results=results,
+                 args=vars(args), info=ctx.info, name=ctx.name,
+                 sizes=dict({ctx.name: ctx.info["bytes"]}, **{n: i["bytes"] for n, i in extra.items()}),
+                 versions=versions, cache_size=ctx.cache_size, minutes=(time.time() - started) / 60,
+                 host=socket.gethostname(), cores=os.cpu_count(), date=time.strftime("%Y-%m-%d"))
+    with open(saved["path"], "w") as f:
+        json.dump(saved, f, indent=1)
     if failures:
         for msg in failures:
             log("FAILED: " + msg)
         sys.exit("%d system runs failed" % len(failures))
     if args.quick:
-        expected = {("local disk", o) for o in orders} if "local" in systems else set()
-        if "scdlfs" in systems:
-            expected |= {(s, o) for o in orders for s in SYSTEM_ORDER[1:5]}
-        for s, name in (("s3fs", "s3fs-fuse"), ("rclone", "rclone mount"), ("python", "Python chunk loader")):
-            if s in systems:
-                expected |= {(name, o) for o in orders}
-        if "torch" in systems and "windows" in orders:
-            expected |= {(TORCH + ", " + s, "windows") for s in ["local disk"] + SYSTEM_ORDER[1:5]}
-        missing = expected - set(summary)
-        if missing:
-            sys.exit("no result for %s" % sorted(missing))
-        print("bench quick: %d passed, 0 failed (every system read only correct rows; %.0f s)"
-              % (len(results), time.time() - started))
+        quick_checks(args, systems, orders, results)
+        write_report(saved, args.report, None, args.font, args.readme)
+        print("bench quick: %d epochs passed, 0 failed (every epoch read ≥ %d rows or all, each checked; the cache "
+              "budget bound on every scdlfs mount; report rendered to %s; %.0f s)"
+              % (len(results), QUICK_MIN_ROWS, os.path.relpath(args.report, REPO), time.time() - started))
         return
     if systems == ["torch"]:
-        link_s = ctx.info["bytes"] / (args.rate_mbps * 1e6)
-        splice_torch_section(args.report, torch_section(args, ctx, summary, link_s))
+        splice(args.report, TORCH_BEGIN, TORCH_END, torch_section(Report(saved)))
         log("updated the PyTorch section of %s in %.0f s" % (args.report, time.time() - started))
         return
-    write_report(args, ctx, results, summary, probes, args.report,
-                 os.path.join(os.path.dirname(args.report), "benchmarks.png"), started)
-    log("wrote %s in %.0f s" % (args.report, time.time() - started))
+    write_report(saved, args.report, png, args.font, args.readme)
+    log("wrote %s and the summary in %s in %.0f s" % (args.report, args.readme, time.time() - started))
+
+
+def quick_checks(args, systems, orders, results):
+    """What --quick claims: every system and state ran, every epoch read enough rows (each
+    checked by its reader against the generator), and on every scdlfs mount the cache
+    budget bound: parts were evicted, or refused for lack of room (with a plan protecting
+    what it will read, the daemon may refuse new parts rather than evict planned ones)."""
+    seen = {(r["system"], r["order"]) for r in results}
+    scdlfs_states = ["scdlfs %s, %s" % (s, h) for s in ("cold", "disk-cache warm", "page-cache warm")
+                     for h in ("hints", "no hints")]
+    local_states = ["local disk, " + DROPPED, "local disk, " + WARM]
+    expected = {(s, o) for o in orders for s in local_states} if "local" in systems else set()
+    if "scdlfs" in systems:
+        expected |= {(s, o) for o in orders for s in scdlfs_states}
+    for s, name in (("s3fs", "s3fs-fuse"), ("rclone", "rclone mount"), ("python", "Python chunk loader")):
+        if s in systems:
+            expected |= {(name, o) for o in orders}
+    if "torch" in systems and "windows" in orders:
+        expected |= {(TORCH + ", " + s, "windows") for s in local_states + scdlfs_states}
+    problems = ["no result for %s, %s" % k for k in sorted(expected - seen)]
+    for r in results:
+        if r["rows"] < min(QUICK_MIN_ROWS, r["epoch_rows"]):
+            problems.append("%s, %s, epoch %d read %d rows, fewer than %d" % (
+                r["system"], r["order"], r["epoch"], r["rows"], QUICK_MIN_ROWS))
+        cache = r.get("cache")
+        if cache and "page-cache warm" in r["system"] and not (
+                cache["evicted_parts"] or cache["parts_not_cached_for_lack_of_room"]):
+            problems.append("%s, %s: the budget never bound (no part evicted or refused) with a %s cache" % (
+                r["system"], r["order"], args.cache_size))
+    if problems:
+        sys.exit("bench quick failed:\n  " + "\n  ".join(problems))
 
 
 if __name__ == "__main__":
