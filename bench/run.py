@@ -841,17 +841,20 @@ def write_report(saved, path_md, path_png, font, readme):
 def readme_summary(rep, link):
     """README's benchmark paragraph: only figures of this run."""
     g, args, info = rep.get, rep.args, rep.info
+    orders = [o for o in ORDERS if o in args["orders"].split(",")]
+    names = {"windows": "chunk-window", "blocks": "block", "random": "random"}
     cold = ", ".join("%s %s×" % (o, fmt(g("scdlfs cold, hints", o, "epoch_s") and
-                                        g("scdlfs cold, hints", o, "epoch_s") / rep.link_s, ".2f")) for o in ORDERS)
-    warm = ", ".join("%s %s×" % (o, fmt(g("scdlfs disk-cache warm, hints", o, "ratio"), ".2f")) for o in ORDERS)
+                                        g("scdlfs cold, hints", o, "epoch_s") / rep.link_s, ".2f")) for o in orders)
+    warm = ", ".join("%s %s×" % (o, fmt(g("scdlfs disk-cache warm, hints", o, "ratio"), ".2f")) for o in orders)
     verdicts = [v for _, _, v in rep.targets()]
     text = ("A synthetic %.2f GB dataset served from an S3-compatible server on 127.0.0.1 behind an emulated "
-            "%.0f MB/s, %.0f ms link (link limit %.1f s), read in chunk-window, block and random order; medians "
+            "%.0f MB/s, %.0f ms link (link limit %.1f s), read in %s order; medians "
             "of %d runs on a %d-core machine (%s). A cold scdlfs epoch with hints takes %s the link limit. From "
             "the disk cache with the page cache dropped, scdlfs reads at %s the rows/s of local disk in the same "
             "state (same flat layout, same epoch). Targets: %d met, %d missed, %d not measured in this run. "
             "Figures, method and every target: [%s](%s)." % (
-                info["bytes"] / 1e9, args["rate_mbps"], args["latency_ms"], rep.link_s, args["runs"],
+                info["bytes"] / 1e9, args["rate_mbps"], args["latency_ms"], rep.link_s,
+                ", ".join(names[o] for o in orders), args["runs"],
                 rep.saved["cores"], rep.saved["date"], cold, warm, verdicts.count("**met**"),
                 verdicts.count("**missed**"), verdicts.count("not measured"), link, link))
     return [README_BEGIN, text, README_END]
