@@ -202,7 +202,12 @@ impl ReadPath {
                     }
                     at += (range.end - range.start) as usize;
                     if let Some((dtype, add)) = rebase {
-                        rebase_in_place(&mut out[piece_start..at], *dtype, *add, object)?;
+                        rebase_in_place(
+                            &mut out[piece_start..at],
+                            *dtype,
+                            *add,
+                            object.key.as_ref(),
+                        )?;
                     }
                 }
             }
@@ -216,7 +221,9 @@ impl ReadPath {
     }
 }
 
-fn rebase_in_place(bytes: &mut [u8], dtype: Dtype, add: u64, object: &ObjectInfo) -> FsResult<()> {
+/// Adds `add` to every `dtype` row offset in `bytes` (of object `key`); an offset that
+/// would overflow its dtype fails the read.
+pub(crate) fn rebase_in_place(bytes: &mut [u8], dtype: Dtype, add: u64, key: &str) -> FsResult<()> {
     if add == 0 {
         return Ok(());
     }
@@ -225,8 +232,7 @@ fn rebase_in_place(bytes: &mut [u8], dtype: Dtype, add: u64, object: &ObjectInfo
         let value = dtype.read_uint(bytes, i).checked_add(add);
         if !value.is_some_and(|v| dtype.write_uint(bytes, i, v)) {
             return Err(FsError::CorruptData(format!(
-                "{}: a row offset shifted by {add} overflows {dtype}",
-                object.key
+                "{key}: a row offset shifted by {add} overflows {dtype}"
             )));
         }
     }

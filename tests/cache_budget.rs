@@ -95,6 +95,7 @@ fn the_chunk_budget_bounds_the_chunks_held() {
     let mut offset = 0;
     while offset < mono.data.len() {
         let n = std::os::unix::fs::FileExt::read_at(&data, &mut buf, offset as u64).unwrap();
+        assert!(n > 0, "0-byte read at {offset} of {}", mono.data.len());
         assert_eq!(&buf[..n], &mono.data[offset..offset + n]);
         offset += n;
         most_groups = most_groups.max(mount.status().cache.cached_groups);

@@ -54,7 +54,13 @@ fn concurrent_readers_share_each_download() {
                     let offset = rng.below(want.len() as u64);
                     let mut buf = vec![0u8; 1 + rng.below(150_000) as usize];
                     let n = file.read_at(&mut buf, offset).unwrap();
-                    let end = (offset as usize + n).min(want.len());
+                    let end = (offset as usize + buf.len()).min(want.len());
+                    assert_eq!(
+                        n,
+                        end - offset as usize,
+                        "{} at {offset}: a short read before the end",
+                        path.display()
+                    );
                     assert_eq!(
                         &buf[..n],
                         &want[offset as usize..end],

@@ -374,3 +374,44 @@ async fn a_sequential_reader_gets_read_ahead_and_a_random_one_does_not() {
         );
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+    /// The flat view read through the real read path, against the monolithic arrays
+    /// built without scdlfs or scdl-format: any dataset shape, any byte range.
+    #[test]
+    fn any_range_of_any_flat_file_is_the_monolithic_bytes(
+        rows in 1u64..400,
+        genes in 2u32..600,
+        chunk_rows in 1u32..90,
+        mean_values in proptest::prop_oneof![0u32..30, 150u32..300],
+        seed in 0u64..1000,
+        ranges in proptest::collection::vec((0.0f64..1.0, 0u32..70_000), 1..6),
+    ) {
+        let spec = scdlfs::synthetic::SyntheticDataset { rows, genes, chunk_rows, mean_values, seed };
+        let dir = tempfile::tempdir().unwrap();
+        spec.write_chunked(dir.path()).unwrap();
+        let files: BTreeMap<String, Vec<u8>> = snapshot(dir.path())
+            .into_iter()
+            .map(|(name, bytes)| (format!("ds/{name}"), bytes))
+            .collect();
+        let mono = Monolithic::of(&spec);
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let core = core_of(&files, |_| {}).await;
+            for kind in ArrayKind::ALL {
+                let want = mono.array(kind);
+                let attr = core.resolve(&format!("ds/{}", kind.file_name())).await.unwrap();
+                assert_eq!(attr.size, want.len() as u64, "{kind:?}");
+                let handle = core.core.open(attr.ino.0).unwrap().handle;
+                for &(at, len) in &ranges {
+                    let offset = (at * want.len() as f64) as u64;
+                    let got = core.core.read(attr.ino.0, handle, offset, len).await.unwrap();
+                    let end = (offset as usize + len as usize).min(want.len());
+                    assert_eq!(got, &want[offset as usize..end], "{kind:?} at {offset}+{len}");
+                }
+            }
+        });
+    }
+}

@@ -24,6 +24,7 @@ fn read_write_open_and_shared_writable_mmap_read_correct_data() {
     small_dataset()
         .write_chunked(&src.path().join("ds"))
         .unwrap();
+    let bucket_before = snapshot(src.path());
     let mount = TestMount::start(local_store(src.path()), "", |_| {});
     let mono = Monolithic::of(&small_dataset());
     let path = mount.path().join("ds").join(ArrayKind::Data.file_name());
@@ -53,8 +54,26 @@ fn read_write_open_and_shared_writable_mmap_read_correct_data() {
     // SAFETY: the mapping is `len` bytes long and lives until munmap below.
     let mapped = unsafe { std::slice::from_raw_parts(map as *const u8, len) };
     assert_eq!(mapped, &mono.data[..]);
+    let cache_before = snapshot(&mount.cache_parts_dir());
+    // Written through once: the write-back must be refused and change nothing.
+    // SAFETY: byte 0 lies in the mapping, which is writable.
+    unsafe { *(map as *mut u8) ^= 0xff };
+    // SAFETY: syncing the whole mapping made above.
+    let synced = unsafe { libc::msync(map, len, libc::MS_SYNC) };
+    let sync_error = std::io::Error::last_os_error();
     // SAFETY: unmapping what we mapped.
     unsafe { libc::munmap(map, len) };
+    assert_eq!(
+        synced, -1,
+        "the write-back of a read-only dataset succeeded"
+    );
+    eprintln!("msync after a write through the mapping: {sync_error}");
+    assert_eq!(snapshot(src.path()), bucket_before, "the bucket changed");
+    assert_eq!(
+        snapshot(&mount.cache_parts_dir()),
+        cache_before,
+        "the cache changed"
+    );
 }
 
 #[test]

@@ -238,6 +238,7 @@ fn a_sequential_reader_without_hints_gets_read_ahead() {
     let mut offset = 0;
     while offset < bytes.len() {
         let n = std::os::unix::fs::FileExt::read_at(&file, &mut buf, offset as u64).unwrap();
+        assert!(n > 0, "0-byte read at {offset} of {}", bytes.len());
         assert_eq!(&buf[..n], &bytes[offset..offset + n]);
         offset += n;
         // A reader that works on what it read, slower than the 40 MB/s link.

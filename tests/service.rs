@@ -7,7 +7,7 @@
 //! so a failing test leaves no mount behind.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::CommandExt;
@@ -198,12 +198,26 @@ fn status_json(mountpoint: &Path) -> serde_json::Value {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
-fn free_loopback_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The port the daemon logged it serves metrics on (it was given port 0: the kernel
+/// picks a free one, so no other process can take it in between).
+fn logged_metrics_port(log: &Path) -> u16 {
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let port = text
+            .split("http://127.0.0.1:")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|port| port.parse().ok());
+        if let Some(port) = port {
+            return port;
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "no metrics address in the log: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// One raw HTTP/1.1 exchange: (status line, headers and body as one string).
@@ -270,8 +284,11 @@ fn sigterm_tells_systemd_stopping_then_unmounts_and_exits_zero() {
 fn the_log_for_the_journal_is_plain_text_one_line_per_event() {
     let folders = Folders::new();
     let log = folders.path("log");
-    let mut daemon = Daemon::start(&folders, &[], None, &log);
-    daemon.wait_until_mounted(&folders);
+    // Stopped once it reported ready, as systemd would: a SIGTERM between the mount
+    // appearing and the handlers being installed would kill it.
+    let (systemd, socket_path) = notify_socket(&folders);
+    let mut daemon = Daemon::start(&folders, &[], Some(&socket_path), &log);
+    assert!(receive(&systemd).starts_with("READY=1"));
     daemon.signal(libc::SIGTERM);
     assert!(daemon.wait_for_exit().success());
 
@@ -313,15 +330,14 @@ fn status_json_shows_bytes_read_and_fetched_moving() {
 #[test]
 fn prometheus_counters_are_served_and_move_with_reads() {
     let folders = Folders::new();
-    let port = free_loopback_port();
-    let address = format!("127.0.0.1:{port}");
     let mut daemon = Daemon::start(
         &folders,
-        &["--metrics-addr", &address],
+        &["--metrics-addr", "127.0.0.1:0"],
         None,
         &folders.path("log"),
     );
     daemon.wait_until_mounted(&folders);
+    let port = logged_metrics_port(&folders.path("log"));
     std::fs::read(folders.mountpoint().join("hello.txt")).unwrap();
 
     let (status_line, first) = http_get(port, "/metrics");

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
-use scdl_format::{ArrayKind, Dtype};
+use scdl_format::ArrayKind;
 use scdlfs::catalog::DirMode;
 use scdlfs::mount::{Mount, MountSettings};
 use scdlfs::synthetic::SyntheticDataset;
@@ -159,25 +159,23 @@ pub struct Monolithic {
 impl Monolithic {
     pub fn of(spec: &SyntheticDataset) -> Monolithic {
         let total = spec.total_values();
-        let (row_dtype, col_dtype) = (Dtype::smallest_uint_for(total), spec.column_dtype());
-        let (rw, cw) = (
-            row_dtype.size().unwrap() as usize,
-            col_dtype.size().unwrap() as usize,
-        );
+        let rw = uint_width(total);
+        let cw = uint_width(spec.genes.saturating_sub(1) as u64);
         let mut m = Monolithic {
             data: Vec::new(),
             row_ptr: vec![0; (spec.rows as usize + 1) * rw],
             col_ptr: vec![0; total as usize * cw],
         };
-        let mut at = 0u64;
+        let mut at = 0usize;
         for r in 0..spec.rows {
             let row = spec.row(r);
             for (c, v) in row.columns.iter().zip(&row.values) {
                 m.data.extend_from_slice(&v.to_le_bytes());
-                col_dtype.write_uint(&mut m.col_ptr, at as usize, *c as u64);
+                m.col_ptr[at * cw..(at + 1) * cw].copy_from_slice(&(*c as u64).to_le_bytes()[..cw]);
                 at += 1;
             }
-            row_dtype.write_uint(&mut m.row_ptr, r as usize + 1, at);
+            let next = (r as usize + 1) * rw;
+            m.row_ptr[next..next + rw].copy_from_slice(&(at as u64).to_le_bytes()[..rw]);
         }
         m
     }
@@ -188,6 +186,18 @@ impl Monolithic {
             ArrayKind::RowPtr => &self.row_ptr,
             ArrayKind::ColPtr => &self.col_ptr,
         }
+    }
+}
+
+/// Bytes per value of the smallest unsigned integer holding `max`, as numpy would
+/// store it; written out here, not taken from scdl-format, so the oracle shares no code
+/// with what it checks.
+fn uint_width(max: u64) -> usize {
+    match max {
+        0..=0xff => 1,
+        0x100..=0xffff => 2,
+        0x1_0000..=0xffff_ffff => 4,
+        _ => 8,
     }
 }
 

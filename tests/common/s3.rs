@@ -33,44 +33,65 @@ fn moto_binary() -> PathBuf {
 /// The shared server, started on first use.
 pub fn moto() -> &'static Moto {
     MOTO.get_or_init(|| {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut command = Command::new(moto_binary());
-        command
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // SAFETY: prctl in the child before exec; the server dies with the test binary.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        // PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, and each
-        // test runs on a thread of its own: fork from a thread that lives as long as the
-        // test binary, so the server serves every test and dies with the binary.
-        let (spawned, result) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let outcome = command.spawn().map(std::mem::forget);
-            spawned.send(outcome).unwrap();
-            loop {
-                std::thread::park();
+        // moto_server cannot take a listening socket, so a port picked here could be
+        // taken by another process before the server binds it: then the server exits,
+        // and another port is tried.
+        for _ in 0..5 {
+            if let Some(moto) = start_moto() {
+                return moto;
             }
-        });
-        result.recv().unwrap().unwrap_or_else(|e| {
-            panic!(
-                "cannot start moto_server ({e}); run scripts/setup-python-venv or set SCDLFS_MOTO_SERVER"
-            )
-        });
-        let started = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(started.elapsed() < Duration::from_secs(30), "moto_server did not start");
-            std::thread::sleep(Duration::from_millis(100));
         }
-        Moto {
-            endpoint: format!("http://127.0.0.1:{port}"),
+        panic!("moto_server did not start on any of 5 ports");
+    })
+}
+
+fn start_moto() -> Option<Moto> {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut command = Command::new(moto_binary());
+    command
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: prctl in the child before exec; the server dies with the test binary.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    // PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, and each
+    // test runs on a thread of its own: fork from a thread that lives as long as the
+    // test binary, so the server serves every test and dies with the binary.
+    let (spawned, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        spawned.send(command.spawn()).unwrap();
+        loop {
+            std::thread::park();
         }
+    });
+    let mut server = result.recv().unwrap().unwrap_or_else(|e| {
+        panic!("cannot start moto_server ({e}); run scripts/setup-python-venv or set SCDLFS_MOTO_SERVER")
+    });
+    let started = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if server.try_wait().unwrap().is_some() {
+            return None;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "moto_server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Never waited for: PR_SET_PDEATHSIG ends it with the test binary.
+    std::mem::forget(server);
+    Some(Moto {
+        endpoint: format!("http://127.0.0.1:{port}"),
     })
 }
 

@@ -41,6 +41,28 @@ proptest! {
         prop_assert_eq!(iter.collect::<Vec<_>>(), expected);
     }
 
+    /// An oracle that shares no code with the sampler: with uneven shares, the ranks
+    /// and workers of an epoch together read every row exactly once.
+    #[test]
+    fn ranks_and_workers_together_read_every_row_once(
+        rows in 0u64..800, chunk_size in 1u32..100, order in orders(), epoch in 0u64..3,
+        world_size in 1u32..4, num_workers in 1u32..3,
+    ) {
+        let dataset = raw_dataset(rows, chunk_size, false);
+        let mut seen = vec![0u32; rows as usize];
+        for rank in 0..world_size {
+            for worker in 0..num_workers {
+                let shard = Shard::new(rank, nonzero(world_size), EvenShares::Uneven).unwrap();
+                let workers = Workers::new(worker, nonzero(num_workers)).unwrap();
+                for row in sampler(dataset.path(), order, shard, workers).epoch(epoch) {
+                    prop_assert!(row < rows, "row {} of {}", row, rows);
+                    seen[row as usize] += 1;
+                }
+            }
+        }
+        prop_assert!(seen.iter().all(|&n| n == 1), "visits per row: {:?}", seen);
+    }
+
     #[test]
     fn minibatches_cut_fetches_and_never_cross_them(
         rows in 0u64..800, chunk_size in 1u32..100, order in block_orders(),
