@@ -37,6 +37,11 @@ pub enum FsError {
         expected: u64,
         got: u64,
     },
+    #[error("{key}: no answer within {after:?}")]
+    TimedOut {
+        key: String,
+        after: std::time::Duration,
+    },
     #[error("{0}")]
     CorruptData(String),
     #[error("local cache I/O failed: {0}")]
@@ -61,16 +66,18 @@ impl FsError {
             FsError::Store { .. }
             | FsError::ObjectChanged { .. }
             | FsError::ShortRead { .. }
+            | FsError::TimedOut { .. }
             | FsError::CorruptData(_)
             | FsError::CacheIo(_)
             | FsError::CacheCorrupt(_) => Errno::EIO,
         }
     }
 
+    /// A store error, its message stripped of any credentials its URLs carry.
     pub fn store(key: &str, error: &object_store::Error) -> FsError {
         FsError::Store {
             key: key.to_owned(),
-            message: error.to_string(),
+            message: crate::store::redact_urls(&error.to_string()),
         }
     }
 }

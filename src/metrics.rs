@@ -57,6 +57,8 @@ counters! {
     prefetch_requests,
     /// Reads that failed with an error.
     read_errors,
+    /// The most bytes the fetcher held at once (in flight, waiting for the disk, kept in memory, being copied): a high-water mark.
+    fetch_memory_peak_bytes,
 }
 
 impl Metrics {

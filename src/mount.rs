@@ -35,6 +35,10 @@ pub struct MountSettings {
     pub allow_other: bool,
     pub fuse_threads: usize,
     pub prefetch_lookahead_steps: usize,
+    /// A read gets its bytes or EIO within this bound ([`crate::store::NetworkBounds`]).
+    pub read_timeout: Duration,
+    /// The most bytes the fetcher holds at once ([`crate::fetch::memory`]).
+    pub fetch_memory: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +115,8 @@ pub fn assemble(
         cache,
         settings.part_size,
         settings.max_concurrent_requests,
+        settings.read_timeout,
+        settings.fetch_memory,
         metrics.clone(),
     );
     let read_path = ReadPath::new(fetcher.clone(), metrics.clone());
@@ -264,7 +270,7 @@ fn explain_store_error(error: &object_store::Error) -> String {
     let all = std::iter::once(error.to_string())
         .chain(causes)
         .collect::<Vec<_>>();
-    let text = all.join(": ");
+    let text = crate::store::redact_urls(&all.join(": "));
     if text.contains("NoSuchBucket") {
         return "the bucket does not exist".into();
     }

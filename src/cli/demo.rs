@@ -96,6 +96,8 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         allow_other: false,
         fuse_threads: 4,
         prefetch_lookahead_steps: 2,
+        read_timeout: crate::store::NetworkBounds::default().read_timeout,
+        fetch_memory: 64 * part_size,
     };
     let mount = Mount::start(store, ObjectPath::default(), &mountpoint, &settings)
         .map_err(|e| e.to_string())?;

@@ -10,6 +10,7 @@ mod status_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use std::ffi::OsString;
 
@@ -70,6 +71,20 @@ pub struct StoreArgs {
     /// Send unsigned requests (public buckets).
     #[arg(long, help_heading = "Object store")]
     pub no_sign_request: bool,
+    /// Longest one HTTP attempt may take, headers and body (e.g. 10s, 1m).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "10s", help_heading = "Object store")]
+    pub request_timeout: Duration,
+    /// An attempt that receives no byte for this long is abandoned and retried.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "5s", help_heading = "Object store")]
+    pub stall_timeout: Duration,
+    /// Tries per request (the first included) for errors that can heal: 5xx, 429,
+    /// timeouts, broken connections. 403, 404, 412 and 416 are never retried.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Object store")]
+    pub max_attempts: u32,
+    /// A FUSE read request gets its bytes or EIO within this bound, however the store
+    /// misbehaves (a read(2) that fails within twice this: the kernel retries once).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "15s", help_heading = "Performance")]
+    pub read_timeout: Duration,
 }
 
 impl StoreArgs {
@@ -78,7 +93,12 @@ impl StoreArgs {
             endpoint_url: self.endpoint_url.clone(),
             region: self.region.clone(),
             no_sign_request: self.no_sign_request,
-            request_timeout: None,
+            bounds: crate::store::NetworkBounds {
+                request_timeout: self.request_timeout,
+                stall_timeout: self.stall_timeout,
+                max_attempts: self.max_attempts,
+                read_timeout: self.read_timeout,
+            },
         }
     }
 }
@@ -133,6 +153,10 @@ pub struct MountArgs {
         help_heading = "Performance"
     )]
     pub prefetch_lookahead: usize,
+    /// The most memory downloads may hold at once: bodies in flight, parts waiting
+    /// for the disk or kept because the cache is full. At least one part.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "512MiB", help_heading = "Performance")]
+    pub max_fetch_memory: u64,
     /// Threads reading FUSE requests from the kernel.
     #[arg(
         long,
@@ -220,7 +244,7 @@ pub fn init_logging(filter: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| crate::store::redact::Redacting(std::io::stderr()))
         .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }

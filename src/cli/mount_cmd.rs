@@ -47,6 +47,13 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), Stri
     if args.read_part_size < 4096 || !args.read_part_size.is_multiple_of(4096) {
         return Err("--read-part-size must be a positive multiple of 4KiB".into());
     }
+    if args.max_fetch_memory < args.read_part_size {
+        return Err(format!(
+            "--max-fetch-memory {} is below one part of --read-part-size {}",
+            format_size(args.max_fetch_memory),
+            format_size(args.read_part_size)
+        ));
+    }
     let cache_bytes = match args.cache_size {
         Some(bytes) => bytes,
         None => default_cache_size(cache_dir),
@@ -82,6 +89,8 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), Stri
         allow_other: args.allow_other,
         fuse_threads: args.fuse_threads.max(1),
         prefetch_lookahead_steps: args.prefetch_lookahead,
+        read_timeout: args.store.read_timeout,
+        fetch_memory: args.max_fetch_memory,
     };
     let mount =
         Mount::start(store, prefix, &args.mountpoint, &settings).map_err(|e| e.to_string())?;

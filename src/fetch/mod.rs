@@ -4,9 +4,20 @@
 //!
 //! A download runs in its own task: a reader that gives up (an interrupted read) does
 //! not cancel the download others may be waiting for. Every request asks for the
-//! object's pinned version, and a short or failed body is retried a few times before
-//! the readers get an error; the bytes handed out are always exactly the part.
+//! object's pinned version; the bytes handed out are always exactly the part.
+//!
+//! Retries are not made here: the object client is the one retry layer
+//! ([`crate::store::bounds`]). The fetcher adds the hard bounds: a download runs at
+//! most `read_timeout` once it holds a slot, and a reader waits at most `read_timeout`
+//! for a part, then gets EIO ([`FsError::TimedOut`]) while the download may go on for
+//! others.
+//!
+//! Memory is capped ([`memory`]): every byte the fetcher holds (a body being received,
+//! a part waiting for the disk, a part kept in memory because the cache had no room,
+//! a part a reader is copying from) counts against one budget, reserved before the
+//! request is sent and released when the last copy of the bytes is dropped.
 
+pub mod memory;
 pub mod permits;
 
 use std::collections::{HashMap, HashSet};
@@ -24,10 +35,8 @@ use crate::catalog::ObjectInfo;
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
 use crate::parts::{span, spans_touched, PartKey};
+use memory::MemoryBudget;
 use permits::{Permits, Urgency};
-
-/// Attempts per part before readers get an error.
-const ATTEMPTS: u32 = 3;
 
 /// The bytes of one part, from the disk cache or straight from a download.
 pub enum PartBytes {
@@ -60,12 +69,15 @@ pub struct Fetcher {
     cache: Arc<DiskCache>,
     part_size: u64,
     max_concurrent_requests: usize,
+    read_timeout: Duration,
     permits: Arc<Permits>,
     /// Parts the prefetcher brought in that no reader has asked for yet.
     prefetched: Mutex<HashSet<PartKey>>,
     /// The last parts the cache had no room for, kept in memory so that the reads
-    /// that follow do not download them again (bounded: one per download slot).
+    /// that follow do not download them again (bounded: one per download slot, and
+    /// only while the memory budget has room for another download).
     uncached: Mutex<lru::LruCache<PartKey, Bytes>>,
+    memory: MemoryBudget,
     in_flight: Mutex<HashMap<PartKey, InFlight>>,
     metrics: Arc<Metrics>,
     /// Downloads are started from FUSE threads, outside the runtime.
@@ -79,13 +91,18 @@ impl Fetcher {
         cache: Arc<DiskCache>,
         part_size: u64,
         max_concurrent_requests: usize,
+        read_timeout: Duration,
+        memory_cap: u64,
         metrics: Arc<Metrics>,
     ) -> Arc<Fetcher> {
+        let part_size = part_size.max(1);
         Arc::new(Fetcher {
             store,
             cache,
-            part_size: part_size.max(1),
+            part_size,
             max_concurrent_requests,
+            read_timeout,
+            memory: MemoryBudget::new(memory_cap.max(part_size), metrics.clone()),
             permits: Permits::new(max_concurrent_requests),
             prefetched: Mutex::new(HashSet::new()),
             uncached: Mutex::new(lru::LruCache::new(
@@ -154,8 +171,23 @@ impl Fetcher {
         &self.runtime
     }
 
-    /// The part, waiting for a download if it is not cached.
+    /// The part, waiting (at most `read_timeout`) for a download if it is not cached.
     pub async fn part(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        index: u64,
+    ) -> FsResult<PartBytes> {
+        tokio::time::timeout(self.read_timeout, self.wait_for_part(object, index))
+            .await
+            .unwrap_or_else(|_| {
+                Err(FsError::TimedOut {
+                    key: object.key.to_string(),
+                    after: self.read_timeout,
+                })
+            })
+    }
+
+    async fn wait_for_part(
         self: &Arc<Self>,
         object: &Arc<ObjectInfo>,
         index: u64,
@@ -212,11 +244,16 @@ impl Fetcher {
         let task = self.runtime.spawn({
             let (this, object, urgency) = (self.clone(), object.clone(), urgency.clone());
             async move {
+                // Leaves the map however the download ends, a panic included: a part
+                // whose download died is fetched afresh by the next reader.
+                let _leave = LeaveInFlight {
+                    fetcher: this.clone(),
+                    key,
+                };
                 let result = this.download(&object, index, urgency.clone()).await;
                 if result.is_ok() && !urgency.is_demand() {
                     this.prefetched.lock().insert(key);
                 }
-                this.in_flight.lock().remove(&key);
                 result
             }
         });
@@ -247,25 +284,22 @@ impl Fetcher {
         urgency: Arc<Urgency>,
     ) -> FsResult<Bytes> {
         let range = self.part_range(object, index);
-        let mut attempt = 0;
-        let bytes = loop {
-            attempt += 1;
-            // A slot is held for the request only, not for backoff or the disk write.
-            let permit = self.permits.acquire(urgency.clone()).await;
-            let fetched = self.get_range(object, range.clone()).await;
-            drop(permit);
-            match fetched {
-                Ok(bytes) => break bytes,
-                Err(error @ FsError::ObjectChanged { .. }) => {
-                    return Err(self.failed(object, error));
-                }
-                Err(error) if attempt >= ATTEMPTS => return Err(self.failed(object, error)),
-                Err(error) => {
-                    tracing::warn!(object = %object.key, part = index, attempt, %error, "part download failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
-                }
-            }
-        };
+        // A slot is held for the request only, not for the disk write.
+        let permit = self.permits.acquire(urgency).await;
+        let fetched = tokio::time::timeout(self.read_timeout, async {
+            let memory = self.reserve_memory(range.end - range.start).await;
+            let bytes = self.get_range(object, range.clone()).await?;
+            Ok(memory.hold(bytes))
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(FsError::TimedOut {
+                key: object.key.to_string(),
+                after: self.read_timeout,
+            })
+        });
+        drop(permit);
+        let bytes = fetched.map_err(|error| self.failed(object, index, error))?;
         Metrics::add(&self.metrics.bytes_fetched, bytes.len() as u64);
         Metrics::add(&self.metrics.parts_fetched, 1);
         let (cache, key, group, stored, object_info) = (
@@ -288,7 +322,9 @@ impl Fetcher {
             Ok(true) => {}
             // No room, or the disk failed (the cache logs that once).
             Ok(false) => {
-                self.uncached.lock().put(key, bytes.clone());
+                if self.memory.has_room_for(self.part_size) {
+                    self.uncached.lock().put(key, bytes.clone());
+                }
             }
             Err(error) => {
                 tracing::error!(object = %object.key, part = index, %error, "caching the part failed; serving it from memory");
@@ -297,9 +333,23 @@ impl Fetcher {
         Ok(bytes)
     }
 
-    fn failed(&self, object: &ObjectInfo, error: FsError) -> FsError {
+    /// Reserves `len` bytes of the budget, first dropping parts kept in memory if the
+    /// budget is short. Parts are kept only while a whole part more fits, so a waiter
+    /// here never waits behind kept parts, only behind downloads and readers.
+    async fn reserve_memory(&self, len: u64) -> memory::Reservation {
+        loop {
+            if let Some(reservation) = self.memory.try_reserve(len) {
+                return reservation;
+            }
+            if self.uncached.lock().pop_lru().is_none() {
+                return self.memory.reserve(len).await;
+            }
+        }
+    }
+
+    fn failed(&self, object: &ObjectInfo, index: u64, error: FsError) -> FsError {
         Metrics::add(&self.metrics.fetch_errors, 1);
-        tracing::error!(object = %object.key, %error, "download failed; readers get EIO");
+        tracing::error!(object = %object.key, part = index, %error, "download failed; readers get EIO");
         error
     }
 
@@ -341,3 +391,17 @@ impl Fetcher {
         Ok(bytes)
     }
 }
+
+struct LeaveInFlight {
+    fetcher: Arc<Fetcher>,
+    key: PartKey,
+}
+
+impl Drop for LeaveInFlight {
+    fn drop(&mut self) {
+        self.fetcher.in_flight.lock().remove(&self.key);
+    }
+}
+
+#[cfg(test)]
+mod in_process_tests;

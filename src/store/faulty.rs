@@ -1,5 +1,5 @@
-//! A test double that injects failures into reads (errors or truncated bodies), chosen
-//! per read by a rule the test supplies.
+//! A test double that injects failures into reads (errors, truncated bodies, requests
+//! that never answer, panics), chosen per read by a rule the test supplies.
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,6 +17,10 @@ pub enum Fault {
     Fail,
     /// The body stops after this many bytes.
     Truncate(usize),
+    /// The request never answers.
+    Stall,
+    /// The task making the request panics.
+    Panic,
 }
 
 type Rule = dyn Fn(&Path, &GetOptions) -> Option<Fault> + Send + Sync;
@@ -50,6 +54,11 @@ impl GetHook for InjectFaults {
         options: GetOptions,
     ) -> Result<GetResult> {
         let fault = (self.rule)(location, &options);
+        match fault {
+            Some(Fault::Stall) => return futures::future::pending().await,
+            Some(Fault::Panic) => panic!("injected panic reading {location}"),
+            _ => {}
+        }
         let result = inner.get_opts(location, options).await?;
         let Some(fault) = fault else {
             return Ok(result);
@@ -61,6 +70,7 @@ impl GetHook for InjectFaults {
                 source: format!("injected failure reading {location}").into(),
             }),
             Fault::Truncate(len) => Ok(with_body(head, body.slice(..len.min(body.len())))),
+            Fault::Stall | Fault::Panic => unreachable!("handled before the request"),
         }
     }
 }

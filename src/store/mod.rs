@@ -9,22 +9,26 @@
 //! [`throttled`] adds latency and a bandwidth cap, [`faulty`] injects failures. The
 //! benchmarks and the failure tests use them; the daemon never does.
 
+pub mod bounds;
 pub mod counting;
 mod credentials;
 pub mod faulty;
+pub mod redact;
 pub mod throttled;
 pub mod wrapper;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use object_store::aws::AmazonS3Builder;
 use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::http::HttpBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use object_store::{ClientOptions, ObjectStore, RetryConfig};
+use object_store::ObjectStore;
+
+pub use bounds::NetworkBounds;
+pub use redact::redact_urls;
 
 /// Where a mount's objects live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,8 +45,7 @@ pub struct ClientSettings {
     pub endpoint_url: Option<String>,
     pub region: Option<String>,
     pub no_sign_request: bool,
-    /// Give up on a request after this long, retries included.
-    pub request_timeout: Option<Duration>,
+    pub bounds: NetworkBounds,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +56,7 @@ pub enum SourceError {
     NoBucket(String),
     #[error("local source {0} is not a directory")]
     NotADirectory(PathBuf),
-    #[error("cannot open the store: {0}")]
+    #[error("cannot open the store: {}", redact_urls(&.0.to_string()))]
     Client(#[from] object_store::Error),
 }
 
@@ -62,7 +65,7 @@ impl Source {
         let split_bucket = |rest: &str| -> Result<(String, String), SourceError> {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
             if bucket.is_empty() {
-                return Err(SourceError::NoBucket(text.to_owned()));
+                return Err(SourceError::NoBucket(redact_urls(text)));
             }
             Ok((bucket.to_owned(), prefix.trim_matches('/').to_owned()))
         };
@@ -81,7 +84,7 @@ impl Source {
                 root: PathBuf::from(path),
             })
         } else if text.contains("://") {
-            Err(SourceError::Unsupported(text.to_owned()))
+            Err(SourceError::Unsupported(redact_urls(text)))
         } else {
             Ok(Source::Local {
                 root: PathBuf::from(text),
@@ -89,14 +92,16 @@ impl Source {
         }
     }
 
-    /// A short name for the mount table (`fsname`).
+    /// A short name for the mount table (`fsname`), `status` and logs: without the
+    /// credentials a URL may carry.
     pub fn display_name(&self) -> String {
-        match self {
+        let name = match self {
             Source::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
             Source::Gcs { bucket, prefix } => format!("gs://{bucket}/{prefix}"),
             Source::Http { base_url } => base_url.clone(),
             Source::Local { root } => root.display().to_string(),
-        }
+        };
+        redact_urls(&name)
     }
 
     /// Builds the client and the prefix of the mount's root inside it.
@@ -104,15 +109,9 @@ impl Source {
         &self,
         settings: &ClientSettings,
     ) -> Result<(Arc<dyn ObjectStore>, ObjectPath), SourceError> {
-        let retry = RetryConfig {
-            max_retries: 4,
-            retry_timeout: settings.request_timeout.unwrap_or(Duration::from_secs(60)),
-            ..RetryConfig::default()
-        };
+        let retry = settings.bounds.retry_config();
         let client_options = || {
-            let mut options = ClientOptions::new()
-                .with_connect_timeout(Duration::from_secs(10))
-                .with_timeout(Duration::from_secs(120));
+            let mut options = settings.bounds.client_options();
             if settings
                 .endpoint_url
                 .as_deref()
@@ -226,5 +225,20 @@ mod tests {
             Source::parse("ftp://x/y"),
             Err(SourceError::Unsupported(_))
         ));
+    }
+
+    #[test]
+    fn credentials_in_a_source_are_never_shown() {
+        let source = Source::parse("https://reader:hunter2@data.example/atlas?sig=abc").unwrap();
+        let shown = source.display_name();
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("sig=abc"),
+            "{shown}"
+        );
+        assert_eq!(shown, "https://REDACTED@data.example/atlas?REDACTED");
+        let refused = Source::parse("ftp://reader:hunter2@x/y")
+            .unwrap_err()
+            .to_string();
+        assert!(!refused.contains("hunter2"), "{refused}");
     }
 }

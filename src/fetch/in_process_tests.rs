@@ -1,0 +1,333 @@
+//! The fetcher against `object_store::memory::InMemory` and the doubles of
+//! [`crate::store`], with a real disk cache in a temporary directory: no FUSE, no S3
+//! server. One download per part, demand before prefetch, no retries of its own (the
+//! client is the retry layer), the hard bound on a silent store, If-Match, short
+//! bodies, a panicking download.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use object_store::memory::InMemory;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStoreExt, PutPayload};
+
+use super::*;
+use crate::parts::ObjectId;
+use crate::store::counting::CountReads;
+use crate::store::faulty::{Fault, InjectFaults};
+use crate::store::wrapper::HookedStore;
+
+const PART: u64 = 1000;
+const OBJECT_LEN: u64 = 4500;
+const READ_TIMEOUT: Duration = Duration::from_millis(500);
+const MEMORY_CAP: u64 = 3 * PART;
+
+fn content() -> Vec<u8> {
+    (0..OBJECT_LEN).map(|i| (i * 7 % 251) as u8).collect()
+}
+
+struct Bench {
+    fetcher: Arc<Fetcher>,
+    object: Arc<ObjectInfo>,
+    _dir: tempfile::TempDir,
+}
+
+/// A fetcher over `wrap(InMemory holding one object)`, its ETag pinned as listed.
+async fn bench<S: ObjectStore>(
+    slots: usize,
+    wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<S>,
+) -> (Bench, Arc<S>) {
+    bench_with_cache(slots, 1 << 20, wrap).await
+}
+
+async fn bench_with_cache<S: ObjectStore>(
+    slots: usize,
+    cache_budget: u64,
+    wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<S>,
+) -> (Bench, Arc<S>) {
+    let memory = Arc::new(InMemory::new());
+    let key = ObjectPath::from("data/object.bin");
+    let put = memory.put(&key, PutPayload::from(content())).await.unwrap();
+    let store = wrap(memory);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Arc::new(DiskCache::open(dir.path(), cache_budget, None).unwrap());
+    let fetcher = Fetcher::new(
+        store.clone(),
+        cache,
+        PART,
+        slots,
+        READ_TIMEOUT,
+        MEMORY_CAP,
+        Arc::new(Metrics::default()),
+    );
+    let object = Arc::new(ObjectInfo {
+        id: ObjectId(0),
+        key,
+        size: OBJECT_LEN,
+        etag: put.e_tag,
+        mtime: SystemTime::UNIX_EPOCH,
+        group: None,
+    });
+    (
+        Bench {
+            fetcher,
+            object,
+            _dir: dir,
+        },
+        store,
+    )
+}
+
+async fn read_part(bench: &Bench, index: u64) -> FsResult<Vec<u8>> {
+    let part = bench.fetcher.part(&bench.object, index).await?;
+    let range = bench.fetcher.part_range(&bench.object, index);
+    let mut out = vec![0; (range.end - range.start) as usize];
+    part.copy_to(&mut out, 0)?;
+    Ok(out)
+}
+
+/// Waits (a bounded while) for the downloads under way to leave the in-flight map.
+async fn settle(fetcher: &Fetcher) {
+    for _ in 0..500 {
+        if fetcher.in_flight_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn expected(index: u64) -> Vec<u8> {
+    let start = (index * PART) as usize;
+    content()[start..(start + PART as usize).min(OBJECT_LEN as usize)].to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_readers_of_a_part_share_one_download() {
+    let (bench, counts) = bench(4, |s| Arc::new(HookedStore::new(s, CountReads::default()))).await;
+    let bench = Arc::new(bench);
+    let readers: Vec<_> = (0..40)
+        .map(|i| {
+            let bench = bench.clone();
+            tokio::spawn(async move { read_part(&bench, i % 5).await.unwrap() })
+        })
+        .collect();
+    for (i, reader) in readers.into_iter().enumerate() {
+        assert_eq!(reader.await.unwrap(), expected(i as u64 % 5));
+    }
+    let snapshot = counts.hook().snapshot();
+    assert_eq!(snapshot.len(), 5, "one range per part: {snapshot:?}");
+    assert!(snapshot.values().all(|&n| n == 1), "{snapshot:?}");
+    // Cached now: more reads make no request.
+    read_part(&bench, 2).await.unwrap();
+    assert_eq!(counts.hook().total(), 5);
+}
+
+/// A double that records the order in which requests were sent (a request is sent
+/// once it holds a download slot) and holds each until the test lets it through.
+#[derive(Debug)]
+struct Gate {
+    open: tokio::sync::Semaphore,
+    order: parking_lot::Mutex<Vec<u64>>,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate {
+            open: tokio::sync::Semaphore::new(0),
+            order: Default::default(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::store::wrapper::GetHook for Gate {
+    async fn get(
+        &self,
+        inner: &dyn ObjectStore,
+        location: &object_store::path::Path,
+        options: GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        if let Some(GetRange::Bounded(range)) = &options.range {
+            self.order.lock().push(range.start / PART);
+        }
+        self.open.acquire().await.unwrap().forget();
+        inner.get_opts(location, options).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demand_read_goes_before_queued_prefetches() {
+    let (bench, gate) = bench(2, |s| Arc::new(HookedStore::new(s, Gate::default()))).await;
+    // Prefetches of parts 0..4: one runs (they never take the last slot), three queue.
+    for index in 0..4 {
+        assert!(bench.fetcher.prefetch(&bench.object, index));
+    }
+    let demand = tokio::spawn({
+        let (fetcher, object) = (bench.fetcher.clone(), bench.object.clone());
+        async move { fetcher.part(&object, 4).await.map(|_| ()) }
+    });
+    // Let the demand request reach the queue before any slot frees.
+    while bench.fetcher.in_flight_count() < 5 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    gate.hook().open.add_permits(5);
+    demand.await.unwrap().unwrap();
+    settle(&bench.fetcher).await;
+    let order = gate.hook().order.lock().clone();
+    assert_eq!(order.len(), 5, "{order:?}");
+    let position = |part| order.iter().position(|&p| p == part).unwrap();
+    assert!(
+        (1..4).all(|queued| position(4) < position(queued)),
+        "the demand read went after a queued prefetch: {order:?}"
+    );
+}
+
+/// Faults on the first `n` requests, then none.
+fn first_requests_fail(
+    n: u64,
+    fault: Fault,
+) -> impl Fn(Arc<dyn ObjectStore>) -> Arc<HookedStore<InjectFaults>> {
+    move |store| {
+        let seen = Arc::new(AtomicU64::new(0));
+        let fault = fault.clone();
+        Arc::new(HookedStore::new(
+            store,
+            InjectFaults::new(move |_, _| {
+                (seen.fetch_add(1, Ordering::Relaxed) < n).then(|| fault.clone())
+            }),
+        ))
+    }
+}
+
+/// Counts requests below a fault injector.
+async fn counted_faulty_bench(
+    n: u64,
+    fault: Fault,
+) -> (Bench, Arc<HookedStore<InjectFaults>>, Arc<AtomicU64>) {
+    let requests = Arc::new(AtomicU64::new(0));
+    let counter = requests.clone();
+    let (bench, store) = bench(2, move |store| {
+        let counted: Arc<dyn ObjectStore> = Arc::new(HookedStore::new(
+            store,
+            InjectFaults::new(move |_, _| {
+                counter.fetch_add(1, Ordering::Relaxed);
+                None
+            }),
+        ));
+        first_requests_fail(n, fault)(counted)
+    })
+    .await;
+    (bench, store, requests)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fetcher_does_not_retry_and_a_failure_is_not_remembered() {
+    let (bench, _store, _) = counted_faulty_bench(1, Fault::Fail).await;
+    assert!(matches!(
+        read_part(&bench, 1).await,
+        Err(FsError::Store { .. })
+    ));
+    assert_eq!(bench.fetcher.in_flight_count(), 0);
+    // The next read asks again and gets the part.
+    assert_eq!(read_part(&bench, 1).await.unwrap(), expected(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_body_is_an_error_never_bytes() {
+    let (bench, _store, requests) = counted_faulty_bench(1, Fault::Truncate(10)).await;
+    assert!(matches!(
+        read_part(&bench, 0).await,
+        Err(FsError::ShortRead { got: 10, .. })
+    ));
+    assert_eq!(
+        requests.load(Ordering::Relaxed),
+        1,
+        "retried in the fetcher"
+    );
+    assert!(!bench
+        .fetcher
+        .cache()
+        .contains(Fetcher::key(&bench.object, 0)));
+    assert_eq!(read_part(&bench, 0).await.unwrap(), expected(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_store_gives_a_timeout_within_the_bound() {
+    let (bench, _store, _) = counted_faulty_bench(1, Fault::Stall).await;
+    let started = std::time::Instant::now();
+    assert!(matches!(
+        read_part(&bench, 3).await,
+        Err(FsError::TimedOut { .. })
+    ));
+    // Bounded by READ_TIMEOUT; the upper figure only guards against a hang.
+    assert!(started.elapsed() >= READ_TIMEOUT);
+    assert!(started.elapsed() < READ_TIMEOUT * 20);
+    // The abandoned download left its slot and its entry.
+    settle(&bench.fetcher).await;
+    assert_eq!(read_part(&bench, 3).await.unwrap(), expected(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_download_leaves_no_stuck_entry() {
+    let (bench, _store, _) = counted_faulty_bench(1, Fault::Panic).await;
+    assert!(read_part(&bench, 2).await.is_err());
+    settle(&bench.fetcher).await;
+    // Were the dead download's entry left behind, this read would join it and fail.
+    assert_eq!(read_part(&bench, 2).await.unwrap(), expected(2));
+    // A prefetch that panics is cleaned up too, with no reader waiting.
+    let (bench, _store, _) = counted_faulty_bench(1, Fault::Panic).await;
+    assert!(bench.fetcher.prefetch(&bench.object, 4));
+    settle(&bench.fetcher).await;
+    assert_eq!(read_part(&bench, 4).await.unwrap(), expected(4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_object_is_refused_not_mixed() {
+    let (bench, store) = bench(2, |s| Arc::new(HookedStore::new(s, CountReads::default()))).await;
+    assert_eq!(read_part(&bench, 0).await.unwrap(), expected(0));
+    let replaced: Vec<u8> = content().iter().map(|b| !b).collect();
+    store
+        .put(&bench.object.key, PutPayload::from(replaced))
+        .await
+        .unwrap();
+    assert!(matches!(
+        read_part(&bench, 1).await,
+        Err(FsError::ObjectChanged { .. })
+    ));
+    // The part cached before the change is still the pinned version.
+    assert_eq!(read_part(&bench, 0).await.unwrap(), expected(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_bytes_stay_under_the_cap_when_the_cache_has_no_room() {
+    use crate::store::throttled::Throttle;
+    // No disk room: every part is served from memory, and kept there when it fits.
+    let (bench, _store) = bench_with_cache(8, 0, |s| {
+        Arc::new(HookedStore::new(
+            s,
+            Throttle::new(Duration::from_millis(5), 200_000),
+        ))
+    })
+    .await;
+    let bench = Arc::new(bench);
+    let readers: Vec<_> = (0..64)
+        .map(|i| {
+            let bench = bench.clone();
+            tokio::spawn(async move {
+                let index = (i * 7) % 5;
+                // Prefetches compete with the readers for the same budget.
+                bench.fetcher.prefetch(&bench.object, (index + 1) % 5);
+                let part = read_part(&bench, index).await;
+                (index, part)
+            })
+        })
+        .collect();
+    for reader in readers {
+        let (index, part) = reader.await.unwrap();
+        assert_eq!(part.unwrap(), expected(index));
+    }
+    let peak = bench.fetcher.metrics.snapshot().fetch_memory_peak_bytes;
+    assert!(peak <= MEMORY_CAP, "held {peak} bytes, cap {MEMORY_CAP}");
+    assert!(peak > PART, "the load never held two parts at once: {peak}");
+}
