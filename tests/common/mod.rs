@@ -3,6 +3,8 @@
 //! between where a test needs to count, slow down or break requests.
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
+pub mod faulty_mount;
+pub mod proxy;
 pub mod s3;
 
 use std::collections::BTreeMap;
@@ -30,6 +32,8 @@ pub fn settings(cache_dir: &Path) -> MountSettings {
         allow_other: false,
         fuse_threads: 4,
         prefetch_lookahead_steps: 2,
+        read_timeout: scdlfs::store::NetworkBounds::default().read_timeout,
+        fetch_memory: 64 << 20,
     }
 }
 

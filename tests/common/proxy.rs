@@ -1,0 +1,344 @@
+//! A fault-injecting HTTP proxy on 127.0.0.1, placed between a mount's object client
+//! and moto_server, so that object_store's own retries and timeouts are part of what
+//! the fault tests exercise. Raw TCP, one request per connection (it answers with
+//! `Connection: close`): for each request a rule the test supplies picks a [`Fault`]
+//! or lets it through.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the proxy does to one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fault {
+    /// Answers with this status and an empty body instead of asking the server.
+    Status(u16),
+    /// Sends the headers and half the body, then resets the connection.
+    ResetMidBody,
+    /// Sends the headers (full Content-Length) and half the body, then closes.
+    TruncateBody,
+    /// A 206 for the first half of the range asked, with headers that agree with it.
+    ShortPartial,
+    /// Sends the headers, then nothing, ever.
+    StallAfterHeaders,
+    /// Reads the request and never answers.
+    StallNoHeaders,
+    /// Closes the connection without answering (an outage).
+    Refuse,
+}
+
+/// One request as a rule sees it.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    /// The `Range` header, if any.
+    pub range: Option<String>,
+    /// How many requests with this method and path came before this one.
+    pub repeat: u64,
+}
+
+type Rule = dyn Fn(&Request) -> Option<Fault> + Send + Sync;
+
+struct State {
+    upstream: SocketAddr,
+    rule: Mutex<Arc<Rule>>,
+    seen: Mutex<HashMap<(String, String), u64>>,
+    ranges: Mutex<HashMap<(String, Option<String>), u64>>,
+    requests: AtomicU64,
+    injected: Mutex<HashMap<Fault, u64>>,
+}
+
+pub struct FaultProxy {
+    pub addr: SocketAddr,
+    state: Arc<State>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl FaultProxy {
+    /// A proxy to `upstream` (`http://127.0.0.1:PORT`) that lets everything through.
+    pub fn start(upstream: &str) -> FaultProxy {
+        let upstream: SocketAddr = upstream
+            .trim_start_matches("http://")
+            .parse()
+            .expect("upstream address");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(State {
+            upstream,
+            rule: Mutex::new(Arc::new(|_: &Request| None)),
+            seen: Mutex::new(HashMap::new()),
+            ranges: Mutex::new(HashMap::new()),
+            requests: AtomicU64::new(0),
+            injected: Mutex::new(HashMap::new()),
+        });
+        runtime.spawn({
+            let state = state.clone();
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    tokio::spawn(serve(state.clone(), client));
+                }
+            }
+        });
+        FaultProxy {
+            addr,
+            state,
+            _runtime: runtime,
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Replaces the rule for the requests that follow.
+    pub fn set_rule(&self, rule: impl Fn(&Request) -> Option<Fault> + Send + Sync + 'static) {
+        *self.state.rule.lock() = Arc::new(rule);
+    }
+
+    /// Requests seen so far.
+    pub fn requests(&self) -> u64 {
+        self.state.requests.load(Ordering::Relaxed)
+    }
+
+    /// The most requests any one ranged GET (same object, same range) was sent.
+    pub fn most_tries_of_a_range(&self) -> u64 {
+        self.state
+            .ranges
+            .lock()
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Faults injected so far, by kind.
+    pub fn injected(&self) -> HashMap<Fault, u64> {
+        self.state.injected.lock().clone()
+    }
+}
+
+async fn serve(state: Arc<State>, mut client: TcpStream) {
+    let Some(request) = read_head(&mut client).await else {
+        return;
+    };
+    let info = parse_request(&request);
+    let info = {
+        let mut seen = state.seen.lock();
+        let repeat = seen
+            .entry((info.method.clone(), info.path.clone()))
+            .or_default();
+        let info = Request {
+            repeat: *repeat,
+            ..info
+        };
+        *repeat += 1;
+        info
+    };
+    state.requests.fetch_add(1, Ordering::Relaxed);
+    if info.method == "GET" && info.range.is_some() {
+        *state
+            .ranges
+            .lock()
+            .entry((info.path.clone(), info.range.clone()))
+            .or_default() += 1;
+    }
+    let rule = state.rule.lock().clone();
+    let fault = rule(&info);
+    if let Some(fault) = fault {
+        *state.injected.lock().entry(fault).or_default() += 1;
+    }
+    match fault {
+        Some(Fault::Refuse) => return,
+        Some(Fault::StallNoHeaders) => return stall(client).await,
+        Some(Fault::Status(status)) => {
+            let answer = format!(
+                "HTTP/1.1 {status} Injected\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            let _ = client.write_all(answer.as_bytes()).await;
+            return;
+        }
+        _ => {}
+    }
+    let Some((head, body)) = forward(&state, &request, &info).await else {
+        return;
+    };
+    let head = with_connection_close(&head);
+    let half = body.len() / 2;
+    match fault {
+        None => {
+            let _ = client.write_all(head.as_bytes()).await;
+            let _ = client.write_all(&body).await;
+        }
+        Some(Fault::ResetMidBody) => {
+            let _ = client.write_all(head.as_bytes()).await;
+            let _ = client.write_all(&body[..half]).await;
+            let _ = client.set_zero_linger();
+        }
+        Some(Fault::TruncateBody) => {
+            let _ = client.write_all(head.as_bytes()).await;
+            let _ = client.write_all(&body[..half]).await;
+        }
+        Some(Fault::ShortPartial) => {
+            let head = shorten_partial(&head, half as u64);
+            let _ = client.write_all(head.as_bytes()).await;
+            let _ = client.write_all(&body[..half]).await;
+        }
+        Some(Fault::StallAfterHeaders) => {
+            let _ = client.write_all(head.as_bytes()).await;
+            return stall(client).await;
+        }
+        Some(Fault::Status(_) | Fault::Refuse | Fault::StallNoHeaders) => unreachable!(),
+    }
+    let _ = client.shutdown().await;
+}
+
+/// Holds the connection open, silent, until the client gives up on it.
+async fn stall(mut client: TcpStream) {
+    let mut sink = [0u8; 1024];
+    while matches!(client.read(&mut sink).await, Ok(n) if n > 0) {}
+}
+
+/// The request line and headers (the tests only proxy bodiless requests).
+async fn read_head(stream: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).await.ok()? == 0 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).ok()
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().skip(1).find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.trim().eq_ignore_ascii_case(name).then(|| value.trim())
+    })
+}
+
+fn parse_request(head: &str) -> Request {
+    let mut words = head.split_whitespace();
+    Request {
+        method: words.next().unwrap_or_default().to_owned(),
+        path: words.next().unwrap_or_default().to_owned(),
+        range: header(head, "range").map(str::to_owned),
+        repeat: 0,
+    }
+}
+
+/// Connections to the server at once, over every proxy of the test binary: moto's
+/// listen backlog is small, and resets connections beyond it.
+static UPSTREAM_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
+
+/// Asks the server, over a connection of its own, and reads the whole answer.
+async fn forward(state: &State, request: &str, info: &Request) -> Option<(String, Vec<u8>)> {
+    let _slot = UPSTREAM_SLOTS.acquire().await.ok()?;
+    let mut upstream = TcpStream::connect(state.upstream).await.ok()?;
+    upstream
+        .write_all(with_connection_close(request).as_bytes())
+        .await
+        .ok()?;
+    let head = read_head(&mut upstream).await?;
+    let status: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body_len = match header(&head, "content-length") {
+        _ if info.method == "HEAD" || status == 204 || status == 304 => Some(0),
+        Some(len) => Some(len.parse::<usize>().ok()?),
+        None => None,
+    };
+    let mut body = Vec::new();
+    match body_len {
+        Some(len) => {
+            body.resize(len, 0);
+            upstream.read_exact(&mut body).await.ok()?;
+        }
+        None => {
+            upstream.read_to_end(&mut body).await.ok()?;
+        }
+    }
+    Some((head, body))
+}
+
+/// The same head with `Connection: close` in place of any connection header.
+fn with_connection_close(head: &str) -> String {
+    let mut lines: Vec<&str> = head
+        .trim_end_matches("\r\n")
+        .split("\r\n")
+        .filter(|line| {
+            !line
+                .split_once(':')
+                .is_some_and(|(key, _)| key.trim().eq_ignore_ascii_case("connection"))
+        })
+        .collect();
+    lines.push("Connection: close");
+    format!("{}\r\n\r\n", lines.join("\r\n"))
+}
+
+/// A 206 head rewritten to announce only the first `len` bytes of its range.
+fn shorten_partial(head: &str, len: u64) -> String {
+    let lines: Vec<String> = head
+        .trim_end_matches("\r\n")
+        .split("\r\n")
+        .map(|line| match line.split_once(':') {
+            Some((key, _)) if key.trim().eq_ignore_ascii_case("content-length") => {
+                format!("Content-Length: {len}")
+            }
+            Some((key, value)) if key.trim().eq_ignore_ascii_case("content-range") => {
+                let value = value.trim().trim_start_matches("bytes ");
+                let (range, total) = value.split_once('/').unwrap_or((value, "*"));
+                let start: u64 = range
+                    .split_once('-')
+                    .and_then(|(s, _)| s.parse().ok())
+                    .unwrap_or(0);
+                let end = start + len.max(1) - 1;
+                format!("Content-Range: bytes {start}-{end}/{total}")
+            }
+            _ => line.to_owned(),
+        })
+        .collect();
+    format!("{}\r\n\r\n", lines.join("\r\n"))
+}
+
+/// Counts of read outcomes under a fault.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcomes {
+    pub ok: u64,
+    pub eio: u64,
+    pub wrong: u64,
+    /// Reads that took longer than the bound under test.
+    pub late: u64,
+    /// The longest read, in milliseconds.
+    pub slowest_ms: u64,
+}
+
+impl Outcomes {
+    pub fn add(&mut self, other: Outcomes) {
+        self.ok += other.ok;
+        self.eio += other.eio;
+        self.wrong += other.wrong;
+        self.late += other.late;
+        self.slowest_ms = self.slowest_ms.max(other.slowest_ms);
+    }
+}
+
+impl std::fmt::Display for Outcomes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ok {} / EIO {} / wrong {} / late {} (slowest {} ms)",
+            self.ok, self.eio, self.wrong, self.late, self.slowest_ms
+        )
+    }
+}
