@@ -1,0 +1,21 @@
+//! Hint files are written by any process that may open them: any bytes, written in
+//! pieces of any size, are decoded to lines or refused (no panic), and a refused piece
+//! leaves the decoder as it was.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use scdl_format::hint::HintDecoder;
+
+fuzz_target!(|input: &[u8]| {
+    // The first byte sets the write size, the rest is the written stream.
+    let Some((&piece_len, stream)) = input.split_first() else {
+        return;
+    };
+    let mut decoder = HintDecoder::default();
+    for piece in stream.chunks(usize::from(piece_len).max(1)) {
+        let before = format!("{decoder:?}");
+        if decoder.feed(piece).is_err() {
+            assert_eq!(format!("{decoder:?}"), before, "a refused write changed the decoder");
+        }
+    }
+});
