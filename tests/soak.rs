@@ -1,7 +1,8 @@
 //! A soak: 16 reader threads read random ranges of every file through a real mount of
 //! moto_server while the fault proxy breaks about one part request in five (5xx, 429,
 //! resets, truncated and short bodies, stalls with and without headers), with a small
-//! cache and a small fetcher memory cap so that eviction and the cap are exercised.
+//! cache and a small fetcher memory cap so that eviction and the cap are exercised;
+//! each read's pages are dropped from the page cache after it, so reads reach the daemon.
 //! Must hold: 0 wrong bytes, 0 reads past the bound, fetcher memory under its cap.
 //!
 //! `SCDLFS_SOAK_SECONDS` sets the duration (default 20 s in the suite, capped at 60 s
@@ -11,6 +12,7 @@
 mod common;
 
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,6 +82,11 @@ fn sixteen_readers_under_random_faults() {
                     let offset = rng.below(want.len() as u64 + 1);
                     let len = 1 + rng.below(192 << 10) as usize;
                     outcomes.add(judged_read(&file, want, offset, len));
+                    // Out of the page cache, so that the next read reaches the daemon.
+                    // SAFETY: advice on a descriptor we own; no memory is involved.
+                    unsafe {
+                        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+                    }
                 }
                 outcomes
             })
