@@ -47,7 +47,8 @@ fn random_fault(n: u64) -> Option<Fault> {
         Fault::StallAfterHeaders,
         Fault::StallNoHeaders,
     ];
-    (x % 5 == 0).then(|| FAULTS[(x / 5 % FAULTS.len() as u64) as usize])
+    x.is_multiple_of(5)
+        .then(|| FAULTS[(x / 5 % FAULTS.len() as u64) as usize])
 }
 
 #[test]
