@@ -135,7 +135,16 @@ fn lasting_fault_on_one_object(name: &str, fault: Fault, tries: std::ops::RangeI
     report(name, &setup, all);
     assert_eq!(healthy.eio, 0, "{name}: an object without faults failed");
     assert_eq!(hit.ok, 0, "{name}: a read of the failing object succeeded");
-    // Every failed download of the victim sent between `tries` requests.
+    // Every failed download of the victim sent between `tries` requests; counted once
+    // the downloads the kernel's read-ahead started have ended too.
+    let settled = std::time::Instant::now();
+    while setup.mount.status().downloads_in_flight > 0 {
+        assert!(
+            settled.elapsed() < std::time::Duration::from_secs(30),
+            "{name}: downloads never ended"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let downloads = setup.mount.status().counters.fetch_errors;
     let requests = setup.proxy.injected()[&fault];
     println!("FAULT {name}: {downloads} failed downloads sent {requests} requests");
