@@ -3,7 +3,7 @@ their chunked form (`scdlfs chunk`), a moto S3 server on 127.0.0.1 and a bucket
 holding the chunked datasets.
 
 Environment:
-  SCDLFS_BIN             scdlfs binary (default: <repo>/target/release/scdlfs)
+  SCDLFS_BIN             scdlfs binary (default: <repo>/target/ci/scdlfs)
   SCDLFS_TEST_CHUNKER    "scdlfs" (default) or "reference": make the chunked
                          archives with the Python reference chunker instead of
                          `scdlfs chunk` (to test the mount alone)

@@ -22,9 +22,9 @@ from torch_loader import DigestRows, collate_rows  # noqa: E402
 
 
 def bench_bin() -> Path:
-    b = Path(os.environ.get("SCDLFS_BENCH") or REPO_ROOT / "target" / "release" / "scdlfs-bench")
+    b = Path(os.environ.get("SCDLFS_BENCH") or REPO_ROOT / "target" / "ci" / "scdlfs-bench")
     if not (b.is_file() and os.access(b, os.X_OK)):
-        raise RuntimeError(f"scdlfs-bench not found at {b} (cargo build --release --workspace, or set SCDLFS_BENCH)")
+        raise RuntimeError(f"scdlfs-bench not found at {b} (cargo build --profile ci --workspace, or set SCDLFS_BENCH)")
     return b
 
 

@@ -413,13 +413,13 @@ def bucket_snapshot(client, bucket: str) -> dict:
 
 
 def scdlfs_bin() -> Path:
-    return Path(os.environ.get("SCDLFS_BIN") or REPO_ROOT / "target" / "release" / "scdlfs")
+    return Path(os.environ.get("SCDLFS_BIN") or REPO_ROOT / "target" / "ci" / "scdlfs")
 
 
 def require_scdlfs() -> Path:
     b = scdlfs_bin()
     if not (b.is_file() and os.access(b, os.X_OK)):
-        raise RuntimeError(f"scdlfs binary not found at {b} (build it with `cargo build --release` or set SCDLFS_BIN)")
+        raise RuntimeError(f"scdlfs binary not found at {b} (build it with `cargo build --profile ci` or set SCDLFS_BIN)")
     return b
 
 
