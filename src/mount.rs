@@ -285,8 +285,24 @@ fn explain_store_error(error: &object_store::Error) -> String {
     }
     // The deepest cause says what happened; the first line says to what.
     let first_line = all[0].lines().next().unwrap_or_default();
-    match all.last() {
-        Some(deepest) if all.len() > 1 => format!("{first_line} ({deepest})"),
+    let what_happened = match all.last() {
+        Some(deepest) if all.len() > 1 => {
+            format!(
+                "{first_line} ({})",
+                deepest.lines().next().unwrap_or_default()
+            )
+        }
         _ => first_line.to_owned(),
+    };
+    if text.contains("PROPFIND") {
+        // object_store lists http(s):// sources with WebDAV; a static web server serves
+        // the files but refuses (or misanswers) the listing.
+        return format!(
+            "the server does not list folders with WebDAV PROPFIND, which an http(s):// \
+             source needs; serve the files with a WebDAV server (nginx with dav_ext, \
+             Apache mod_dav, `rclone serve webdav`, WsgiDAV) or from an object store \
+             [{what_happened}]"
+        );
     }
+    what_happened
 }

@@ -58,12 +58,24 @@ impl ObjectRegistry {
             id: ObjectId(tables.by_key.len() as u64),
             key: meta.location.clone(),
             size: meta.size,
-            etag: meta.e_tag.clone(),
+            etag: meta.e_tag.as_deref().map(canonical_etag),
             mtime: meta.last_modified.into(),
             group,
         });
         tables.by_key.insert(key, info.clone());
         info
+    }
+}
+
+/// An ETag in its HTTP header form, quoted (`"abc"` or `W/"abc"`), whatever form the
+/// store listed it in: GCS's JSON listing and some WebDAV servers (WsgiDAV) give it
+/// bare, while their GET answers quote it. Pinned ETags are sent as `If-Match` and
+/// compared with the ETag of each answer, so both sides must be in the same form.
+pub fn canonical_etag(tag: &str) -> String {
+    if tag.starts_with('"') || tag.starts_with("W/\"") {
+        tag.to_owned()
+    } else {
+        format!("\"{tag}\"")
     }
 }
 
@@ -79,6 +91,17 @@ fn chunk_prefix_of(key: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn etags_take_their_quoted_header_form() {
+        assert_eq!(canonical_etag("\"abc\""), "\"abc\"");
+        assert_eq!(canonical_etag("W/\"abc\""), "W/\"abc\"");
+        assert_eq!(
+            canonical_etag("pD9KxgjJ00wUA68b6YuF7w=="),
+            "\"pD9KxgjJ00wUA68b6YuF7w==\""
+        );
+        assert_eq!(canonical_etag("1-2-3"), "\"1-2-3\"");
+    }
 
     #[test]
     fn chunk_arrays_share_their_chunk_group() {

@@ -62,7 +62,8 @@ pub(crate) enum Command {
 /// How to reach an object store; shared by every command that talks to one.
 #[derive(Args, Debug, Clone)]
 pub struct StoreArgs {
-    /// Custom S3 endpoint (MinIO, Ceph, a test server); path-style requests.
+    /// Custom endpoint: S3-compatible (MinIO, Ceph, a test server; path-style requests)
+    /// or, for gs://, a GCS emulator or private endpoint.
     #[arg(long, value_name = "URL", help_heading = "Object store")]
     pub endpoint_url: Option<String>,
     /// Bucket region.

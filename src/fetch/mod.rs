@@ -31,6 +31,7 @@ use object_store::{GetOptions, GetRange, ObjectStore};
 use parking_lot::Mutex;
 
 use crate::cache::{DiskCache, PartOrigin, PinnedPart};
+use crate::catalog::objects::canonical_etag;
 use crate::catalog::ObjectInfo;
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
@@ -372,7 +373,7 @@ impl Fetcher {
                 other => FsError::store(key, &other),
             })?;
         if let (Some(pinned), Some(now)) = (&object.etag, &result.meta.e_tag) {
-            if pinned != now {
+            if *pinned != canonical_etag(now) {
                 return Err(FsError::ObjectChanged {
                     key: key.to_owned(),
                     pinned: pinned.clone(),

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use object_store::aws::AmazonS3Builder;
-use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::http::HttpBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
@@ -33,10 +33,25 @@ pub use redact::redact_urls;
 /// Where a mount's objects live.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
-    S3 { bucket: String, prefix: String },
-    Gcs { bucket: String, prefix: String },
-    Http { base_url: String },
-    Local { root: PathBuf },
+    S3 {
+        bucket: String,
+        prefix: String,
+    },
+    Gcs {
+        bucket: String,
+        prefix: String,
+    },
+    /// `origin` is `scheme://host[:port]`; `prefix` the URL's path, where the tree lives.
+    /// object_store's HTTP store names listed objects by their path from the server's
+    /// root, so it is given the origin and the path goes in as the key prefix (given a
+    /// URL with a path, it would fetch listed objects under that path twice).
+    Http {
+        origin: String,
+        prefix: String,
+    },
+    Local {
+        root: PathBuf,
+    },
 }
 
 /// Options that shape the client, from the command line.
@@ -75,9 +90,14 @@ impl Source {
         } else if let Some(rest) = text.strip_prefix("gs://") {
             let (bucket, prefix) = split_bucket(rest)?;
             Ok(Source::Gcs { bucket, prefix })
-        } else if text.starts_with("http://") || text.starts_with("https://") {
+        } else if let Some((scheme, rest)) = text
+            .split_once("://")
+            .filter(|(scheme, _)| matches!(*scheme, "http" | "https"))
+        {
+            let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
             Ok(Source::Http {
-                base_url: text.trim_end_matches('/').to_owned(),
+                origin: format!("{scheme}://{host}"),
+                prefix: path.trim_matches('/').to_owned(),
             })
         } else if let Some(path) = text.strip_prefix("file://") {
             Ok(Source::Local {
@@ -98,7 +118,7 @@ impl Source {
         let name = match self {
             Source::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
             Source::Gcs { bucket, prefix } => format!("gs://{bucket}/{prefix}"),
-            Source::Http { base_url } => base_url.clone(),
+            Source::Http { origin, prefix } => format!("{origin}/{prefix}"),
             Source::Local { root } => root.display().to_string(),
         };
         redact_urls(&name)
@@ -151,6 +171,10 @@ impl Source {
                     .with_bucket_name(bucket)
                     .with_client_options(client_options())
                     .with_retry(retry);
+                if let Some(endpoint) = &settings.endpoint_url {
+                    // An emulator or a private endpoint instead of storage.googleapis.com.
+                    builder = builder.with_config(GoogleConfigKey::BaseUrl, endpoint);
+                }
                 if settings.no_sign_request {
                     builder = builder.with_skip_signature(true);
                 }
@@ -159,17 +183,19 @@ impl Source {
                     ObjectPath::from(prefix.as_str()),
                 ))
             }
-            Source::Http { base_url } => {
+            Source::Http { origin, prefix } => {
                 let mut options = client_options();
-                if base_url.starts_with("http://") {
+                if origin.starts_with("http://") {
                     options = options.with_allow_http(true);
                 }
                 let store = HttpBuilder::new()
-                    .with_url(base_url)
+                    .with_url(origin)
                     .with_client_options(options)
                     .with_retry(retry)
                     .build()?;
-                Ok((Arc::new(store), ObjectPath::default()))
+                let prefix =
+                    ObjectPath::from_url_path(prefix).map_err(object_store::Error::from)?;
+                Ok((Arc::new(store), prefix))
             }
             Source::Local { root } => {
                 if !root.is_dir() {
@@ -202,6 +228,20 @@ mod tests {
             Source::parse("gs://b").unwrap(),
             Source::Gcs {
                 bucket: "b".into(),
+                prefix: "".into()
+            }
+        );
+        assert_eq!(
+            Source::parse("http://127.0.0.1:8080/team/run%201/").unwrap(),
+            Source::Http {
+                origin: "http://127.0.0.1:8080".into(),
+                prefix: "team/run%201".into()
+            }
+        );
+        assert_eq!(
+            Source::parse("https://host").unwrap(),
+            Source::Http {
+                origin: "https://host".into(),
                 prefix: "".into()
             }
         );
