@@ -16,7 +16,6 @@ use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -105,21 +104,6 @@ fn open_random(path: &Path) -> File {
     let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
     assert_eq!(rc, 0, "posix_fadvise");
     file
-}
-
-/// Reads up to `len` bytes at `offset` (fewer only at the end of the file).
-fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; len];
-    let mut got = 0;
-    while got < len {
-        let n = file.read_at(&mut buf[got..], offset + got as u64)?;
-        if n == 0 {
-            break;
-        }
-        got += n;
-    }
-    buf.truncate(got);
-    Ok(buf)
 }
 
 /// `want[offset..offset + len]`, clamped to its end.

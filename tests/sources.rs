@@ -25,7 +25,6 @@ use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -296,20 +295,6 @@ fn source_files() -> BTreeMap<String, Vec<u8>> {
     let mut files = snapshot(dir.path());
     files.extend(plain_files());
     files
-}
-
-fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; len];
-    let mut got = 0;
-    while got < len {
-        let n = file.read_at(&mut buf[got..], offset + got as u64)?;
-        if n == 0 {
-            break;
-        }
-        got += n;
-    }
-    buf.truncate(got);
-    Ok(buf)
 }
 
 #[track_caller]

@@ -205,6 +205,22 @@ fn uint_width(max: u64) -> usize {
     }
 }
 
+/// Reads up to `len` bytes at `offset` (fewer only at the end of the file).
+pub fn read_at(file: &std::fs::File, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        let n = file.read_at(&mut buf[got..], offset + got as u64)?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    buf.truncate(got);
+    Ok(buf)
+}
+
 /// Every regular file under `root` with its bytes, by relative path.
 pub fn snapshot(root: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
