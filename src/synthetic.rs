@@ -69,6 +69,30 @@ impl SyntheticDataset {
         Dtype::smallest_uint_for(self.genes.saturating_sub(1) as u64)
     }
 
+    /// The header of the dataset as one monolithic archive: the template of its chunked
+    /// header, and what a monolithic copy of it carries.
+    pub fn monolithic_header(&self) -> Header {
+        let total = self.total_values();
+        let array = |name: &str, length, dtype| ArrayInfo {
+            name: name.into(),
+            length,
+            dtype,
+            shape: None,
+        };
+        Header {
+            version: (0, 1, 0),
+            endianness: 1,
+            backend: Backend::Monolithic,
+            arrays: vec![
+                array("DATA", total, Dtype::F32),
+                array("ROWPTR", self.rows + 1, Dtype::smallest_uint_for(total)),
+                array("COLPTR", total, self.column_dtype()),
+            ],
+            feature_indices: Vec::new(),
+            chunked: None,
+        }
+    }
+
     /// Writes the dataset as a chunked archive at `dir`.
     pub fn write_chunked(&self, dir: &Path) -> Result<Header, ChunkingError> {
         let total = self.total_values();
@@ -94,24 +118,7 @@ impl SyntheticDataset {
             writer.write_chunk(&data, &cols, &offsets, nnz)?;
             first = last;
         }
-        let array = |name: &str, length, dtype| ArrayInfo {
-            name: name.into(),
-            length,
-            dtype,
-            shape: None,
-        };
-        let template = Header {
-            version: (0, 1, 0),
-            endianness: 1,
-            backend: Backend::Monolithic,
-            arrays: vec![
-                array("DATA", total, Dtype::F32),
-                array("ROWPTR", self.rows + 1, row_dtype),
-                array("COLPTR", total, col_dtype),
-            ],
-            feature_indices: Vec::new(),
-            chunked: None,
-        };
+        let template = self.monolithic_header();
         let header = writer.finish(&template, self.chunk_rows)?;
         let io = |path: &Path, e| ChunkingError::Io {
             path: path.to_owned(),

@@ -17,7 +17,7 @@ use common::{local_store, small_dataset, snapshot, Monolithic, TestMount};
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
-use scdl_format::{ArrayInfo, ArrayKind, Backend, Dtype, Header};
+use scdl_format::ArrayKind;
 use scdlfs::chunker::{ChunkError, ChunkJob, ChunkOptions, Location};
 use scdlfs::store::faulty::{Fault, InjectFaults};
 use scdlfs::store::wrapper::HookedStore;
@@ -45,25 +45,7 @@ fn write_monolithic(spec: &SyntheticDataset, dir: &Path) {
     for kind in ArrayKind::ALL {
         std::fs::write(dir.join(kind.file_name()), arrays.array(kind)).unwrap();
     }
-    let total = spec.total_values();
-    let info = |name: &str, length, dtype| ArrayInfo {
-        name: name.into(),
-        length,
-        dtype,
-        shape: None,
-    };
-    let header = Header {
-        version: (0, 1, 0),
-        endianness: 1,
-        backend: Backend::Monolithic,
-        arrays: vec![
-            info("DATA", total, Dtype::F32),
-            info("ROWPTR", spec.rows + 1, Dtype::smallest_uint_for(total)),
-            info("COLPTR", total, spec.column_dtype()),
-        ],
-        feature_indices: Vec::new(),
-        chunked: None,
-    };
+    let header = spec.monolithic_header();
     std::fs::write(dir.join("header.sch"), header.encode()).unwrap();
     std::fs::write(dir.join("version.json"), "\"0.1.3\"").unwrap();
     std::fs::write(
@@ -72,6 +54,22 @@ fn write_monolithic(spec: &SyntheticDataset, dir: &Path) {
     )
     .unwrap();
     std::fs::write(dir.join("var_features/names.bin"), common::pattern(3, 5000)).unwrap();
+}
+
+/// A temporary folder with `spec` as a monolithic archive in its `mono` folder.
+fn monolithic_in_tempdir(spec: &SyntheticDataset) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let mono = dir.path().join("mono");
+    write_monolithic(spec, &mono);
+    (dir, mono)
+}
+
+/// A new bucket on the test server, and a client for it.
+fn new_bucket(name: &str) -> (String, Arc<dyn ObjectStore>) {
+    let bucket = unique_bucket(name);
+    moto().create_bucket(&bucket);
+    let store = moto().store(&bucket);
+    (bucket, store)
 }
 
 /// What the chunked archive must hold: the synthetic chunk writer's output for the same
@@ -160,25 +158,16 @@ fn run_chunk(source: &Path, target: &str, chunk_rows: u32) -> (bool, String, Str
 
 #[test]
 fn a_local_archive_chunks_into_a_local_folder_as_the_chunk_writer_would() {
-    let dir = tempfile::tempdir().unwrap();
     let spec = small_dataset();
-    write_monolithic(&spec, &dir.path().join("mono"));
+    let (dir, mono) = monolithic_in_tempdir(&spec);
     let target = dir.path().join("out");
-    let (ok, stdout, stderr) = run_chunk(
-        &dir.path().join("mono"),
-        target.to_str().unwrap(),
-        spec.chunk_rows,
-    );
+    let (ok, stdout, stderr) = run_chunk(&mono, target.to_str().unwrap(), spec.chunk_rows);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("header.sch published"), "{stdout}");
     let expected = expected_chunked(&spec, &dir.path().join("expected"));
     assert_eq!(snapshot(&target), expected);
 
-    let (ok, stdout, stderr) = run_chunk(
-        &dir.path().join("mono"),
-        target.to_str().unwrap(),
-        spec.chunk_rows,
-    );
+    let (ok, stdout, stderr) = run_chunk(&mono, target.to_str().unwrap(), spec.chunk_rows);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("nothing to do"), "{stdout}");
     assert_eq!(snapshot(&target), expected);
@@ -197,20 +186,14 @@ fn large_chunks() -> SyntheticDataset {
 
 #[test]
 fn an_archive_chunks_straight_into_s3_through_multipart_uploads_and_the_mount_reads_it_flat() {
-    let dir = tempfile::tempdir().unwrap();
     let spec = large_chunks();
     assert!(spec.chunk_rows as u64 * spec.mean_values as u64 * 4 > 5 << 20);
-    write_monolithic(&spec, &dir.path().join("mono"));
-    let bucket = unique_bucket("chunk-s3");
-    moto().create_bucket(&bucket);
-    let output = chunk_command(
-        &dir.path().join("mono"),
-        &format!("s3://{bucket}/atlas/ds"),
-        spec.chunk_rows,
-    )
-    .args(["--part-size", "5MiB", "--verify-data"])
-    .output()
-    .unwrap();
+    let (dir, mono) = monolithic_in_tempdir(&spec);
+    let (bucket, store) = new_bucket("chunk-s3");
+    let output = chunk_command(&mono, &format!("s3://{bucket}/atlas/ds"), spec.chunk_rows)
+        .args(["--part-size", "5MiB", "--verify-data"])
+        .output()
+        .unwrap();
     assert!(
         output.status.success(),
         "{}",
@@ -218,7 +201,6 @@ fn an_archive_chunks_straight_into_s3_through_multipart_uploads_and_the_mount_re
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("checksums of 12 read back"), "{stdout}");
-    let store = moto().store(&bucket);
     assert_eq!(
         objects(&store, "atlas/ds"),
         expected_chunked(&spec, &dir.path().join("expected"))
@@ -255,14 +237,10 @@ fn options() -> ChunkOptions {
 
 #[test]
 fn a_job_cut_twice_by_network_errors_resumes_to_the_same_bucket() {
-    let dir = tempfile::tempdir().unwrap();
     let spec = many_chunks();
-    let mono = dir.path().join("mono");
-    write_monolithic(&spec, &mono);
-    let bucket = unique_bucket("chunk-resume");
-    moto().create_bucket(&bucket);
+    let (dir, mono) = monolithic_in_tempdir(&spec);
     let target = Location {
-        store: moto().store(&bucket),
+        store: new_bucket("chunk-resume").1,
         prefix: ObjectPath::from("ds"),
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -312,13 +290,9 @@ fn a_job_cut_twice_by_network_errors_resumes_to_the_same_bucket() {
 
 #[test]
 fn kill_9_midway_then_the_same_command_finishes_the_job() {
-    let dir = tempfile::tempdir().unwrap();
     let spec = many_chunks();
-    let mono = dir.path().join("mono");
-    write_monolithic(&spec, &mono);
-    let bucket = unique_bucket("chunk-kill");
-    moto().create_bucket(&bucket);
-    let store = moto().store(&bucket);
+    let (dir, mono) = monolithic_in_tempdir(&spec);
+    let (bucket, store) = new_bucket("chunk-kill");
     let url = format!("s3://{bucket}/ds");
     let total = spec.rows.div_ceil(spec.chunk_rows as u64) as usize * 3;
 
