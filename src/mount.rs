@@ -15,7 +15,7 @@ use object_store::ObjectStore;
 use crate::cache::DiskCache;
 use crate::catalog::{DirMode, Tree};
 use crate::fetch::Fetcher;
-use crate::fs::{FsCore, ScdlFs};
+use crate::fs::{FsCore, Ownership, ScdlFs};
 use crate::metrics::Metrics;
 use crate::prefetch::{PrefetchConfig, Prefetcher};
 use crate::read::ReadPath;
@@ -32,7 +32,11 @@ pub struct MountSettings {
     pub max_cached_chunks: Option<usize>,
     pub part_size: u64,
     pub max_concurrent_requests: usize,
+    /// Let other users in; the kernel then checks [`MountSettings::ownership`].
     pub allow_other: bool,
+    /// Let root in besides the mounting user (without `allow_other`).
+    pub allow_root: bool,
+    pub ownership: Ownership,
     pub fuse_threads: usize,
     pub prefetch_lookahead_steps: usize,
     /// A read gets its bytes or EIO within this bound ([`crate::store::NetworkBounds`]).
@@ -136,7 +140,14 @@ pub fn assemble(
         fetcher,
         prefetcher.clone(),
     );
-    let core = FsCore::new(tree, read_path, prefetcher, metrics, observer.clone());
+    let core = FsCore::new(
+        tree,
+        read_path,
+        prefetcher,
+        metrics,
+        observer.clone(),
+        settings.ownership,
+    );
     Ok((core, observer))
 }
 
@@ -173,9 +184,14 @@ impl Mount {
             MountOption::NoDev,
             MountOption::NoSuid,
             MountOption::NoAtime,
+            // The kernel checks the modes and owners the files show, so they mean what
+            // they say to the other users --allow-other lets in.
+            MountOption::DefaultPermissions,
         ];
         if settings.allow_other {
             config.acl = SessionACL::All;
+        } else if settings.allow_root {
+            config.acl = SessionACL::RootAndOwner;
         }
         config.n_threads = Some(settings.fuse_threads.max(1));
         config.clone_fd = settings.fuse_threads > 1;

@@ -94,6 +94,8 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         part_size,
         max_concurrent_requests: 8,
         allow_other: false,
+        allow_root: false,
+        ownership: crate::fs::Ownership::of_mounting_user(),
         fuse_threads: 4,
         prefetch_lookahead_steps: 2,
         read_timeout: crate::store::NetworkBounds::default().read_timeout,

@@ -16,6 +16,7 @@ use std::ffi::OsString;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
+use crate::fs::Ownership;
 use crate::store::ClientSettings;
 use crate::units::parse_size;
 
@@ -178,9 +179,27 @@ pub struct MountArgs {
         help_heading = "Mount"
     )]
     pub options: Vec<String>,
-    /// Let users other than the mounting one use the mount.
+    /// Let users other than the mounting one use the mount, as the files' owner and
+    /// modes allow (checked by the kernel).
     #[arg(long, help_heading = "Mount")]
     pub allow_other: bool,
+    /// Let root use the mount besides the mounting user.
+    #[arg(long, help_heading = "Mount", conflicts_with = "allow_other")]
+    pub allow_root: bool,
+    /// Owner of the files and directories [default: the mounting user].
+    #[arg(long, value_name = "UID", help_heading = "Mount")]
+    pub uid: Option<u32>,
+    /// Group of the files and directories [default: the mounting user's].
+    #[arg(long, value_name = "GID", help_heading = "Mount")]
+    pub gid: Option<u32>,
+    /// Mode of the files, in octal. The released SCDL reader opens files read-write, so
+    /// users who run it need write bits (every write still fails with EROFS); the hint
+    /// files are writable by exactly those who may read.
+    #[arg(long, value_name = "MODE", value_parser = parse_mode, default_value = "0644", help_heading = "Mount")]
+    pub file_mode: u16,
+    /// Mode of the directories, in octal.
+    #[arg(long, value_name = "MODE", value_parser = parse_mode, default_value = "0755", help_heading = "Mount")]
+    pub dir_mode: u16,
     /// Stay in the foreground instead of detaching.
     #[arg(long, short = 'f', help_heading = "Mount")]
     pub foreground: bool,
@@ -196,6 +215,27 @@ pub struct MountArgs {
     /// authentication: keep it on loopback [default: off].
     #[arg(long, value_name = "ADDR", help_heading = "Monitoring")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+impl MountArgs {
+    pub fn ownership(&self) -> Ownership {
+        let user = Ownership::of_mounting_user();
+        Ownership {
+            uid: self.uid.unwrap_or(user.uid),
+            gid: self.gid.unwrap_or(user.gid),
+            file_mode: self.file_mode,
+            dir_mode: self.dir_mode,
+        }
+    }
+}
+
+/// A permission mode in octal (`0644`, `644` or `0o644`).
+fn parse_mode(text: &str) -> Result<u16, String> {
+    let digits = text.strip_prefix("0o").unwrap_or(text);
+    u16::from_str_radix(digits, 8)
+        .ok()
+        .filter(|mode| *mode <= 0o777)
+        .ok_or_else(|| format!("{text:?} is not an octal mode between 0 and 0777"))
 }
 
 /// Parses a command line, with the other spellings of its flags ([`spellings`]).

@@ -87,6 +87,8 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), Stri
         part_size: args.read_part_size,
         max_concurrent_requests: args.max_concurrent_requests.max(1),
         allow_other: args.allow_other,
+        allow_root: args.allow_root,
+        ownership: args.ownership(),
         fuse_threads: args.fuse_threads.max(1),
         prefetch_lookahead_steps: args.prefetch_lookahead,
         read_timeout: args.store.read_timeout,

@@ -64,8 +64,39 @@ pub struct FsCore {
     metrics: Arc<Metrics>,
     handles: HandleTable,
     observer: Observer,
-    uid: u32,
-    gid: u32,
+    ownership: Ownership,
+}
+
+/// Who owns the mount's files and what their modes allow. The kernel enforces the
+/// modes (`default_permissions`) once other users are let in with `--allow-other`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ownership {
+    pub uid: u32,
+    pub gid: u32,
+    /// Mode of the files. The released SCDL reader opens its files O_RDWR, so users
+    /// who run it need the write bits too; they grant nothing, every write is EROFS.
+    pub file_mode: u16,
+    pub dir_mode: u16,
+}
+
+impl Ownership {
+    /// The mounting user's, files 0644 and directories 0755.
+    pub fn of_mounting_user() -> Ownership {
+        Ownership {
+            // SAFETY: getuid/getgid cannot fail.
+            uid: unsafe { libc::getuid() },
+            gid: unsafe { libc::getgid() },
+            file_mode: 0o644,
+            dir_mode: 0o755,
+        }
+    }
+
+    /// The hint file steers the plan of whoever reads the dataset: it is writable by
+    /// exactly the classes (owner, group, others) that may read the files.
+    pub fn hint_file_mode(&self) -> u16 {
+        let readers = self.file_mode & 0o444;
+        readers | (readers >> 1)
+    }
 }
 
 impl FsCore {
@@ -75,6 +106,7 @@ impl FsCore {
         prefetcher: Arc<Prefetcher>,
         metrics: Arc<Metrics>,
         observer: Observer,
+        ownership: Ownership,
     ) -> FsCore {
         FsCore {
             tree,
@@ -83,9 +115,7 @@ impl FsCore {
             metrics,
             handles: HandleTable::default(),
             observer,
-            // SAFETY: getuid/getgid cannot fail.
-            uid: unsafe { libc::getuid() },
-            gid: unsafe { libc::getgid() },
+            ownership,
         }
     }
 
@@ -257,11 +287,17 @@ impl FsCore {
 
     fn attr(&self, node: &Node) -> FileAttr {
         let (kind, size, mtime, perm, nlink) = match &node.kind {
-            NodeKind::Dir(_) => (FileType::Directory, 0, self.tree.mount_time(), 0o755, 2),
+            NodeKind::Dir(_) => (
+                FileType::Directory,
+                0,
+                self.tree.mount_time(),
+                self.ownership.dir_mode,
+                2,
+            ),
             NodeKind::File(file) => {
                 let perm = match file.content {
-                    FileContent::Hints(_) => 0o666,
-                    _ => 0o644,
+                    FileContent::Hints(_) => self.ownership.hint_file_mode(),
+                    _ => self.ownership.file_mode,
                 };
                 (FileType::RegularFile, file.size, file.mtime, perm, 1)
             }
@@ -277,8 +313,8 @@ impl FsCore {
             kind,
             perm,
             nlink,
-            uid: self.uid,
-            gid: self.gid,
+            uid: self.ownership.uid,
+            gid: self.ownership.gid,
             rdev: 0,
             blksize: BLOCK_SIZE,
             flags: 0,

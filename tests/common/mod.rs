@@ -30,6 +30,8 @@ pub fn settings(cache_dir: &Path) -> MountSettings {
         part_size: 64 << 10,
         max_concurrent_requests: 8,
         allow_other: false,
+        allow_root: false,
+        ownership: scdlfs::fs::Ownership::of_mounting_user(),
         fuse_threads: 4,
         prefetch_lookahead_steps: 2,
         read_timeout: scdlfs::store::NetworkBounds::default().read_timeout,
