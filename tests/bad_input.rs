@@ -384,6 +384,35 @@ fn a_garbage_header_leaves_the_directory_as_stored() {
     assert_the_rest_still_serves(&mnt);
 }
 
+#[test]
+fn headers_and_chunks_too_large_to_check_leave_the_dataset_as_stored() {
+    capture_logs();
+    let src = source_with_good_dataset();
+    // A header.sch larger than any SCDL header is not read at all.
+    write_dataset(src.path(), "huge_header", &small_dataset());
+    std::fs::write(
+        src.path().join("huge_header").join(HEADER_FILE),
+        pattern(7, scdl_format::header::MAX_HEADER_BYTES as usize + 1),
+    )
+    .unwrap();
+    // One chunk of 4 Gi rows would need gigabytes of row offsets checked in memory.
+    write_dataset(src.path(), "huge_chunks", &small_dataset());
+    edit_header(&src.path().join("huge_chunks"), |header| {
+        let chunked = header.chunked.as_mut().unwrap();
+        chunked.chunk_size = u32::MAX;
+        chunked.num_chunks = 1;
+    });
+
+    let mount = TestMount::start(local_store(src.path()), "", |_| {});
+    let mnt = mount.path();
+    for name in ["huge_header", "huge_chunks"] {
+        assert_shown_as_stored(&mnt, src.path(), name);
+    }
+    assert_logged_error(&["huge_header/header.sch", "larger than any SCDL header"]);
+    assert_logged_error(&["huge_chunks", "bytes of row offsets each"]);
+    assert_the_rest_still_serves(&mnt);
+}
+
 // ---------------------------------------------------------------------------------------
 // Corrupt row offsets: EIO for their chunk, correct bytes for the others.
 

@@ -107,9 +107,15 @@ fn stat_shows_the_owner_and_modes_asked_for_and_hints_follow_the_readers() {
         dir_mode: 0o750,
     });
     let file = std::fs::metadata(mount.path().join("ds/data.npy")).unwrap();
-    assert_eq!((file.uid(), file.gid(), file.mode() & 0o7777), (1234, 5678, 0o640));
+    assert_eq!(
+        (file.uid(), file.gid(), file.mode() & 0o7777),
+        (1234, 5678, 0o640)
+    );
     let dir = std::fs::metadata(mount.path().join("ds")).unwrap();
-    assert_eq!((dir.uid(), dir.gid(), dir.mode() & 0o7777), (1234, 5678, 0o750));
+    assert_eq!(
+        (dir.uid(), dir.gid(), dir.mode() & 0o7777),
+        (1234, 5678, 0o750)
+    );
     let hints = std::fs::metadata(mount.path().join("ds").join(HINT_FILE)).unwrap();
     assert_eq!(hints.mode() & 0o7777, 0o660);
 }
@@ -125,6 +131,10 @@ fn the_hint_file_is_writable_by_exactly_the_classes_that_read() {
         (0o604, 0o606),
         (0o000, 0o000),
     ] {
-        assert_eq!(ownership(file_mode).hint_file_mode(), hint_mode, "{file_mode:o}");
+        assert_eq!(
+            ownership(file_mode).hint_file_mode(),
+            hint_mode,
+            "{file_mode:o}"
+        );
     }
 }

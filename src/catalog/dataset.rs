@@ -40,6 +40,10 @@ pub struct FlatDataset {
     row_ptr_checks_started: Vec<AtomicBool>,
 }
 
+/// The largest row-offset array of one chunk that scdlfs checks (in memory, whole)
+/// before serving the chunk: 32 Mi rows of 8-byte offsets.
+pub const MAX_CHUNK_ROW_OFFSET_BYTES: u64 = 256 << 20;
+
 impl FlatDataset {
     /// Checks a chunked dataset from its header and the objects listed under its prefix
     /// (keys relative to the prefix). The error names the object and the mismatch.
@@ -62,7 +66,7 @@ impl FlatDataset {
                 geometry.num_chunks()
             ));
         }
-        if row_ptr.length != chunked.total_rows + 1 {
+        if Some(row_ptr.length) != chunked.total_rows.checked_add(1) {
             return Err(format!(
                 "header's ROWPTR has {} entries for {} rows (expected rows + 1)",
                 row_ptr.length, chunked.total_rows
@@ -81,10 +85,19 @@ impl FlatDataset {
             ));
         }
         let widths = [data.dtype, row_ptr.dtype, col_ptr.dtype].map(|d| d.size().unwrap());
+        // A chunk's row offsets are checked whole in memory before any read of it.
+        let row_offset_bytes = (chunked.chunk_size as u64 + 1) * widths[1];
+        if row_offset_bytes > MAX_CHUNK_ROW_OFFSET_BYTES {
+            return Err(format!(
+                "chunks of {} rows carry {row_offset_bytes} bytes of row offsets each, more than the {MAX_CHUNK_ROW_OFFSET_BYTES} scdlfs checks",
+                chunked.chunk_size
+            ));
+        }
         // No capacity from the header: a corrupt chunk count must not allocate.
         let mut chunks = Vec::new();
         let mut sizes = Vec::new();
         let mut mtime = header_mtime;
+        let mut total_nnz = 0u64;
         for chunk in 0..geometry.num_chunks() {
             let dir = chunk_dir_name(chunk as u32);
             let rows = geometry.chunk_rows(chunk);
@@ -127,6 +140,9 @@ impl FlatDataset {
                     expected_entries - 1
                 ));
             }
+            total_nnz = total_nnz
+                .checked_add(nnz)
+                .ok_or_else(|| format!("the chunks' value counts overflow at {}", d.key))?;
             sizes.push(ChunkSizes {
                 rows: rows.end - rows.start,
                 nnz,
@@ -140,14 +156,13 @@ impl FlatDataset {
                 chunked.num_chunks
             ));
         }
-        let layout = FlatLayout::new(data.dtype, row_ptr.dtype, col_ptr.dtype, &sizes);
-        if layout.total_nnz() != data.length {
+        if total_nnz != data.length {
             return Err(format!(
-                "chunks hold {} values in all; the header says {}",
-                layout.total_nnz(),
+                "chunks hold {total_nnz} values in all; the header says {}",
                 data.length
             ));
         }
+        let layout = FlatLayout::new(data.dtype, row_ptr.dtype, col_ptr.dtype, &sizes);
         Ok(FlatDataset {
             prefix,
             flat_header: Bytes::from(header.to_monolithic().encode()),

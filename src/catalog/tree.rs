@@ -19,6 +19,7 @@ use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, ObjectStore};
 use parking_lot::{Mutex, RwLock};
+use scdl_format::header::MAX_HEADER_BYTES;
 use scdl_format::hint::HINT_FILE;
 use scdl_format::layout::{parse_chunk_dir_name, CHUNKED_DIR, HEADER_FILE};
 use scdl_format::{ArrayKind, Backend, Header};
@@ -237,6 +238,10 @@ impl Tree {
         prefix: &ObjectPath,
         header: &Arc<ObjectInfo>,
     ) -> Option<Arc<FlatDataset>> {
+        if header.size > MAX_HEADER_BYTES {
+            tracing::error!(object = %header.key, size = header.size, "larger than any SCDL header ({MAX_HEADER_BYTES} bytes); showing the directory as stored");
+            return None;
+        }
         let bytes = match self.read_small_object(header).await {
             Ok(bytes) => bytes,
             Err(error) => {

@@ -14,13 +14,11 @@ use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 use scdl_format::chunking::GLOBAL_ENTRIES;
+use scdl_format::header::MAX_HEADER_BYTES;
 use scdl_format::layout::HEADER_FILE;
 use scdl_format::{ArrayKind, Backend, ChunkGeometry, Dtype, Header};
 
 use super::ChunkError;
-
-/// A header larger than this is not an SCDL header (real ones are a few KiB).
-const MAX_HEADER_BYTES: u64 = 16 << 20;
 
 /// Row offsets are checked in pieces of this many bytes.
 const ROW_OFFSET_PIECE: u64 = 1 << 20;

@@ -30,7 +30,7 @@ use crate::fetch::Fetcher;
 use crate::parts::{GroupId, PartKey};
 use crate::read::ReadPath;
 use crate::view::{plan_read, Piece, ReadPlan};
-use plan::{Plan, Step, Touched};
+use plan::{Plan, Step, Touched, MAX_PLANNED_ENTRIES};
 
 /// What a step reads: its own byte ranges, the margins the kernel reads around them
 /// in memory-mapped flat arrays, and whether the ranges are all known yet (a row step
@@ -124,11 +124,17 @@ impl Prefetcher {
         lines: &[HintLine],
     ) -> Result<(), String> {
         let mut plans = self.plans.lock();
+        let others: usize = plans
+            .iter()
+            .filter(|(other, _)| **other != handle)
+            .map(|(_, active)| active.plan.entries())
+            .sum();
+        let budget = MAX_PLANNED_ENTRIES.saturating_sub(others);
         match plans.get_mut(&handle) {
-            Some(active) => active.plan.apply(lines, &dataset.layout)?,
+            Some(active) => active.plan.apply(lines, &dataset.layout, budget)?,
             None => {
                 let mut plan = Plan::default();
-                plan.apply(lines, &dataset.layout)?;
+                plan.apply(lines, &dataset.layout, budget)?;
                 if plan.steps.is_empty() {
                     // A greeting alone announces nothing.
                     return Ok(());

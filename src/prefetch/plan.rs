@@ -12,6 +12,11 @@ use crate::view::flat::FlatLayout;
 
 /// A plan longer than this is refused (EINVAL): the daemon keeps plans in memory.
 pub const MAX_PLAN_STEPS: usize = 1 << 20;
+
+/// Chunks and row ranges held by the plans of all open hint files together: what hint
+/// writers can make the daemon keep, however many handles they open (about 16 bytes
+/// each, so 64 MiB at most).
+pub const MAX_PLANNED_ENTRIES: usize = 1 << 22;
 /// How far from the current step a served read is matched to a step.
 const MATCH_HORIZON: usize = 64;
 /// How many steps ahead the plan ranks chunks for eviction.
@@ -34,6 +39,14 @@ pub enum Step {
 }
 
 impl Step {
+    /// The chunks or row ranges the step names.
+    fn entries(&self) -> usize {
+        match self {
+            Step::Window(chunks) => chunks.len(),
+            Step::Rows(ranges) => ranges.len(),
+        }
+    }
+
     /// Whether the step reads from any of `chunks`.
     fn reads_any_of(&self, chunks: &[usize], layout: &FlatLayout) -> bool {
         match self {
@@ -84,8 +97,19 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The chunks and row ranges the plan holds.
+    pub fn entries(&self) -> usize {
+        self.steps.iter().map(Step::entries).sum()
+    }
+
     /// Applies a batch of protocol lines, all or nothing: on error the plan is unchanged.
-    pub fn apply(&mut self, lines: &[HintLine], layout: &FlatLayout) -> Result<(), String> {
+    /// The plan may hold at most `max_entries` chunks and row ranges afterwards.
+    pub fn apply(
+        &mut self,
+        lines: &[HintLine],
+        layout: &FlatLayout,
+        max_entries: usize,
+    ) -> Result<(), String> {
         let mut next = Plan {
             epoch: self.epoch,
             steps: Vec::new(),
@@ -135,6 +159,16 @@ impl Plan {
         };
         if kept + appended.len() > MAX_PLAN_STEPS {
             return Err(format!("plan longer than {MAX_PLAN_STEPS} steps"));
+        }
+        let entries = self.steps[self.steps.len() - kept..]
+            .iter()
+            .chain(&appended)
+            .map(Step::entries)
+            .sum::<usize>();
+        if entries > max_entries {
+            return Err(format!(
+                "the plans of all open hint files would name more than {MAX_PLANNED_ENTRIES} chunks and row ranges"
+            ));
         }
         if replaced {
             self.steps.clear();
@@ -250,18 +284,39 @@ mod tests {
     }
 
     #[test]
+    fn a_plan_past_its_entry_budget_is_refused_and_changes_nothing() {
+        let l = layout(8, 10);
+        let mut plan = Plan::default();
+        plan.apply(&[HintLine::Plan { epoch: 1 }, window(&[0, 1, 2])], &l, 5)
+            .unwrap();
+        assert_eq!(plan.entries(), 3);
+        let error = plan.apply(&[window(&[3, 4, 5])], &l, 5).unwrap_err();
+        assert!(error.contains("more than"), "{error}");
+        assert_eq!(plan.steps, vec![Step::Window(vec![0, 1, 2])]);
+        plan.apply(&[window(&[3, 4])], &l, 5).unwrap();
+        assert_eq!(plan.entries(), 5);
+    }
+
+    #[test]
     fn out_of_range_steps_are_refused_and_change_nothing() {
         let l = layout(4, 10);
         let mut plan = Plan::default();
-        plan.apply(&[HintLine::Plan { epoch: 1 }, window(&[0, 1])], &l)
-            .unwrap();
-        assert!(plan.apply(&[window(&[2]), window(&[4])], &l).is_err());
+        plan.apply(
+            &[HintLine::Plan { epoch: 1 }, window(&[0, 1])],
+            &l,
+            usize::MAX,
+        )
+        .unwrap();
+        assert!(plan
+            .apply(&[window(&[2]), window(&[4])], &l, usize::MAX)
+            .is_err());
         assert!(plan
             .apply(
                 &[HintLine::Rows {
                     ranges: vec![0..3, 30..41]
                 }],
-                &l
+                &l,
+                usize::MAX,
             )
             .is_err());
         assert_eq!(plan.steps, vec![Step::Window(vec![0, 1])]);
@@ -271,11 +326,11 @@ mod tests {
     fn a_new_plan_replaces_the_old_and_steps_append() {
         let l = layout(4, 10);
         let mut plan = Plan::default();
-        plan.apply(&[HintLine::Plan { epoch: 1 }, window(&[0])], &l)
+        plan.apply(&[HintLine::Plan { epoch: 1 }, window(&[0])], &l, usize::MAX)
             .unwrap();
-        plan.apply(&[window(&[1])], &l).unwrap();
+        plan.apply(&[window(&[1])], &l, usize::MAX).unwrap();
         assert_eq!(plan.steps.len(), 2);
-        plan.apply(&[HintLine::Plan { epoch: 2 }, window(&[3])], &l)
+        plan.apply(&[HintLine::Plan { epoch: 2 }, window(&[3])], &l, usize::MAX)
             .unwrap();
         assert_eq!(
             (plan.epoch, plan.steps.clone()),
@@ -291,7 +346,7 @@ mod tests {
             .iter()
             .map(|w| window(w))
             .collect();
-        plan.apply(&lines, &l).unwrap();
+        plan.apply(&lines, &l, usize::MAX).unwrap();
         assert!(
             !plan.observe(&chunks(&[5]), &l),
             "one read elsewhere is not a move"
@@ -324,7 +379,7 @@ mod tests {
     fn stray_reads_between_reads_of_the_current_step_do_not_move_it() {
         let l = layout(6, 10);
         let mut plan = Plan::default();
-        plan.apply(&[window(&[0]), window(&[1]), window(&[2])], &l)
+        plan.apply(&[window(&[0]), window(&[1]), window(&[2])], &l, usize::MAX)
             .unwrap();
         for _ in 0..2 * READS_TO_ADVANCE {
             assert!(!plan.observe(&chunks(&[2]), &l));
@@ -352,7 +407,8 @@ mod tests {
         let rows = |a, b| HintLine::Rows {
             ranges: std::iter::once(a..b).collect(),
         };
-        plan.apply(&[rows(0, 3), rows(5, 8)], &l).unwrap();
+        plan.apply(&[rows(0, 3), rows(5, 8)], &l, usize::MAX)
+            .unwrap();
         plan.resolve(0, &plan.steps[0].clone(), HashSet::from([part(0)]));
         plan.resolve(1, &plan.steps[1].clone(), HashSet::from([part(1)]));
         let read_of = |index| Touched {
@@ -379,10 +435,11 @@ mod tests {
                 window(&[2]),
             ],
             &l,
+            usize::MAX,
         )
         .unwrap();
         while !plan.observe(&chunks(&[2]), &l) {}
-        plan.apply(&[window(&[3])], &l).unwrap();
+        plan.apply(&[window(&[3])], &l, usize::MAX).unwrap();
         // The step just left stays, protected; the one before it goes.
         assert_eq!(
             plan.steps,
@@ -410,6 +467,7 @@ mod tests {
                 },
             ],
             &l,
+            usize::MAX,
         )
         .unwrap();
         assert_eq!(plan.steps[0].chunks(&l), vec![0, 1]);

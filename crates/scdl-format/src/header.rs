@@ -10,6 +10,10 @@
 use crate::dtype::Dtype;
 use crate::layout::ArrayKind;
 
+/// No SCDL header is larger (real ones are a few KiB): readers of untrusted stores
+/// refuse a bigger `header.sch` before reading it.
+pub const MAX_HEADER_BYTES: u64 = 16 << 20;
+
 const MAGIC: &[u8; 4] = b"SCDL";
 /// Names longer than this are taken for corruption rather than allocated.
 const MAX_NAME_LEN: u32 = 4096;
