@@ -18,7 +18,7 @@ use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use scdl_format::ArrayKind;
-use scdlfs::chunker::{ChunkError, ChunkJob, ChunkOptions, Location};
+use scdlfs::chunker::{relative_key, ChunkError, ChunkJob, ChunkOptions, Location};
 use scdlfs::store::faulty::{Fault, InjectFaults};
 use scdlfs::store::wrapper::HookedStore;
 use scdlfs::synthetic::SyntheticDataset;
@@ -88,12 +88,7 @@ fn objects(store: &Arc<dyn ObjectStore>, prefix: &str) -> BTreeMap<String, Vec<u
         let listing: Vec<_> = store.list(Some(&prefix)).try_collect().await.unwrap();
         let mut out = BTreeMap::new();
         for meta in listing {
-            let key: Vec<String> = meta
-                .location
-                .prefix_match(&prefix)
-                .unwrap()
-                .map(|p| p.as_ref().to_owned())
-                .collect();
+            let key = relative_key(&meta.location, &prefix).unwrap();
             let bytes = store
                 .get(&meta.location)
                 .await
@@ -101,7 +96,7 @@ fn objects(store: &Arc<dyn ObjectStore>, prefix: &str) -> BTreeMap<String, Vec<u
                 .bytes()
                 .await
                 .unwrap();
-            out.insert(key.join("/"), bytes.to_vec());
+            out.insert(key, bytes.to_vec());
         }
         out
     })
@@ -118,15 +113,7 @@ fn keys(store: &Arc<dyn ObjectStore>, prefix: &str) -> std::collections::BTreeSe
         .unwrap();
     listing
         .into_iter()
-        .map(|meta| {
-            let key: Vec<String> = meta
-                .location
-                .prefix_match(&prefix)
-                .unwrap()
-                .map(|p| p.as_ref().to_owned())
-                .collect();
-            key.join("/")
-        })
+        .map(|meta| relative_key(&meta.location, &prefix).unwrap())
         .collect()
 }
 

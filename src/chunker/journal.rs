@@ -20,7 +20,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 
-use super::ChunkError;
+use super::{relative_key, ChunkError};
 
 /// The directory, below the target prefix, that holds the record.
 pub const JOURNAL_DIR: &str = ".scdlfs-chunk";
@@ -122,14 +122,7 @@ impl Journal {
             .map(|meta| {
                 let done = &done;
                 async move {
-                    let key: Vec<String> = meta
-                        .location
-                        .prefix_match(done)
-                        .into_iter()
-                        .flatten()
-                        .map(|part| part.as_ref().to_owned())
-                        .collect();
-                    let key = key.join("/");
+                    let key = relative_key(&meta.location, done).unwrap_or_default();
                     let Some(key) = key.strip_suffix(MARKER_SUFFIX) else {
                         return Ok(None);
                     };

@@ -89,6 +89,15 @@ impl From<ChunkingError> for ChunkError {
     }
 }
 
+/// `location`'s key below `prefix` (`chunk_00000/data.npy`), if it is below it.
+pub fn relative_key(location: &ObjectPath, prefix: &ObjectPath) -> Option<String> {
+    let parts: Vec<String> = location
+        .prefix_match(prefix)?
+        .map(|p| p.as_ref().to_owned())
+        .collect();
+    Some(parts.join("/"))
+}
+
 /// A store and the prefix below which an archive lives.
 #[derive(Clone, Debug)]
 pub struct Location {
@@ -620,14 +629,7 @@ async fn list(target: &Location) -> Result<HashMap<String, ObjectMeta>, ChunkErr
         .map_err(|source| ChunkError::store(&target.prefix, source))?;
     Ok(listing
         .into_iter()
-        .filter_map(|meta| {
-            let key: Vec<String> = meta
-                .location
-                .prefix_match(&target.prefix)?
-                .map(|part| part.as_ref().to_owned())
-                .collect();
-            Some((key.join("/"), meta))
-        })
+        .filter_map(|meta| Some((relative_key(&meta.location, &target.prefix)?, meta)))
         .collect())
 }
 

@@ -18,7 +18,7 @@ use scdl_format::header::MAX_HEADER_BYTES;
 use scdl_format::layout::HEADER_FILE;
 use scdl_format::{ArrayKind, Backend, ChunkGeometry, Dtype, Header};
 
-use super::ChunkError;
+use super::{relative_key, ChunkError};
 
 /// Row offsets are checked in pieces of this many bytes.
 const ROW_OFFSET_PIECE: u64 = 1 << 20;
@@ -62,14 +62,7 @@ impl MonolithicSource {
             .try_collect()
             .await
             .map_err(|source| ChunkError::store(&prefix, source))?;
-        let relative = |location: &ObjectPath| -> Option<String> {
-            location.prefix_match(&prefix).map(|parts| {
-                parts
-                    .map(|p| p.as_ref().to_owned())
-                    .collect::<Vec<_>>()
-                    .join("/")
-            })
-        };
+        let relative = |location: &ObjectPath| relative_key(location, &prefix);
         let size_of = |name: &str| {
             listing
                 .iter()
