@@ -2,14 +2,16 @@
 //! are read in the caller's thread ([`ReadPath::read_cached`]); anything that needs the
 //! network is awaited in a task ([`ReadPath::read`]), so the FUSE threads never wait
 //! on a download. Row offsets are rebased here, and a read touching a flat chunk waits
-//! for that chunk's row offsets to pass their check: wrong numbers are never served.
+//! for that chunk's row offsets to pass their check (the rules of both live with the
+//! format, [`scdl_format::flat`]): wrong numbers are never served.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::try_join_all;
-use scdl_format::{ArrayKind, Dtype};
+use scdl_format::flat::rebase_row_offsets;
+use scdl_format::ArrayKind;
 
 use crate::catalog::{FlatDataset, ObjectInfo};
 use crate::error::{FsError, FsResult};
@@ -202,12 +204,8 @@ impl ReadPath {
                     }
                     at += (range.end - range.start) as usize;
                     if let Some((dtype, add)) = rebase {
-                        rebase_in_place(
-                            &mut out[piece_start..at],
-                            *dtype,
-                            *add,
-                            object.key.as_ref(),
-                        )?;
+                        rebase_row_offsets(&mut out[piece_start..at], *dtype, *add)
+                            .map_err(|e| FsError::CorruptData(format!("{}: {e}", object.key)))?;
                     }
                 }
             }
@@ -219,22 +217,4 @@ impl ReadPath {
         out.truncate(plan.len as usize);
         Ok(out)
     }
-}
-
-/// Adds `add` to every `dtype` row offset in `bytes` (of object `key`); an offset that
-/// would overflow its dtype fails the read.
-pub(crate) fn rebase_in_place(bytes: &mut [u8], dtype: Dtype, add: u64, key: &str) -> FsResult<()> {
-    if add == 0 {
-        return Ok(());
-    }
-    let width = dtype.size().expect("row offsets are integers") as usize;
-    for i in 0..bytes.len() / width {
-        let value = dtype.read_uint(bytes, i).checked_add(add);
-        if !value.is_some_and(|v| dtype.write_uint(bytes, i, v)) {
-            return Err(FsError::CorruptData(format!(
-                "{key}: a row offset shifted by {add} overflows {dtype}"
-            )));
-        }
-    }
-    Ok(())
 }

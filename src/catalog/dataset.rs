@@ -14,11 +14,11 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use object_store::path::Path as ObjectPath;
+use scdl_format::flat::{check_chunk_row_offsets, ChunkSizes, FlatLayout};
 use scdl_format::layout::chunk_dir_name;
 use scdl_format::{ArrayKind, ChunkGeometry, Header};
 
 use super::objects::ObjectInfo;
-use crate::view::flat::{ChunkSizes, FlatLayout};
 
 /// The three array objects of one chunk, in [`ArrayKind::ALL`] order.
 pub type ChunkObjects = [Arc<ObjectInfo>; 3];
@@ -193,30 +193,8 @@ impl FlatDataset {
     /// Checks the bytes of chunk `chunk`'s `row_ptr.npy`: starts at 0, never decreases,
     /// ends at the chunk's value count.
     pub fn verify_row_ptr(&self, chunk: usize, bytes: &[u8]) -> Result<(), String> {
-        let dtype = self.layout.row_dtype();
-        let width = dtype.size().unwrap() as usize;
-        let entries = bytes.len() / width;
         let nnz = self.layout.chunk_sizes(chunk).nnz;
-        let key = &self.array(chunk, ArrayKind::RowPtr).key;
-        let mut previous = 0;
-        for i in 0..entries {
-            let value = dtype.read_uint(bytes, i);
-            if i == 0 && value != 0 {
-                return Err(format!("{key}: first entry is {value}, not 0"));
-            }
-            if value < previous {
-                return Err(format!(
-                    "{key}: entry {i} ({value}) is below entry {} ({previous})",
-                    i - 1
-                ));
-            }
-            previous = value;
-        }
-        if previous != nnz {
-            return Err(format!(
-                "{key}: last entry is {previous}, but the chunk holds {nnz} values"
-            ));
-        }
-        Ok(())
+        check_chunk_row_offsets(bytes, self.layout.row_dtype(), nnz)
+            .map_err(|e| format!("{}: {e}", self.array(chunk, ArrayKind::RowPtr).key))
     }
 }

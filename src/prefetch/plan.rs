@@ -8,7 +8,7 @@ use std::ops::Range;
 use scdl_format::hint::HintLine;
 
 use crate::parts::PartKey;
-use crate::view::flat::FlatLayout;
+use scdl_format::flat::FlatLayout;
 
 /// A plan longer than this is refused (EINVAL): the daemon keeps plans in memory.
 pub const MAX_PLAN_STEPS: usize = 1 << 20;
@@ -256,7 +256,7 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::flat::ChunkSizes;
+    use scdl_format::flat::ChunkSizes;
     use scdl_format::Dtype;
 
     fn layout(chunks: usize, rows_per_chunk: u64) -> FlatLayout {

@@ -1,10 +1,8 @@
 //! Views: what bytes a read of a file stands for, as pieces of objects.
 //!
 //! A raw file is one piece of one object. A flat array is pieces of the chunks' arrays
-//! ([`flat`]), row offsets with the shift that rebases them. A synthesized file is
+//! ([`scdl_format::flat`]), row offsets with the shift that rebases them. A synthesized file is
 //! bytes held in memory. The view never does I/O: the read path fetches the pieces.
-
-pub mod flat;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -13,7 +11,7 @@ use bytes::Bytes;
 use scdl_format::{ArrayKind, Dtype};
 
 use crate::catalog::{FileContent, FlatDataset, ObjectInfo};
-use flat::FlatPiece;
+use scdl_format::flat::FlatPiece;
 
 /// One contiguous source of bytes.
 #[derive(Clone, Debug)]

@@ -1,5 +1,7 @@
-//! The geometry of a flat view: how byte ranges of the virtual monolithic arrays map to
-//! byte ranges of the chunks' arrays. Pure arithmetic, no I/O, property-tested.
+//! A chunked archive read as the monolithic one it stands for: how byte ranges of the
+//! virtual monolithic arrays map to byte ranges of the chunks' arrays ([`FlatLayout`]),
+//! and the two rules for a chunk's row offsets, their check ([`check_chunk_row_offsets`])
+//! and their shift ([`rebase_row_offsets`]). Pure arithmetic, no I/O, property-tested.
 //!
 //! `data.npy` and `col_ptr.npy` are the chunks' arrays one after the other. `row_ptr.npy`
 //! is the global index: for each chunk, its first `rows` entries shifted by the values
@@ -8,7 +10,7 @@
 
 use std::ops::Range;
 
-use scdl_format::{ArrayKind, Dtype};
+use crate::{ArrayKind, Dtype};
 
 /// Sizes of one chunk, from the listing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,6 +180,67 @@ impl FlatLayout {
     }
 }
 
+/// Why a chunk's row offsets cannot be served.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RowOffsetError {
+    #[error("first entry is {0}, not 0")]
+    NonZeroStart(u64),
+    #[error("entry {index} ({value}) is below entry {} ({previous})", index - 1)]
+    Decreasing {
+        index: usize,
+        value: u64,
+        previous: u64,
+    },
+    #[error("last entry is {last}, but the chunk holds {nnz} values")]
+    WrongEnd { last: u64, nnz: u64 },
+    #[error("a row offset shifted by {add} overflows {dtype}")]
+    ShiftOverflows { add: u64, dtype: Dtype },
+}
+
+/// Checks a chunk's whole `row_ptr.npy` (`dtype` entries): starts at 0, never
+/// decreases, ends at the chunk's value count `nnz`.
+pub fn check_chunk_row_offsets(bytes: &[u8], dtype: Dtype, nnz: u64) -> Result<(), RowOffsetError> {
+    let width = dtype.size().expect("row offsets are integers") as usize;
+    let mut previous = 0;
+    for index in 0..bytes.len() / width {
+        let value = dtype.read_uint(bytes, index);
+        if index == 0 && value != 0 {
+            return Err(RowOffsetError::NonZeroStart(value));
+        }
+        if value < previous {
+            return Err(RowOffsetError::Decreasing {
+                index,
+                value,
+                previous,
+            });
+        }
+        previous = value;
+    }
+    if previous != nnz {
+        return Err(RowOffsetError::WrongEnd {
+            last: previous,
+            nnz,
+        });
+    }
+    Ok(())
+}
+
+/// Adds `add` to every `dtype` row offset in `bytes`; an offset that would overflow its
+/// dtype is an error (the bytes are then partly shifted and must not be served).
+pub fn rebase_row_offsets(bytes: &mut [u8], dtype: Dtype, add: u64) -> Result<(), RowOffsetError> {
+    if add == 0 {
+        return Ok(());
+    }
+    let width = dtype.size().expect("row offsets are integers") as usize;
+    for index in 0..bytes.len() / width {
+        let value = dtype.read_uint(bytes, index).checked_add(add);
+        if !value.is_some_and(|v| dtype.write_uint(bytes, index, v)) {
+            return Err(RowOffsetError::ShiftOverflows { add, dtype });
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,7 +308,7 @@ mod tests {
                     let mut bytes = m.chunk_arrays[*chunk][index]
                         [range.start as usize..range.end as usize]
                         .to_vec();
-                    crate::read::rebase_in_place(&mut bytes, dtype, *add, "row_ptr").unwrap();
+                    rebase_row_offsets(&mut bytes, dtype, *add).unwrap();
                     out.extend_from_slice(&bytes);
                 }
                 FlatPiece::TotalNnz => {
@@ -270,6 +333,43 @@ mod tests {
                 Just(Dtype::U64)
             ],
         )
+    }
+
+    fn u16s(values: &[u16]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn chunk_row_offsets_start_at_zero_never_decrease_and_end_at_the_value_count() {
+        let check = |values: &[u16], nnz| check_chunk_row_offsets(&u16s(values), Dtype::U16, nnz);
+        assert_eq!(check(&[0, 2, 2, 5], 5), Ok(()));
+        assert_eq!(check(&[1, 2, 5], 5), Err(RowOffsetError::NonZeroStart(1)));
+        assert_eq!(
+            check(&[0, 3, 2, 5], 5),
+            Err(RowOffsetError::Decreasing {
+                index: 2,
+                value: 2,
+                previous: 3
+            })
+        );
+        assert_eq!(
+            check(&[0, 2, 4], 5),
+            Err(RowOffsetError::WrongEnd { last: 4, nnz: 5 })
+        );
+    }
+
+    #[test]
+    fn a_shift_past_the_row_offset_type_is_refused() {
+        let mut bytes = u16s(&[0, 65_000]);
+        assert_eq!(rebase_row_offsets(&mut bytes, Dtype::U16, 500), Ok(()));
+        assert_eq!(bytes, u16s(&[500, 65_500]));
+        assert_eq!(
+            rebase_row_offsets(&mut bytes, Dtype::U16, 36),
+            Err(RowOffsetError::ShiftOverflows {
+                add: 36,
+                dtype: Dtype::U16
+            })
+        );
     }
 
     proptest! {
