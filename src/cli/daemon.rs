@@ -3,7 +3,7 @@
 //! that the mount answers (or why it could not mount).
 
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -12,10 +12,10 @@ pub const READY_FD_VAR: &str = "SCDLFS_READY_FD";
 
 /// Starts the daemon and waits for its verdict.
 pub fn spawn_and_wait(log_file: &Path) -> Result<(), String> {
-    let (read_end, write_end) = pipe().map_err(|e| format!("pipe: {e}"))?;
+    let (read_end, write_end) = rustix::pipe::pipe().map_err(|e| format!("pipe: {e}"))?;
     // Only the write end goes to the child.
-    // SAFETY: fcntl on a descriptor we own.
-    unsafe { libc::fcntl(read_end.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    rustix::io::fcntl_setfd(&read_end, rustix::io::FdFlags::CLOEXEC)
+        .map_err(|e| format!("pipe: {e}"))?;
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -39,7 +39,7 @@ pub fn spawn_and_wait(log_file: &Path) -> Result<(), String> {
     unsafe {
         use std::os::unix::process::CommandExt;
         command.pre_exec(|| {
-            libc::setsid();
+            let _ = rustix::process::setsid();
             Ok(())
         });
     }
@@ -80,14 +80,4 @@ pub fn report(message: &str) {
     let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
     use std::io::Write;
     let _ = file.write_all(message.as_bytes());
-}
-
-fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: fds has room for the two descriptors pipe() writes.
-    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: pipe() returned two fresh descriptors that we now own.
-    unsafe { Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))) }
 }

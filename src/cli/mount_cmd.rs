@@ -164,8 +164,7 @@ fn default_cache_dir(mountpoint: &Path) -> Result<PathBuf, String> {
             }
         })
         .collect();
-    // SAFETY: geteuid cannot fail.
-    let base = if unsafe { libc::geteuid() } == 0 {
+    let base = if rustix::process::geteuid().is_root() {
         PathBuf::from("/var/cache/scdlfs")
     } else {
         std::env::var_os("XDG_CACHE_HOME")
@@ -179,14 +178,6 @@ fn default_cache_dir(mountpoint: &Path) -> Result<PathBuf, String> {
 
 /// Half of what is free on the cache's filesystem, at least 256 MiB.
 fn default_cache_size(cache_dir: &Path) -> u64 {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(cache_dir.as_os_str().as_bytes()).expect("no NUL in path");
-    // SAFETY: statvfs fills the zeroed struct we pass for a valid C string.
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    let free = if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } == 0 {
-        stat.f_bavail as u64 * stat.f_frsize as u64
-    } else {
-        0
-    };
+    let free = rustix::fs::statvfs(cache_dir).map_or(0, |stat| stat.f_bavail * stat.f_frsize);
     (free / 2).max(MIN_DEFAULT_CACHE)
 }

@@ -1,8 +1,6 @@
 //! `scdlfs status`: reads a mount's figures from its root's `user.scdlfs.status`
 //! extended attribute and prints them for people or, with `--json`, for scripts.
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -30,26 +28,10 @@ pub fn run(mountpoint: &Path, json: bool, watch: Option<f64>) -> Result<(), Stri
 }
 
 fn read_status(mountpoint: &Path) -> Result<Vec<u8>, String> {
-    let path = CString::new(mountpoint.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
-    let name = CString::new(STATUS_XATTR).unwrap();
     let mut buf = vec![0u8; 1 << 20];
-    // SAFETY: valid C strings and a buffer of the length we pass.
-    let len = unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if len < 0 {
-        let error = std::io::Error::last_os_error();
-        return Err(format!(
-            "{} is not a scdlfs mount ({error})",
-            mountpoint.display()
-        ));
-    }
-    buf.truncate(len as usize);
+    let len = rustix::fs::getxattr(mountpoint, STATUS_XATTR, &mut buf[..])
+        .map_err(|error| format!("{} is not a scdlfs mount ({error})", mountpoint.display()))?;
+    buf.truncate(len);
     Ok(buf)
 }
 

@@ -83,9 +83,8 @@ impl Ownership {
     /// The mounting user's, files 0644 and directories 0755.
     pub fn of_mounting_user() -> Ownership {
         Ownership {
-            // SAFETY: getuid/getgid cannot fail.
-            uid: unsafe { libc::getuid() },
-            gid: unsafe { libc::getgid() },
+            uid: rustix::process::getuid().as_raw(),
+            gid: rustix::process::getgid().as_raw(),
             file_mode: 0o644,
             dir_mode: 0o755,
         }
