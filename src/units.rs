@@ -1,33 +1,22 @@
 //! Byte sizes as people write them: `20GiB`, `512MiB`, `1.5GB`, `4096`.
 
 /// Parses a size with an optional decimal (kB, MB, GB, TB) or binary (KiB, MiB, GiB,
-/// TiB) unit; `K`, `M`, `G`, `T` alone are binary, as in `dd` and `du`.
+/// TiB) unit; `K`, `M`, `G`, `T` alone are binary, as in `dd` and `du`. The number
+/// and unit rules are the `parse-size` crate's; only the bare letters are ours.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (try 20GiB, 512MiB or a byte count)"))?;
-    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        other => return Err(format!("unknown size unit {other:?} in {text:?}")),
+    // parse-size reads a bare `M` as `MB`: make it `Mi` (MiB) first.
+    let binary;
+    let spelled = match text.as_bytes() {
+        [.., digit, letter] if !digit.is_ascii_alphabetic() && b"kKmMgGtT".contains(letter) => {
+            binary = format!("{text}i");
+            &binary
+        }
+        _ => text,
     };
-    let bytes = number * multiplier as f64;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-        return Err(format!("{text:?} is out of range"));
-    }
-    Ok(bytes as u64)
+    parse_size::parse_size(spelled).map_err(|error| {
+        format!("{text:?} is not a size ({error}; try 20GiB, 512MiB or a byte count)")
+    })
 }
 
 /// A size for people: `1.50 GiB`.
@@ -57,6 +46,8 @@ mod tests {
         assert_eq!(parse_size("1.5GB"), Ok(1_500_000_000));
         assert_eq!(parse_size("8M"), Ok(8 << 20));
         assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("2 k"), Ok(2048));
+        assert_eq!(parse_size("3kB"), Ok(3000));
         assert!(parse_size("12 parsecs").is_err());
         assert!(parse_size("").is_err());
     }
