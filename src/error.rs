@@ -44,6 +44,12 @@ pub enum FsError {
     },
     #[error("{0}")]
     CorruptData(String),
+    /// A chunk's row offsets fail their check, or do not survive their shift.
+    #[error("{key}: {source}")]
+    RowOffsets {
+        key: String,
+        source: scdl_format::flat::RowOffsetError,
+    },
     #[error("local cache I/O failed: {0}")]
     CacheIo(Arc<std::io::Error>),
     /// A cached part failed its checksum and was dropped; reading it again fetches it.
@@ -68,6 +74,7 @@ impl FsError {
             | FsError::ShortRead { .. }
             | FsError::TimedOut { .. }
             | FsError::CorruptData(_)
+            | FsError::RowOffsets { .. }
             | FsError::CacheIo(_)
             | FsError::CacheCorrupt(_) => Errno::EIO,
         }

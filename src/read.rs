@@ -63,7 +63,7 @@ impl ReadPath {
             for &chunk in chunks {
                 match dataset.row_ptr_check(chunk).get() {
                     Some(Ok(())) => {}
-                    Some(Err(reason)) => return Some(Err(FsError::CorruptData(reason.clone()))),
+                    Some(Err(error)) => return Some(Err(error.clone())),
                     None => return None,
                 }
             }
@@ -163,7 +163,7 @@ impl ReadPath {
                 Ok::<_, FsError>(verdict)
             })
             .await?;
-        verdict.clone().map_err(FsError::CorruptData)
+        verdict.clone()
     }
 
     /// Assembles a plan's bytes from its parts.
@@ -204,8 +204,12 @@ impl ReadPath {
                     }
                     at += (range.end - range.start) as usize;
                     if let Some((dtype, add)) = rebase {
-                        rebase_row_offsets(&mut out[piece_start..at], *dtype, *add)
-                            .map_err(|e| FsError::CorruptData(format!("{}: {e}", object.key)))?;
+                        rebase_row_offsets(&mut out[piece_start..at], *dtype, *add).map_err(
+                            |source| FsError::RowOffsets {
+                                key: object.key.to_string(),
+                                source,
+                            },
+                        )?;
                     }
                 }
             }

@@ -16,9 +16,10 @@ use bytes::Bytes;
 use object_store::path::Path as ObjectPath;
 use scdl_format::flat::{check_chunk_row_offsets, ChunkSizes, FlatLayout};
 use scdl_format::layout::chunk_dir_name;
-use scdl_format::{ArrayKind, ChunkGeometry, Header};
+use scdl_format::{ArrayKind, ChunkGeometry, Header, HeaderError};
 
 use super::objects::ObjectInfo;
+use crate::error::FsError;
 
 /// The three array objects of one chunk, in [`ArrayKind::ALL`] order.
 pub type ChunkObjects = [Arc<ObjectInfo>; 3];
@@ -35,9 +36,69 @@ pub struct FlatDataset {
     pub chunks: Vec<ChunkObjects>,
     /// Newest modification time among the header and the chunks.
     pub mtime: SystemTime,
-    row_ptr_checks: Vec<tokio::sync::OnceCell<Result<(), String>>>,
+    row_ptr_checks: Vec<tokio::sync::OnceCell<Result<(), FsError>>>,
     /// Whether the prefetcher has started each chunk's check.
     row_ptr_checks_started: Vec<AtomicBool>,
+}
+
+/// Why a chunked dataset is not presented flat: the object or the header field, and the
+/// mismatch.
+#[derive(Debug, thiserror::Error)]
+pub enum InconsistentDataset {
+    #[error("header has no chunk information")]
+    NotChunked,
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    #[error("header gives a chunk size of 0")]
+    ZeroChunkSize,
+    #[error(
+        "header says {declared} chunks, but {rows} rows in chunks of {chunk_size} make {counted}"
+    )]
+    ChunkCount {
+        declared: u32,
+        rows: u64,
+        chunk_size: u32,
+        counted: u64,
+    },
+    #[error("header's ROWPTR has {entries} entries for {rows} rows (expected rows + 1)")]
+    RowPtrLength { entries: u64, rows: u64 },
+    #[error("header's DATA has {data} values but COLPTR {col_ptr}")]
+    ValueCounts { data: u64, col_ptr: u64 },
+    #[error("{values} values do not fit the header's ROWPTR type {dtype}")]
+    RowPtrType {
+        values: u64,
+        dtype: scdl_format::Dtype,
+    },
+    #[error("chunks of {chunk_size} rows carry {bytes} bytes of row offsets each, more than the {MAX_CHUNK_ROW_OFFSET_BYTES} scdlfs checks")]
+    RowOffsetsTooLarge { chunk_size: u32, bytes: u64 },
+    #[error("{0} is missing")]
+    Missing(String),
+    #[error("{key} is {size} bytes, not a whole number of {width}-byte elements")]
+    PartialElement {
+        key: ObjectPath,
+        size: u64,
+        width: u64,
+    },
+    #[error("{col_ptr} holds {col_values} values but {data} holds {nnz}")]
+    ChunkValueCounts {
+        col_ptr: ObjectPath,
+        col_values: u64,
+        data: ObjectPath,
+        nnz: u64,
+    },
+    #[error("{key} has {entries} entries; chunk {chunk} has {rows} rows, so it needs {}", rows + 1)]
+    ChunkRowPtrLength {
+        key: ObjectPath,
+        entries: u64,
+        chunk: u64,
+        rows: u64,
+    },
+    #[error("the chunks' value counts overflow at {0}")]
+    ValueCountOverflow(ObjectPath),
+    #[error("{key} lies beyond the {declared} chunks the header declares")]
+    ExtraChunk { key: String, declared: u32 },
+    #[error("chunks hold {total} values in all; the header says {declared}")]
+    TotalValues { total: u64, declared: u64 },
 }
 
 /// The largest row-offset array of one chunk that scdlfs checks (in memory, whole)
@@ -52,46 +113,46 @@ impl FlatDataset {
         header: Header,
         header_mtime: SystemTime,
         objects: &HashMap<String, Arc<ObjectInfo>>,
-    ) -> Result<FlatDataset, String> {
-        let chunked = header.chunked.ok_or("header has no chunk information")?;
-        let [data, row_ptr, col_ptr] = header.csr_arrays().map_err(|e| e.to_string())?;
+    ) -> Result<FlatDataset, InconsistentDataset> {
+        use InconsistentDataset as E;
+        let chunked = header.chunked.ok_or(E::NotChunked)?;
+        let [data, row_ptr, col_ptr] = header.csr_arrays()?;
         let geometry = ChunkGeometry::new(chunked.total_rows, chunked.chunk_size as u64)
-            .ok_or("header gives a chunk size of 0")?;
+            .ok_or(E::ZeroChunkSize)?;
         if geometry.num_chunks() != chunked.num_chunks as u64 {
-            return Err(format!(
-                "header says {} chunks, but {} rows in chunks of {} make {}",
-                chunked.num_chunks,
-                chunked.total_rows,
-                chunked.chunk_size,
-                geometry.num_chunks()
-            ));
+            return Err(E::ChunkCount {
+                declared: chunked.num_chunks,
+                rows: chunked.total_rows,
+                chunk_size: chunked.chunk_size,
+                counted: geometry.num_chunks(),
+            });
         }
         if Some(row_ptr.length) != chunked.total_rows.checked_add(1) {
-            return Err(format!(
-                "header's ROWPTR has {} entries for {} rows (expected rows + 1)",
-                row_ptr.length, chunked.total_rows
-            ));
+            return Err(E::RowPtrLength {
+                entries: row_ptr.length,
+                rows: chunked.total_rows,
+            });
         }
         if data.length != col_ptr.length {
-            return Err(format!(
-                "header's DATA has {} values but COLPTR {}",
-                data.length, col_ptr.length
-            ));
+            return Err(E::ValueCounts {
+                data: data.length,
+                col_ptr: col_ptr.length,
+            });
         }
         if !row_ptr.dtype.write_uint(&mut [0u8; 8], 0, data.length) {
-            return Err(format!(
-                "{} values do not fit the header's ROWPTR type {}",
-                data.length, row_ptr.dtype
-            ));
+            return Err(E::RowPtrType {
+                values: data.length,
+                dtype: row_ptr.dtype,
+            });
         }
         let widths = [data.dtype, row_ptr.dtype, col_ptr.dtype].map(|d| d.size().unwrap());
         // A chunk's row offsets are checked whole in memory before any read of it.
         let row_offset_bytes = (chunked.chunk_size as u64 + 1) * widths[1];
         if row_offset_bytes > MAX_CHUNK_ROW_OFFSET_BYTES {
-            return Err(format!(
-                "chunks of {} rows carry {row_offset_bytes} bytes of row offsets each, more than the {MAX_CHUNK_ROW_OFFSET_BYTES} scdlfs checks",
-                chunked.chunk_size
-            ));
+            return Err(E::RowOffsetsTooLarge {
+                chunk_size: chunked.chunk_size,
+                bytes: row_offset_bytes,
+            });
         }
         // No capacity from the header: a corrupt chunk count must not allocate.
         let mut chunks = Vec::new();
@@ -106,43 +167,42 @@ impl FlatDataset {
                 objects.get(&key).cloned().ok_or(key)
             });
             let [d, r, c] = arrays;
-            let missing = |key: String| format!("{key} is missing");
             let arrays = [
-                d.map_err(missing)?,
-                r.map_err(missing)?,
-                c.map_err(missing)?,
+                d.map_err(E::Missing)?,
+                r.map_err(E::Missing)?,
+                c.map_err(E::Missing)?,
             ];
             for (info, width) in arrays.iter().zip(widths) {
                 if info.size % width != 0 {
-                    return Err(format!(
-                        "{} is {} bytes, not a whole number of {width}-byte elements",
-                        info.key, info.size
-                    ));
+                    return Err(E::PartialElement {
+                        key: info.key.clone(),
+                        size: info.size,
+                        width,
+                    });
                 }
                 mtime = mtime.max(info.mtime);
             }
             let [d, r, c] = &arrays;
             let nnz = d.size / widths[0];
             if c.size / widths[2] != nnz {
-                return Err(format!(
-                    "{} holds {} values but {} holds {nnz}",
-                    c.key,
-                    c.size / widths[2],
-                    d.key
-                ));
+                return Err(E::ChunkValueCounts {
+                    col_ptr: c.key.clone(),
+                    col_values: c.size / widths[2],
+                    data: d.key.clone(),
+                    nnz,
+                });
             }
-            let expected_entries = rows.end - rows.start + 1;
-            if r.size / widths[1] != expected_entries {
-                return Err(format!(
-                    "{} has {} entries; chunk {chunk} has {} rows, so it needs {expected_entries}",
-                    r.key,
-                    r.size / widths[1],
-                    expected_entries - 1
-                ));
+            if r.size / widths[1] != rows.end - rows.start + 1 {
+                return Err(E::ChunkRowPtrLength {
+                    key: r.key.clone(),
+                    entries: r.size / widths[1],
+                    chunk,
+                    rows: rows.end - rows.start,
+                });
             }
             total_nnz = total_nnz
                 .checked_add(nnz)
-                .ok_or_else(|| format!("the chunks' value counts overflow at {}", d.key))?;
+                .ok_or_else(|| E::ValueCountOverflow(d.key.clone()))?;
             sizes.push(ChunkSizes {
                 rows: rows.end - rows.start,
                 nnz,
@@ -151,16 +211,16 @@ impl FlatDataset {
         }
         let extra = chunk_dir_name(chunked.num_chunks);
         if let Some(key) = objects.keys().find(|k| k.starts_with(&format!("{extra}/"))) {
-            return Err(format!(
-                "{key} lies beyond the {} chunks the header declares",
-                chunked.num_chunks
-            ));
+            return Err(E::ExtraChunk {
+                key: key.clone(),
+                declared: chunked.num_chunks,
+            });
         }
         if total_nnz != data.length {
-            return Err(format!(
-                "chunks hold {total_nnz} values in all; the header says {}",
-                data.length
-            ));
+            return Err(E::TotalValues {
+                total: total_nnz,
+                declared: data.length,
+            });
         }
         let layout = FlatLayout::new(data.dtype, row_ptr.dtype, col_ptr.dtype, &sizes);
         Ok(FlatDataset {
@@ -186,15 +246,19 @@ impl FlatDataset {
     }
 
     /// The once-per-mount verdict on chunk `chunk`'s row offsets.
-    pub fn row_ptr_check(&self, chunk: usize) -> &tokio::sync::OnceCell<Result<(), String>> {
+    pub fn row_ptr_check(&self, chunk: usize) -> &tokio::sync::OnceCell<Result<(), FsError>> {
         &self.row_ptr_checks[chunk]
     }
 
     /// Checks the bytes of chunk `chunk`'s `row_ptr.npy`: starts at 0, never decreases,
     /// ends at the chunk's value count.
-    pub fn verify_row_ptr(&self, chunk: usize, bytes: &[u8]) -> Result<(), String> {
+    pub fn verify_row_ptr(&self, chunk: usize, bytes: &[u8]) -> Result<(), FsError> {
         let nnz = self.layout.chunk_sizes(chunk).nnz;
-        check_chunk_row_offsets(bytes, self.layout.row_dtype(), nnz)
-            .map_err(|e| format!("{}: {e}", self.array(chunk, ArrayKind::RowPtr).key))
+        check_chunk_row_offsets(bytes, self.layout.row_dtype(), nnz).map_err(|source| {
+            FsError::RowOffsets {
+                key: self.array(chunk, ArrayKind::RowPtr).key.to_string(),
+                source,
+            }
+        })
     }
 }
