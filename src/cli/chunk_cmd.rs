@@ -3,6 +3,7 @@
 //! stops between parts, aborting the uploads in flight; running the same command again
 //! resumes.
 
+use anyhow::{anyhow, Context};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
@@ -46,8 +47,8 @@ pub struct ChunkArgs {
     pub store: StoreArgs,
 }
 
-pub fn run(args: ChunkArgs) -> Result<(), String> {
-    let runtime = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start: {e}"))?;
+pub fn run(args: ChunkArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("cannot start")?;
     let cancel = CancellationToken::new();
     let on_interrupt = cancel.clone();
     runtime.spawn(async move {
@@ -57,33 +58,34 @@ pub fn run(args: ChunkArgs) -> Result<(), String> {
         }
     });
     let options = ChunkOptions {
-        part_size: usize::try_from(args.part_size).map_err(|_| "--part-size is too large")?,
+        part_size: usize::try_from(args.part_size)
+            .map_err(|_| anyhow!("--part-size is too large"))?,
         objects_in_flight: args.objects_in_flight,
         verify_data: args.verify_data,
         quiet: args.quiet,
     };
     let settings = args.store.client_settings();
-    let open = |text: &str| -> Result<Location, String> {
+    let open = |text: &str| -> anyhow::Result<Location> {
         let (store, prefix) = Source::parse(text)
             .and_then(|source| source.open(&settings))
-            .map_err(|e| format!("{text}: {e}"))?;
+            .with_context(|| text.to_owned())?;
         Ok(Location { store, prefix })
     };
     let job = runtime
         .block_on(ChunkJob::prepare(open(&args.source)?, args.chunk_rows))
-        .map_err(|e| e.to_string())?;
+        .map_err(anyhow::Error::msg)?;
     // Only a source that passed its checks gets a target folder made for it.
-    if let Source::Local { root } = Source::parse(&args.target).map_err(|e| e.to_string())? {
+    if let Source::Local { root } = Source::parse(&args.target).map_err(anyhow::Error::msg)? {
         std::fs::create_dir_all(&root)
-            .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+            .with_context(|| format!("cannot create {}", root.display()))?;
     }
     let report = runtime
         .block_on(job.run(open(&args.target)?, &options, cancel))
         .map_err(|error| {
             if error.resumable() {
-                format!("{error}; run the same command again to resume")
+                anyhow!("{error}; run the same command again to resume")
             } else {
-                error.to_string()
+                anyhow!("{error}")
             }
         })?;
     if report.already_published {

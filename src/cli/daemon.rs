@@ -2,6 +2,7 @@
 //! a new session, with its log in a file, and waits on a pipe until the child reports
 //! that the mount answers (or why it could not mount).
 
+use anyhow::{anyhow, Context};
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::Path;
@@ -11,17 +12,16 @@ use std::process::{Command, Stdio};
 pub const READY_FD_VAR: &str = "SCDLFS_READY_FD";
 
 /// Starts the daemon and waits for its verdict.
-pub fn spawn_and_wait(log_file: &Path) -> Result<(), String> {
-    let (read_end, write_end) = rustix::pipe::pipe().map_err(|e| format!("pipe: {e}"))?;
+pub fn spawn_and_wait(log_file: &Path) -> anyhow::Result<()> {
+    let (read_end, write_end) = rustix::pipe::pipe().context("pipe")?;
     // Only the write end goes to the child.
-    rustix::io::fcntl_setfd(&read_end, rustix::io::FdFlags::CLOEXEC)
-        .map_err(|e| format!("pipe: {e}"))?;
+    rustix::io::fcntl_setfd(&read_end, rustix::io::FdFlags::CLOEXEC).context("pipe")?;
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log_file)
-        .map_err(|e| format!("cannot open log file {}: {e}", log_file.display()))?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        .with_context(|| format!("cannot open log file {}", log_file.display()))?;
+    let exe = std::env::current_exe().map_err(anyhow::Error::msg)?;
     let mut command = Command::new(exe);
     command
         // The flag goes right after the subcommand, so a user's `--` stays last.
@@ -43,9 +43,7 @@ pub fn spawn_and_wait(log_file: &Path) -> Result<(), String> {
             Ok(())
         });
     }
-    let mut child = command
-        .spawn()
-        .map_err(|e| format!("cannot start the daemon: {e}"))?;
+    let mut child = command.spawn().context("cannot start the daemon")?;
     drop(write_end);
     let mut report = String::new();
     let mut reader = std::fs::File::from(read_end);
@@ -54,7 +52,7 @@ pub fn spawn_and_wait(log_file: &Path) -> Result<(), String> {
         "ready" => Ok(()),
         "" => {
             let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
-            Err(format!(
+            Err(anyhow!(
                 "the daemon exited ({status}) before the mount was ready; see {}",
                 log_file.display()
             ))
@@ -62,7 +60,7 @@ pub fn spawn_and_wait(log_file: &Path) -> Result<(), String> {
         message => {
             // The daemon exits after reporting a failure: reap it.
             let _ = child.wait();
-            Err(message.to_owned())
+            Err(anyhow::Error::msg(message.to_owned()))
         }
     }
 }

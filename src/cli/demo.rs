@@ -4,6 +4,7 @@
 //! memory maps in shuffled chunk-window order, with hints, exactly as a training loop
 //! would; every row is checked against its source and the figures are printed.
 
+use anyhow::{anyhow, Context};
 use std::fs::File;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
@@ -43,13 +44,13 @@ pub struct DemoArgs {
 
 const DATASET: &str = "demo_dataset";
 
-pub fn run(args: DemoArgs) -> Result<(), String> {
+pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     super::init_logging("warn");
     let temp;
     let workdir = match &args.workdir {
         Some(dir) => dir.clone(),
         None => {
-            temp = tempfile::tempdir().map_err(|e| e.to_string())?;
+            temp = tempfile::tempdir().map_err(anyhow::Error::msg)?;
             temp.path().to_owned()
         }
     };
@@ -59,7 +60,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         workdir.join("cache"),
     );
     for dir in [&bucket, &mountpoint, &cache_dir] {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
     }
 
     let spec = SyntheticDataset {
@@ -71,7 +72,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     };
     let started = Instant::now();
     spec.write_chunked(&bucket.join(DATASET))
-        .map_err(|e| e.to_string())?;
+        .map_err(anyhow::Error::msg)?;
     let dataset_bytes = crate::synthetic::stored_bytes(&bucket.join(DATASET));
     println!(
         "wrote a chunked dataset: {} rows, {} values, {} in {} chunks ({:.1} s)",
@@ -84,7 +85,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
 
     let part_size = 1 << 20;
     let cache_bytes = (dataset_bytes * 2 / 5).max(16 * part_size);
-    let store = Arc::new(LocalFileSystem::new_with_prefix(&bucket).map_err(|e| e.to_string())?);
+    let store = Arc::new(LocalFileSystem::new_with_prefix(&bucket).map_err(anyhow::Error::msg)?);
     let settings = MountSettings {
         fs_name: format!("file://{}", bucket.display()),
         view: DirMode::Discover,
@@ -102,7 +103,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         fetch_memory: 64 * part_size,
     };
     let mount = Mount::start(store, ObjectPath::default(), &mountpoint, &settings)
-        .map_err(|e| e.to_string())?;
+        .map_err(anyhow::Error::msg)?;
     println!(
         "mounted {} at {} with a {} cache (less than the dataset)",
         settings.fs_name,
@@ -111,7 +112,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     );
     let outcome = read_epoch(&mountpoint.join(DATASET), &spec, args.chunks_per_window);
     let status = mount.status();
-    mount.unmount().map_err(|e| format!("unmount: {e}"))?;
+    mount.unmount().context("unmount")?;
     let epoch = outcome?;
 
     let c = &status.counters;
@@ -159,14 +160,14 @@ fn read_epoch(
     dataset: &Path,
     spec: &SyntheticDataset,
     chunks_per_window: u32,
-) -> Result<Epoch, String> {
-    let header_bytes = std::fs::read(dataset.join(HEADER_FILE)).map_err(|e| e.to_string())?;
-    let header = Header::decode(&header_bytes).map_err(|e| e.to_string())?;
-    let [data_info, row_info, col_info] = header.csr_arrays().map_err(|e| e.to_string())?;
-    let map = |kind: ArrayKind| -> Result<Mmap, String> {
-        let file = File::open(dataset.join(kind.file_name())).map_err(|e| e.to_string())?;
+) -> anyhow::Result<Epoch> {
+    let header_bytes = std::fs::read(dataset.join(HEADER_FILE)).map_err(anyhow::Error::msg)?;
+    let header = Header::decode(&header_bytes).map_err(anyhow::Error::msg)?;
+    let [data_info, row_info, col_info] = header.csr_arrays().map_err(anyhow::Error::msg)?;
+    let map = |kind: ArrayKind| -> anyhow::Result<Mmap> {
+        let file = File::open(dataset.join(kind.file_name())).map_err(anyhow::Error::msg)?;
         // SAFETY: the mount's files are immutable while it is mounted.
-        unsafe { Mmap::map(&file) }.map_err(|e| e.to_string())
+        Ok(unsafe { Mmap::map(&file) }?)
     };
     let (data, row_ptr, col_ptr) = (
         map(ArrayKind::Data)?,
@@ -174,10 +175,10 @@ fn read_epoch(
         map(ArrayKind::ColPtr)?,
     );
     if data_info.dtype != Dtype::F32 {
-        return Err(format!("unexpected value type {}", data_info.dtype));
+        return Err(anyhow!("unexpected value type {}", data_info.dtype));
     }
     let layout =
-        DatasetLayout::discover(dataset, DEFAULT_VIRTUAL_CHUNK_SIZE).map_err(|e| e.to_string())?;
+        DatasetLayout::discover(dataset, DEFAULT_VIRTUAL_CHUNK_SIZE).map_err(anyhow::Error::msg)?;
     let order = Order::ChunkWindows(ChunkWindowOrder {
         seed: 1,
         chunks_per_window: NonZeroU32::new(chunks_per_window.max(1)).unwrap(),
@@ -185,7 +186,7 @@ fn read_epoch(
         shuffle_within_window: true,
     });
     let mut sampler = Sampler::new(&layout, order, Shard::single(), Workers::single())
-        .map_err(|e| e.to_string())?;
+        .map_err(anyhow::Error::msg)?;
     let started = Instant::now();
     let mut first_row_ms = None;
     let (mut rows, mut values) = (0u64, 0u64);
@@ -202,7 +203,7 @@ fn read_epoch(
             .collect();
         let want = spec.row(row);
         if got_values != want.values || got_columns != want.columns {
-            return Err(format!(
+            return Err(anyhow!(
                 "row {row} read through the mount differs from its source"
             ));
         }
@@ -211,10 +212,10 @@ fn read_epoch(
         values += (end - start) as u64;
     }
     if rows != spec.rows {
-        return Err(format!("the epoch visited {rows} rows, not {}", spec.rows));
+        return Err(anyhow!("the epoch visited {rows} rows, not {}", spec.rows));
     }
     if let Some(error) = sampler.take_hint_error() {
-        return Err(format!("hints were refused: {error}"));
+        return Err(anyhow!("hints were refused: {error}"));
     }
     Ok(Epoch {
         rows,

@@ -1,5 +1,6 @@
 //! The command line: `mount`, `unmount`, `status`, `chunk` and `demo`.
 
+use anyhow::Context;
 mod chunk_cmd;
 mod daemon;
 mod demo;
@@ -257,7 +258,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Mount(args) => mount_cmd::run(*args),
         Command::Unmount { mountpoint, lazy } => crate::unmount::unmount(&mountpoint, lazy)
-            .map_err(|e| format!("cannot unmount {}: {e}", mountpoint.display())),
+            .with_context(|| format!("cannot unmount {}", mountpoint.display())),
         Command::Status {
             mountpoint,
             json,
@@ -268,8 +269,8 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("scdlfs: {message}");
+        Err(error) => {
+            eprintln!("scdlfs: {error:#}");
             ExitCode::FAILURE
         }
     }

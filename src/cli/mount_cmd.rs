@@ -2,6 +2,7 @@
 //! until SIGINT/SIGTERM or an external unmount. Readiness and shutdown are reported to
 //! the detaching parent and, under systemd (`Type=notify`), to systemd.
 
+use anyhow::{anyhow, bail, Context};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -14,18 +15,18 @@ use crate::units::format_size;
 
 const MIN_DEFAULT_CACHE: u64 = 256 << 20;
 
-pub fn run(args: MountArgs) -> Result<(), String> {
-    let source = Source::parse(&args.source).map_err(|e| e.to_string())?;
+pub fn run(args: MountArgs) -> anyhow::Result<()> {
+    let source = Source::parse(&args.source).map_err(anyhow::Error::msg)?;
     let cache_dir = match &args.cache_dir {
         Some(dir) => dir.clone(),
         None => default_cache_dir(&args.mountpoint)?,
     };
     std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
         .create(&cache_dir)
-        .map_err(|e| format!("cannot create cache directory {}: {e}", cache_dir.display()))?;
+        .with_context(|| format!("cannot create cache directory {}", cache_dir.display()))?;
     if !args.foreground {
         // Obvious mistakes are reported here, before anything detaches.
-        check_mountpoint(&args.mountpoint).map_err(|e| e.to_string())?;
+        check_mountpoint(&args.mountpoint).map_err(anyhow::Error::msg)?;
         let log_file = args
             .log_file
             .clone()
@@ -35,20 +36,21 @@ pub fn run(args: MountArgs) -> Result<(), String> {
     init_logging(&args.log_level);
     match serve(&args, &source, &cache_dir) {
         Ok(()) => Ok(()),
-        Err(message) => {
+        Err(error) => {
+            let message = format!("{error:#}");
             tracing::error!("{message}");
             daemon::report(&message);
-            Err(message)
+            Err(error)
         }
     }
 }
 
-fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), String> {
+fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<()> {
     if args.read_part_size < 4096 || !args.read_part_size.is_multiple_of(4096) {
-        return Err("--read-part-size must be a positive multiple of 4KiB".into());
+        bail!("--read-part-size must be a positive multiple of 4KiB");
     }
     if args.max_fetch_memory < args.read_part_size {
-        return Err(format!(
+        return Err(anyhow!(
             "--max-fetch-memory {} is below one part of --read-part-size {}",
             format_size(args.max_fetch_memory),
             format_size(args.read_part_size)
@@ -59,7 +61,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), Stri
         None => default_cache_size(cache_dir),
     };
     if cache_bytes < 2 * args.read_part_size {
-        return Err(format!(
+        return Err(anyhow!(
             "--cache-size {} is below two parts of --read-part-size {}",
             format_size(cache_bytes),
             format_size(args.read_part_size)
@@ -67,12 +69,12 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), Stri
     }
     let (store, prefix) = source
         .open(&args.store.client_settings())
-        .map_err(|e| e.to_string())?;
+        .map_err(anyhow::Error::msg)?;
     let metrics_listener = args
         .metrics_addr
         .map(|address| {
             metrics_http::bind(address)
-                .map_err(|e| format!("cannot serve metrics at {address}: {e}"))
+                .with_context(|| format!("cannot serve metrics at {address}"))
         })
         .transpose()?;
     let settings = MountSettings {
@@ -95,7 +97,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), Stri
         fetch_memory: args.max_fetch_memory,
     };
     let mount =
-        Mount::start(store, prefix, &args.mountpoint, &settings).map_err(|e| e.to_string())?;
+        Mount::start(store, prefix, &args.mountpoint, &settings).map_err(anyhow::Error::msg)?;
     tracing::info!(
         source = %settings.fs_name,
         mountpoint = %mount.mountpoint().display(),
@@ -109,14 +111,14 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), Stri
         use tokio::signal::unix::{signal, SignalKind};
         let _entered = mount.runtime().enter();
         (
-            signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT handler: {e}"))?,
-            signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM handler: {e}"))?,
+            signal(SignalKind::interrupt()).context("SIGINT handler")?,
+            signal(SignalKind::terminate()).context("SIGTERM handler")?,
         )
     };
     if let Some(listener) = metrics_listener {
-        let address = listener.local_addr().map_err(|e| e.to_string())?;
+        let address = listener.local_addr().map_err(anyhow::Error::msg)?;
         metrics_http::serve(listener, mount.observer().clone(), mount.runtime().handle())
-            .map_err(|e| format!("cannot serve metrics at {address}: {e}"))?;
+            .with_context(|| format!("cannot serve metrics at {address}"))?;
         tracing::info!(url = %format!("http://{address}/metrics"), "serving metrics");
     }
     daemon::report("ready");
@@ -145,12 +147,12 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> Result<(), Stri
             tracing::info!("unmounted from outside; exiting");
         }
     }
-    mount.unmount().map_err(|e| format!("unmount failed: {e}"))
+    mount.unmount().context("unmount failed")
 }
 
 /// One cache directory per mountpoint, under the system's or the user's cache; never
 /// in a directory shared with other users such as `/tmp`.
-fn default_cache_dir(mountpoint: &Path) -> Result<PathBuf, String> {
+fn default_cache_dir(mountpoint: &Path) -> anyhow::Result<PathBuf> {
     let absolute = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_owned());
     let name: String = absolute
         .to_string_lossy()
@@ -170,7 +172,7 @@ fn default_cache_dir(mountpoint: &Path) -> Result<PathBuf, String> {
         std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .ok_or("neither XDG_CACHE_HOME nor HOME is set: give the cache a private place with --cache-dir")?
+            .context("neither XDG_CACHE_HOME nor HOME is set: give the cache a private place with --cache-dir")?
             .join("scdlfs")
     };
     Ok(base.join(name))

@@ -1,20 +1,20 @@
 //! `scdlfs status`: reads a mount's figures from its root's `user.scdlfs.status`
 //! extended attribute and prints them for people or, with `--json`, for scripts.
 
+use anyhow::{anyhow, Context};
 use std::path::Path;
 use std::time::Duration;
 
 use crate::status::{Status, STATUS_XATTR};
 use crate::units::format_size;
 
-pub fn run(mountpoint: &Path, json: bool, watch: Option<f64>) -> Result<(), String> {
+pub fn run(mountpoint: &Path, json: bool, watch: Option<f64>) -> anyhow::Result<()> {
     loop {
         let raw = read_status(mountpoint)?;
         if json {
             println!("{}", String::from_utf8_lossy(&raw));
         } else {
-            let status: Status =
-                serde_json::from_slice(&raw).map_err(|e| format!("unreadable status: {e}"))?;
+            let status: Status = serde_json::from_slice(&raw).context("unreadable status")?;
             if watch.is_some() {
                 print!("\x1b[2J\x1b[H");
             }
@@ -27,10 +27,10 @@ pub fn run(mountpoint: &Path, json: bool, watch: Option<f64>) -> Result<(), Stri
     }
 }
 
-fn read_status(mountpoint: &Path) -> Result<Vec<u8>, String> {
+fn read_status(mountpoint: &Path) -> anyhow::Result<Vec<u8>> {
     let mut buf = vec![0u8; 1 << 20];
     let len = rustix::fs::getxattr(mountpoint, STATUS_XATTR, &mut buf[..])
-        .map_err(|error| format!("{} is not a scdlfs mount ({error})", mountpoint.display()))?;
+        .map_err(|error| anyhow!("{} is not a scdlfs mount ({error})", mountpoint.display()))?;
     buf.truncate(len);
     Ok(buf)
 }
