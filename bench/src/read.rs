@@ -142,7 +142,9 @@ impl Dataset {
             return Err(format!("unexpected value type {}", data.dtype));
         }
         let arrays = match layout.kind {
-            DatasetKind::FlatView | DatasetKind::PlainMonolithic => Arrays::Flat {
+            DatasetKind::FlatView
+            | DatasetKind::PlainMonolithic
+            | DatasetKind::MountedMonolithic => Arrays::Flat {
                 data: map(&dir.join(ArrayKind::Data.file_name()))?,
                 row_ptr: map(&dir.join(ArrayKind::RowPtr.file_name()))?,
                 col_ptr: map(&dir.join(ArrayKind::ColPtr.file_name()))?,

@@ -235,6 +235,13 @@ impl FlatDataset {
         })
     }
 
+    /// How the rows fall into chunks, as the header declares (validated).
+    pub fn geometry(&self) -> ChunkGeometry {
+        let chunked = self.header.chunked.expect("validated chunked header");
+        ChunkGeometry::new(chunked.total_rows, chunked.chunk_size as u64)
+            .expect("validated chunk size")
+    }
+
     /// The object of array `kind` of chunk `chunk`.
     pub fn array(&self, chunk: usize, kind: ArrayKind) -> &Arc<ObjectInfo> {
         &self.chunks[chunk][kind.index()]

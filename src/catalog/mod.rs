@@ -1,11 +1,14 @@
 //! What the mount shows: the tree of directories and files built lazily from store
 //! listings ([`tree`]), the objects behind them with their pinned versions
-//! ([`objects`]), and the chunked datasets found on the way ([`dataset`]).
+//! ([`objects`]), and the chunked ([`dataset`]) and monolithic ([`monolithic`])
+//! datasets found on the way.
 
 pub mod dataset;
+pub mod monolithic;
 pub mod objects;
 pub mod tree;
 
 pub use dataset::FlatDataset;
+pub use monolithic::{Dataset, MonolithicDataset};
 pub use objects::{ObjectInfo, ObjectRegistry};
 pub use tree::{DirMode, FileContent, Node, NodeKind, Tree};

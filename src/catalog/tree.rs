@@ -8,7 +8,8 @@
 //! `data.npy`, `row_ptr.npy`, `col_ptr.npy`, the other entries passed through, and the
 //! dataset's objects as stored under `.chunked/`. Below `.chunked/`, and everywhere in
 //! the raw view, directories show exactly the store's objects, plus a hint file in each
-//! chunked dataset's directory.
+//! chunked dataset's directory. A directory whose `header.sch` is monolithic is shown
+//! as stored, with a hint file ([`super::monolithic`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,11 +21,12 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, ObjectStore};
 use parking_lot::{Mutex, RwLock};
 use scdl_format::header::MAX_HEADER_BYTES;
-use scdl_format::hint::HINT_FILE;
+use scdl_format::hint::{announcement, HINT_FILE};
 use scdl_format::layout::{parse_chunk_dir_name, CHUNKED_DIR, HEADER_FILE};
 use scdl_format::{ArrayKind, Backend, Header};
 
 use super::dataset::FlatDataset;
+use super::monolithic::{Dataset, MonolithicDataset, DEFAULT_VIRTUAL_CHUNK_ROWS};
 use super::objects::{ObjectInfo, ObjectRegistry};
 use crate::error::{FsError, FsResult};
 
@@ -43,8 +45,8 @@ pub enum FileContent {
     Object(Arc<ObjectInfo>),
     FlatArray(Arc<FlatDataset>, ArrayKind),
     Bytes(Bytes),
-    /// The dataset's read-ahead hint file.
-    Hints(Arc<FlatDataset>),
+    /// The dataset's read-ahead hint file; read, it gives the daemon's announcement.
+    Hints(Dataset, Bytes),
 }
 
 pub struct FileNode {
@@ -88,9 +90,10 @@ pub struct Tree {
     registry: ObjectRegistry,
     /// Datasets by prefix, so the flat view and `.chunked/` share one dataset (one
     /// set of plans and checks); `None` for a directory found not to be one.
-    datasets: Mutex<HashMap<String, Option<Arc<FlatDataset>>>>,
+    datasets: Mutex<HashMap<String, Option<Dataset>>>,
     nodes: RwLock<Vec<Arc<Node>>>,
     mount_time: SystemTime,
+    virtual_chunk_rows: u64,
 }
 
 /// An entry of a directory being built, before it has an inode.
@@ -116,6 +119,15 @@ impl Tree {
             datasets: Mutex::new(HashMap::new()),
             nodes: RwLock::new(vec![root]),
             mount_time: SystemTime::now(),
+            virtual_chunk_rows: DEFAULT_VIRTUAL_CHUNK_ROWS,
+        }
+    }
+
+    /// Sets the rows per virtual chunk of monolithic datasets (positive).
+    pub fn with_virtual_chunk_rows(self, rows: u64) -> Tree {
+        Tree {
+            virtual_chunk_rows: rows.max(1),
+            ..self
         }
     }
 
@@ -191,6 +203,7 @@ impl Tree {
             .map_err(|e| FsError::store(prefix.as_ref(), &e))?;
         let mut entries = Vec::new();
         let mut header = None;
+        let mut objects = HashMap::new();
         for meta in &listed.objects {
             let Some(name) = meta.location.filename().filter(|n| !n.is_empty()) else {
                 continue;
@@ -199,6 +212,7 @@ impl Tree {
             if name == HEADER_FILE {
                 header = Some(info.clone());
             }
+            objects.insert(name, info.clone());
             entries.push((name.to_owned(), file_of_object(info)));
         }
         for dir in &listed.common_prefixes {
@@ -213,7 +227,7 @@ impl Tree {
         let dataset = match known {
             Some(dataset) => dataset,
             None => {
-                let found = self.discover_dataset(prefix, &header).await;
+                let found = self.discover_dataset(prefix, &header, &objects).await;
                 self.datasets
                     .lock()
                     .entry(prefix.as_ref().to_owned())
@@ -222,8 +236,10 @@ impl Tree {
             }
         };
         Ok(match (dataset, mode) {
-            (Some(dataset), DirMode::Discover) => flat_entries(prefix, dataset, entries),
-            (Some(dataset), DirMode::Raw) => {
+            (Some(Dataset::Chunked(dataset)), DirMode::Discover) => {
+                flat_entries(prefix, dataset, entries)
+            }
+            (Some(dataset), _) => {
                 entries.push((HINT_FILE.to_owned(), hint_file(dataset)));
                 entries
             }
@@ -231,13 +247,16 @@ impl Tree {
         })
     }
 
-    /// The flat dataset at `prefix`, if its header is chunked and its objects agree
-    /// with it; otherwise logs why and returns `None`, leaving the directory raw.
+    /// The dataset at `prefix`: a flat dataset if its header is chunked and its objects
+    /// agree with it, a monolithic one if its header is monolithic and its arrays agree
+    /// with it (`objects`: the directory's, by name); otherwise logs why and returns
+    /// `None`, leaving the directory as stored, without a hint file.
     async fn discover_dataset(
         &self,
         prefix: &ObjectPath,
         header: &Arc<ObjectInfo>,
-    ) -> Option<Arc<FlatDataset>> {
+        objects: &HashMap<&str, Arc<ObjectInfo>>,
+    ) -> Option<Dataset> {
         if header.size > MAX_HEADER_BYTES {
             tracing::error!(object = %header.key, size = header.size, "larger than any SCDL header ({MAX_HEADER_BYTES} bytes); showing the directory as stored");
             return None;
@@ -256,8 +275,8 @@ impl Tree {
                 return None;
             }
         };
-        if decoded.backend != Backend::Chunked {
-            return None;
+        if decoded.backend == Backend::Monolithic {
+            return self.monolithic_dataset(prefix, &decoded, objects);
         }
         let listed: Result<Vec<_>, _> = self.store.list(non_empty(prefix)).try_collect().await;
         let listed = match listed {
@@ -287,10 +306,36 @@ impl Tree {
                     chunks = dataset.chunks.len(),
                     "chunked dataset presented as a monolithic archive"
                 );
-                Some(Arc::new(dataset))
+                Some(Dataset::Chunked(Arc::new(dataset)))
             }
             Err(reason) => {
                 tracing::error!(dataset = %prefix, %reason, "chunked dataset is inconsistent; showing it as stored, not flat");
+                None
+            }
+        }
+    }
+
+    fn monolithic_dataset(
+        &self,
+        prefix: &ObjectPath,
+        header: &Header,
+        objects: &HashMap<&str, Arc<ObjectInfo>>,
+    ) -> Option<Dataset> {
+        match MonolithicDataset::validate(prefix.clone(), header, objects, self.virtual_chunk_rows)
+        {
+            Ok(dataset) => {
+                tracing::info!(
+                    dataset = %prefix,
+                    rows = dataset.geometry.total_rows,
+                    values = dataset.total_nnz,
+                    virtual_chunks = dataset.geometry.num_chunks(),
+                    "monolithic dataset: hint file with virtual chunks of {} rows",
+                    dataset.geometry.chunk_size
+                );
+                Some(Dataset::Monolithic(Arc::new(dataset)))
+            }
+            Err(reason) => {
+                tracing::error!(dataset = %prefix, %reason, "monolithic dataset is inconsistent; showing it as stored, without a hint file");
                 None
             }
         }
@@ -334,11 +379,12 @@ fn file_of_object(info: Arc<ObjectInfo>) -> Pending {
     })
 }
 
-fn hint_file(dataset: Arc<FlatDataset>) -> Pending {
+fn hint_file(dataset: Dataset) -> Pending {
+    let announced = Bytes::from(announcement(dataset.geometry().chunk_size));
     Pending::File(FileNode {
-        size: 0,
-        mtime: dataset.mtime,
-        content: FileContent::Hints(dataset),
+        size: announced.len() as u64,
+        mtime: dataset.mtime(),
+        content: FileContent::Hints(dataset, announced),
     })
 }
 
@@ -381,7 +427,7 @@ fn flat_entries(
     }
     entries.push((
         HINT_FILE.to_owned(),
-        virtual_file(FileContent::Hints(dataset.clone()), 0),
+        hint_file(Dataset::Chunked(dataset.clone())),
     ));
     entries.push((
         CHUNKED_DIR.to_owned(),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use scdl_format::hint::HintDecoder;
 
-use crate::catalog::FlatDataset;
+use crate::catalog::Dataset;
 use crate::prefetch::sequential::SequentialWindow;
 
 /// What one open handle knows.
@@ -19,7 +19,7 @@ pub enum HandleState {
     Data(SequentialWindow),
     Hints {
         decoder: HintDecoder,
-        dataset: Arc<FlatDataset>,
+        dataset: Dataset,
     },
 }
 

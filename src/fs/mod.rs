@@ -20,7 +20,7 @@ use fuser::{FileAttr, FileType, INodeNo};
 use scdl_format::hint::{HintDecoder, HintLine};
 
 use crate::catalog::tree::{FileNode, Listing};
-use crate::catalog::{FileContent, FlatDataset, Node, NodeKind, Tree};
+use crate::catalog::{Dataset, FileContent, Node, NodeKind, Tree};
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
 use crate::prefetch::sequential::SequentialWindow;
@@ -134,7 +134,7 @@ impl FsCore {
     pub fn setattr(&self, ino: u64, size: Option<u64>, more_than_size: bool) -> FsResult<FileAttr> {
         let node = self.tree.node(ino)?;
         let is_hints =
-            matches!(&node.kind, NodeKind::File(f) if matches!(f.content, FileContent::Hints(_)));
+            matches!(&node.kind, NodeKind::File(f) if matches!(f.content, FileContent::Hints(..)));
         if is_hints && !more_than_size && size.unwrap_or(0) == 0 {
             Ok(self.attr(&node))
         } else {
@@ -145,7 +145,7 @@ impl FsCore {
     pub fn open(&self, ino: u64) -> FsResult<Opened> {
         let node = self.tree.node(ino)?;
         Ok(match &file_of(&node)?.content {
-            FileContent::Hints(dataset) => Opened {
+            FileContent::Hints(dataset, _) => Opened {
                 handle: self.handles.open(HandleState::Hints {
                     decoder: HintDecoder::default(),
                     dataset: dataset.clone(),
@@ -295,7 +295,7 @@ impl FsCore {
             ),
             NodeKind::File(file) => {
                 let perm = match file.content {
-                    FileContent::Hints(_) => self.ownership.hint_file_mode(),
+                    FileContent::Hints(..) => self.ownership.hint_file_mode(),
                     _ => self.ownership.file_mode,
                 };
                 (FileType::RegularFile, file.size, file.mtime, perm, 1)
@@ -328,7 +328,7 @@ fn file_of(node: &Node) -> FsResult<&FileNode> {
     }
 }
 
-fn refuse_hint(dataset: &FlatDataset, reason: String) -> FsError {
-    tracing::warn!(dataset = %dataset.prefix, %reason, "hint write refused with EINVAL");
+fn refuse_hint(dataset: &Dataset, reason: String) -> FsError {
+    tracing::warn!(dataset = %dataset.prefix(), %reason, "hint write refused with EINVAL");
     FsError::InvalidHint(reason)
 }

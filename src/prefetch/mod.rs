@@ -8,6 +8,10 @@
 //! runs ahead of its workers does not drag the prefetch along. Readers that give no hint
 //! get sequential read-ahead per open handle ([`sequential`]).
 //!
+//! A monolithic dataset's plan names virtual chunks and rows, whose bytes the row
+//! offsets locate: the prefetcher fetches the parts of `row_ptr.npy` a step needs, then
+//! the values they bound. Its parts have no cache group, so its eviction is LRU.
+//!
 //! Prefetches use the fetcher's low priority, which never delays a demand read.
 
 pub mod plan;
@@ -25,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use crate::cache::{EvictionAdvisor, NextUse};
-use crate::catalog::{FileContent, FlatDataset, ObjectInfo};
+use crate::catalog::{Dataset, FileContent, FlatDataset, MonolithicDataset, ObjectInfo};
 use crate::fetch::Fetcher;
 use crate::parts::{GroupId, PartKey};
 use crate::read::ReadPath;
@@ -59,7 +63,7 @@ pub struct PrefetchConfig {
 }
 
 struct ActivePlan {
-    dataset: Arc<FlatDataset>,
+    dataset: Dataset,
     plan: Plan,
 }
 
@@ -117,12 +121,8 @@ impl Prefetcher {
     }
 
     /// Applies hint lines written on handle `handle`. All or nothing.
-    pub fn apply(
-        &self,
-        handle: u64,
-        dataset: &Arc<FlatDataset>,
-        lines: &[HintLine],
-    ) -> Result<(), String> {
+    pub fn apply(&self, handle: u64, dataset: &Dataset, lines: &[HintLine]) -> Result<(), String> {
+        let geometry = dataset.geometry();
         let mut plans = self.plans.lock();
         let others: usize = plans
             .iter()
@@ -131,19 +131,21 @@ impl Prefetcher {
             .sum();
         let budget = MAX_PLANNED_ENTRIES.saturating_sub(others);
         match plans.get_mut(&handle) {
-            Some(active) => active.plan.apply(lines, &dataset.layout, budget)?,
+            Some(active) => active.plan.apply(lines, &geometry, budget)?,
             None => {
                 let mut plan = Plan::default();
-                plan.apply(lines, &dataset.layout, budget)?;
+                plan.apply(lines, &geometry, budget)?;
                 if plan.steps.is_empty() {
                     // A greeting alone announces nothing.
                     return Ok(());
                 }
-                if !plans.values().any(|a| Arc::ptr_eq(&a.dataset, dataset)) {
-                    let mut index = self.chunk_of_group.lock();
-                    for (chunk, objects) in dataset.chunks.iter().enumerate() {
-                        if let Some(group) = objects[0].group {
-                            index.insert(group, (dataset.clone(), chunk));
+                if let Dataset::Chunked(flat) = dataset {
+                    if !plans.values().any(|a| a.dataset.same(dataset)) {
+                        let mut index = self.chunk_of_group.lock();
+                        for (chunk, objects) in flat.chunks.iter().enumerate() {
+                            if let Some(group) = objects[0].group {
+                                index.insert(group, (flat.clone(), chunk));
+                            }
                         }
                     }
                 }
@@ -160,9 +162,11 @@ impl Prefetcher {
     pub fn drop_plan(&self, handle: u64) {
         let mut plans = self.plans.lock();
         plans.remove(&handle);
-        self.chunk_of_group
-            .lock()
-            .retain(|_, (dataset, _)| plans.values().any(|a| Arc::ptr_eq(&a.dataset, dataset)));
+        self.chunk_of_group.lock().retain(|_, (dataset, _)| {
+            plans
+                .values()
+                .any(|a| matches!(&a.dataset, Dataset::Chunked(d) if Arc::ptr_eq(d, dataset)))
+        });
         self.after_plans_changed(&plans);
     }
 
@@ -171,7 +175,7 @@ impl Prefetcher {
             .lock()
             .values()
             .map(|a| PlanStatus {
-                dataset: a.dataset.prefix.to_string(),
+                dataset: a.dataset.prefix().to_string(),
                 epoch: a.plan.epoch,
                 steps: a.plan.steps.len(),
                 position: a.plan.position,
@@ -183,13 +187,16 @@ impl Prefetcher {
         self.plan_count.store(plans.len(), Ordering::Relaxed);
         let mut ranks: HashMap<GroupId, NextUse> = HashMap::new();
         for active in plans.values() {
-            for (chunk, distance) in active.plan.chunks_ahead(&active.dataset.layout) {
+            let Dataset::Chunked(dataset) = &active.dataset else {
+                continue;
+            };
+            for (chunk, distance) in active.plan.chunks_ahead(&dataset.geometry()) {
                 let rank = if distance == 0 {
                     NextUse::Current
                 } else {
                     NextUse::Ahead(distance)
                 };
-                for object in &active.dataset.chunks[chunk] {
+                for object in &dataset.chunks[chunk] {
                     if let Some(group) = object.group {
                         let entry = ranks.entry(group).or_insert(rank);
                         *entry = (*entry).min(rank);
@@ -244,34 +251,39 @@ impl Prefetcher {
     /// Moves the positions of the plans whose dataset the read touches, through either
     /// view. Returns whether any plan covers the read's dataset.
     fn advance_plans(&self, read: &ReadPlan) -> bool {
-        let mut touched: Vec<(Arc<FlatDataset>, usize, PartKey)> = Vec::new();
+        let mut touched: Vec<(Dataset, Option<usize>, PartKey)> = Vec::new();
         {
             let index = self.chunk_of_group.lock();
             for piece in &read.pieces {
                 if let Piece::Object { object, range, .. } = piece {
                     if let Some((dataset, chunk)) = object.group.and_then(|g| index.get(&g)) {
                         for part in self.fetcher.parts_of(range) {
-                            touched.push((dataset.clone(), *chunk, Fetcher::key(object, part)));
+                            touched.push((
+                                Dataset::Chunked(dataset.clone()),
+                                Some(*chunk),
+                                Fetcher::key(object, part),
+                            ));
                         }
                     }
                 }
             }
         }
+        let mut plans = self.plans.lock();
+        self.touched_monolithic(&plans, read, &mut touched);
         if touched.is_empty() {
             return false;
         }
-        let mut plans = self.plans.lock();
         let mut moved = false;
         for active in plans.values_mut() {
             let mut read = Touched::default();
             for (dataset, chunk, part) in &touched {
-                if Arc::ptr_eq(dataset, &active.dataset) {
-                    read.chunks.push(*chunk);
+                if dataset.same(&active.dataset) {
+                    read.chunks.extend(chunk);
                     read.parts.push(*part);
                 }
             }
-            if !read.chunks.is_empty() {
-                moved |= active.plan.observe(&read, &active.dataset.layout);
+            if !read.parts.is_empty() {
+                moved |= active.plan.observe(&read, &active.dataset.geometry());
             }
         }
         if moved {
@@ -282,10 +294,56 @@ impl Prefetcher {
         true
     }
 
+    /// What a read touches of the monolithic datasets that have plans: the parts of
+    /// their values and column ids (a step's own), and the virtual chunks of the row
+    /// offsets it reads. Row-offset parts are no step's own: one part holds the offsets
+    /// of many steps.
+    fn touched_monolithic(
+        &self,
+        plans: &HashMap<u64, ActivePlan>,
+        read: &ReadPlan,
+        touched: &mut Vec<(Dataset, Option<usize>, PartKey)>,
+    ) {
+        let mut seen: Vec<&Arc<MonolithicDataset>> = Vec::new();
+        for active in plans.values() {
+            let Dataset::Monolithic(dataset) = &active.dataset else {
+                continue;
+            };
+            if seen.iter().any(|d| Arc::ptr_eq(d, dataset)) {
+                continue;
+            }
+            seen.push(dataset);
+            for piece in &read.pieces {
+                let Piece::Object { object, range, .. } = piece else {
+                    continue;
+                };
+                let Some(kind) = ArrayKind::ALL
+                    .into_iter()
+                    .find(|&k| Arc::ptr_eq(dataset.array(k), object))
+                else {
+                    continue;
+                };
+                if kind == ArrayKind::RowPtr {
+                    let width = dataset.width(kind);
+                    let rows = range.start / width..range.end.div_ceil(width);
+                    for chunk in dataset.geometry.chunks_of_rows(rows) {
+                        // The part stands for the read; it is in no resolved step.
+                        let part = Fetcher::key(object, range.start / self.fetcher.part_size());
+                        touched.push((active.dataset.clone(), Some(chunk as usize), part));
+                    }
+                } else {
+                    for part in self.fetcher.parts_of(range) {
+                        touched.push((active.dataset.clone(), None, Fetcher::key(object, part)));
+                    }
+                }
+            }
+        }
+    }
+
     /// Issues prefetches for every plan's next steps, within the bounds, and records
     /// the parts of each step it could resolve for matching reads to steps.
     fn top_up(&self) {
-        let snapshot: Vec<(u64, Arc<FlatDataset>, usize, Vec<Step>)> = self
+        let snapshot: Vec<(u64, Dataset, usize, Vec<Step>)> = self
             .plans
             .lock()
             .iter()
@@ -306,7 +364,10 @@ impl Prefetcher {
         let mut resolved = Vec::new();
         'plans: for (handle, dataset, first, steps) in snapshot {
             for (offset, step) in steps.into_iter().enumerate() {
-                let reads = self.step_reads(&dataset, &step);
+                let reads = match &dataset {
+                    Dataset::Chunked(dataset) => self.step_reads(dataset, &step),
+                    Dataset::Monolithic(dataset) => self.monolithic_step_reads(dataset, &step),
+                };
                 let mut parts = HashSet::new();
                 let around = reads.read_around.iter().map(|r| (r, false));
                 for ((object, range), of_the_step) in
@@ -401,6 +462,72 @@ impl Prefetcher {
         reads
     }
 
+    /// The byte ranges of a monolithic dataset's objects a step reads: a virtual chunk
+    /// is its rows. The row offsets bounding each row range come first; the values and
+    /// column ids they bound once those offsets are cached.
+    fn monolithic_step_reads(&self, dataset: &MonolithicDataset, step: &Step) -> StepReads {
+        let rows: Vec<std::ops::Range<u64>> = match step {
+            Step::Window(chunks) => chunks
+                .iter()
+                .map(|&c| dataset.geometry.chunk_rows(c as u64))
+                .collect(),
+            Step::Rows(ranges) => ranges.clone(),
+        };
+        let mut reads = StepReads {
+            complete: true,
+            ..StepReads::default()
+        };
+        let row_ptr = dataset.array(ArrayKind::RowPtr);
+        for rows in rows {
+            reads
+                .read_around
+                .push((row_ptr.clone(), dataset.row_ptr_bytes(&rows)));
+            let entry = |row: u64| self.cached_entry(row_ptr, dataset.dtypes[1], row);
+            let values = match dataset.value_range(&rows, entry) {
+                Some(Ok(values)) => values,
+                Some(Err(_)) => continue,
+                None => {
+                    reads.complete = false;
+                    continue;
+                }
+            };
+            for kind in [ArrayKind::Data, ArrayKind::ColPtr] {
+                let object = dataset.array(kind);
+                let width = dataset.width(kind);
+                let (start, end) = (values.start * width, values.end * width);
+                reads.ranges.push((object.clone(), start..end));
+                let around = start.saturating_sub(KERNEL_READ_AROUND)..start;
+                reads.read_around.push((object.clone(), around));
+                // A reader going through the range in order gets the kernel's
+                // asynchronous read-ahead too: a whole window past the end.
+                let around = end..(end + 2 * KERNEL_READ_AROUND).min(object.size);
+                reads.read_around.push((object.clone(), around));
+            }
+        }
+        reads
+    }
+
+    /// Entry `index` of a row-offset array of type `dtype`, if its part is cached.
+    fn cached_entry(
+        &self,
+        row_ptr: &ObjectInfo,
+        dtype: scdl_format::Dtype,
+        index: u64,
+    ) -> Option<u64> {
+        let width = dtype.size().unwrap();
+        let offset = index * width;
+        let part_index = offset / self.fetcher.part_size();
+        let part = self
+            .fetcher
+            .cache()
+            .get(Fetcher::key(row_ptr, part_index))?;
+        let mut bytes = [0u8; 8];
+        let bytes = &mut bytes[..width as usize];
+        part.read_exact_at(bytes, offset - part_index * self.fetcher.part_size())
+            .ok()?;
+        Some(dtype.read_uint(bytes, 0))
+    }
+
     /// The value range `[row_ptr[rows.start], row_ptr[rows.end])` of a chunk, if its
     /// row offsets are cached and verified.
     fn cached_value_range(
@@ -411,7 +538,6 @@ impl Prefetcher {
     ) -> Option<std::ops::Range<u64>> {
         let row_ptr = dataset.array(chunk, ArrayKind::RowPtr);
         let dtype = dataset.layout.row_dtype();
-        let width = dtype.size().unwrap();
         match dataset.row_ptr_check(chunk).get() {
             Some(Ok(())) => {}
             Some(Err(_)) => return None,
@@ -427,16 +553,7 @@ impl Prefetcher {
                 return None;
             }
         }
-        let entry = |i: u64| -> Option<u64> {
-            let offset = i * width;
-            let index = offset / self.fetcher.part_size();
-            let part = self.fetcher.cache().get(Fetcher::key(row_ptr, index))?;
-            let mut bytes = [0u8; 8];
-            let bytes = &mut bytes[..width as usize];
-            part.read_exact_at(bytes, offset - index * self.fetcher.part_size())
-                .ok()?;
-            Some(dtype.read_uint(bytes, 0))
-        };
+        let entry = |i: u64| self.cached_entry(row_ptr, dtype, i);
         Some(entry(rows.start)?..entry(rows.end)?)
     }
 }

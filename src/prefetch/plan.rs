@@ -1,14 +1,17 @@
 //! A reader's announced order (a plan) and where the reader is in it. Pure logic: the
 //! steps, their validation against the dataset, matching served reads to steps, and the
 //! eviction ranks the plan implies.
+//!
+//! A plan knows the dataset only by how its rows fall into chunks ([`ChunkGeometry`]):
+//! the chunks of a chunked dataset, or the virtual chunks of a monolithic one.
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 use scdl_format::hint::HintLine;
+use scdl_format::ChunkGeometry;
 
 use crate::parts::PartKey;
-use scdl_format::flat::FlatLayout;
 
 /// A plan longer than this is refused (EINVAL): the daemon keeps plans in memory.
 pub const MAX_PLAN_STEPS: usize = 1 << 20;
@@ -48,25 +51,26 @@ impl Step {
     }
 
     /// Whether the step reads from any of `chunks`.
-    fn reads_any_of(&self, chunks: &[usize], layout: &FlatLayout) -> bool {
+    fn reads_any_of(&self, chunks: &[usize], layout: &ChunkGeometry) -> bool {
         match self {
             Step::Window(window) => window.iter().any(|c| chunks.contains(&(*c as usize))),
             Step::Rows(ranges) => ranges.iter().any(|r| {
                 layout
                     .chunks_of_rows(r.clone())
-                    .any(|c| chunks.contains(&c))
+                    .any(|c| chunks.contains(&(c as usize)))
             }),
         }
     }
 
     /// The chunks the step reads from.
-    pub fn chunks(&self, layout: &FlatLayout) -> Vec<usize> {
+    pub fn chunks(&self, layout: &ChunkGeometry) -> Vec<usize> {
         match self {
             Step::Window(chunks) => chunks.iter().map(|&c| c as usize).collect(),
             Step::Rows(ranges) => {
                 let mut chunks: Vec<usize> = ranges
                     .iter()
                     .flat_map(|r| layout.chunks_of_rows(r.clone()))
+                    .map(|c| c as usize)
                     .collect();
                 chunks.dedup();
                 chunks
@@ -107,7 +111,7 @@ impl Plan {
     pub fn apply(
         &mut self,
         lines: &[HintLine],
-        layout: &FlatLayout,
+        layout: &ChunkGeometry,
         max_entries: usize,
     ) -> Result<(), String> {
         let mut next = Plan {
@@ -122,6 +126,13 @@ impl Plan {
         for line in lines {
             match line {
                 HintLine::Greeting { .. } => {}
+                HintLine::ChunkRows { rows } if *rows != layout.chunk_size => {
+                    return Err(format!(
+                        "the writer assumes chunks of {rows} rows, but the dataset's chunks have {}",
+                        layout.chunk_size
+                    ));
+                }
+                HintLine::ChunkRows { .. } => {}
                 HintLine::Plan { epoch } => {
                     next.epoch = *epoch;
                     next.position = 0;
@@ -129,7 +140,7 @@ impl Plan {
                     appended.clear();
                 }
                 HintLine::Window { chunks } => {
-                    if let Some(bad) = chunks.iter().find(|&&c| c as usize >= layout.num_chunks()) {
+                    if let Some(bad) = chunks.iter().find(|&&c| c as u64 >= layout.num_chunks()) {
                         return Err(format!(
                             "window names chunk {bad}, but the dataset has {} chunks",
                             layout.num_chunks()
@@ -138,12 +149,10 @@ impl Plan {
                     appended.push(Step::Window(chunks.clone()));
                 }
                 HintLine::Rows { ranges } => {
-                    if let Some(bad) = ranges.iter().find(|r| r.end > layout.total_rows()) {
+                    if let Some(bad) = ranges.iter().find(|r| r.end > layout.total_rows) {
                         return Err(format!(
                             "rows {}..{} end past the dataset's {} rows",
-                            bad.start,
-                            bad.end,
-                            layout.total_rows()
+                            bad.start, bad.end, layout.total_rows
                         ));
                     }
                     appended.push(Step::Rows(ranges.clone()));
@@ -195,7 +204,7 @@ impl Plan {
         }
     }
 
-    fn touches(&self, index: usize, touched: &Touched, layout: &FlatLayout) -> bool {
+    fn touches(&self, index: usize, touched: &Touched, layout: &ChunkGeometry) -> bool {
         match &self.parts[index] {
             Some(parts) => touched.parts.iter().any(|p| parts.contains(p)),
             None => self.steps[index].reads_any_of(&touched.chunks, layout),
@@ -205,7 +214,7 @@ impl Plan {
     /// Counts a read towards the step it belongs to (searching forward from the
     /// current step first, then backward), and moves the position there once enough
     /// reads went there. Returns whether it moved.
-    pub fn observe(&mut self, touched: &Touched, layout: &FlatLayout) -> bool {
+    pub fn observe(&mut self, touched: &Touched, layout: &ChunkGeometry) -> bool {
         if self.position < self.steps.len() && self.touches(self.position, touched, layout) {
             self.reads_elsewhere.clear();
             return false;
@@ -238,7 +247,7 @@ impl Plan {
     /// it is first needed (0: the current step). The step before the current one
     /// counts as current too: its last rows may still be in a reader's hands when the
     /// position moves on.
-    pub fn chunks_ahead(&self, layout: &FlatLayout) -> HashMap<usize, u64> {
+    pub fn chunks_ahead(&self, layout: &ChunkGeometry) -> HashMap<usize, u64> {
         let first = self.position.saturating_sub(1).min(self.steps.len());
         let mut ahead = HashMap::new();
         // Beyond the horizon the prefetcher fetches nothing, and ranking costs a walk
@@ -256,18 +265,9 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use scdl_format::flat::ChunkSizes;
-    use scdl_format::Dtype;
 
-    fn layout(chunks: usize, rows_per_chunk: u64) -> FlatLayout {
-        let sizes = vec![
-            ChunkSizes {
-                rows: rows_per_chunk,
-                nnz: rows_per_chunk * 3
-            };
-            chunks
-        ];
-        FlatLayout::new(Dtype::F32, Dtype::U32, Dtype::U32, &sizes)
+    fn layout(chunks: u64, rows_per_chunk: u64) -> ChunkGeometry {
+        ChunkGeometry::new(chunks * rows_per_chunk, rows_per_chunk).unwrap()
     }
 
     fn chunks(chunks: &[usize]) -> Touched {
@@ -295,6 +295,28 @@ mod tests {
         assert_eq!(plan.steps, vec![Step::Window(vec![0, 1, 2])]);
         plan.apply(&[window(&[3, 4])], &l, 5).unwrap();
         assert_eq!(plan.entries(), 5);
+    }
+
+    #[test]
+    fn a_writer_assuming_other_chunks_is_refused() {
+        let l = layout(4, 10);
+        let mut plan = Plan::default();
+        let error = plan
+            .apply(
+                &[HintLine::ChunkRows { rows: 11 }, window(&[0])],
+                &l,
+                usize::MAX,
+            )
+            .unwrap_err();
+        assert!(error.contains("chunks of 11 rows"), "{error}");
+        assert!(plan.steps.is_empty());
+        plan.apply(
+            &[HintLine::ChunkRows { rows: 10 }, window(&[0])],
+            &l,
+            usize::MAX,
+        )
+        .unwrap();
+        assert_eq!(plan.steps, vec![Step::Window(vec![0])]);
     }
 
     #[test]

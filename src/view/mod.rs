@@ -66,7 +66,10 @@ pub fn plan_read(content: &FileContent, file_size: u64, offset: u64, size: u64) 
             vec![Piece::Bytes(bytes.slice(offset as usize..end as usize))],
             end - offset,
         ),
-        FileContent::Hints(_) => ReadPlan::whole(Vec::new(), 0),
+        FileContent::Hints(_, announced) => ReadPlan::whole(
+            vec![Piece::Bytes(announced.slice(offset as usize..end as usize))],
+            end - offset,
+        ),
         FileContent::FlatArray(dataset, kind) => plan_flat(dataset, *kind, offset, end - offset),
     }
 }

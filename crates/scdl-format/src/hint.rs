@@ -1,11 +1,12 @@
-//! The read-ahead hint protocol, version 1: how a sampler tells the scdlfs daemon the
+//! The read-ahead hint protocol, version 2: how a sampler tells the scdlfs daemon the
 //! order in which it will read a dataset.
 //!
 //! A sampler opens the dataset's hint file (`.scdlfs-hints` in the dataset directory of
 //! the mount) for writing and writes lines of ASCII text:
 //!
 //! ```text
-//! scdlfs-hints 1            first line of every handle: protocol and version
+//! scdlfs-hints 2            first line of every handle: protocol and version
+//! chunk-rows 1024           (version 2) the chunk size the writer's windows assume
 //! plan 3                    start a new plan (here for epoch 3), dropping the old one
 //! window 17 4 9             next step: read chunks 17, 4 and 9 (any order inside)
 //! rows 1024 1088 5120 5184  next step: read rows [1024, 1088) and [5120, 5184)
@@ -13,13 +14,23 @@
 //!
 //! A plan is the ordered list of steps written since the last `plan` line; `window` and
 //! `rows` steps may be mixed. A plan belongs to the handle that wrote it and disappears
-//! when that handle is closed. The full specification, with the daemon's limits and
-//! error behaviour, is `docs/hint-protocol.md`; this module is its only implementation.
+//! when that handle is closed.
+//!
+//! Version 2 lets the two ends agree on what a chunk is, which a monolithic dataset does
+//! not say by itself: read, the hint file gives the daemon's [`announcement`] (the
+//! greeting and `chunk-rows R`), and a writer that states `chunk-rows` is refused unless
+//! it matches. A monolithic dataset's `window` steps name its *virtual chunks*: rows
+//! `[c·R, (c+1)·R)`. Version 1 handles are still accepted, without `chunk-rows`.
+//!
+//! The full specification, with the daemon's limits and error behaviour, is
+//! `docs/hint-protocol.md`; this module is its only implementation.
 
 use std::fmt;
 
-/// The protocol version this module speaks.
-pub const VERSION: u32 = 1;
+/// The protocol version this module writes and announces.
+pub const VERSION: u32 = 2;
+/// The versions a reader of the protocol accepts in a greeting.
+pub const SUPPORTED_VERSIONS: [u32; 2] = [1, 2];
 /// The first word of the greeting line.
 pub const GREETING: &str = "scdlfs-hints";
 /// The file name of a dataset's hint file.
@@ -32,6 +43,10 @@ pub const MAX_LINE_LEN: usize = 64 * 1024;
 pub enum HintLine {
     Greeting {
         version: u32,
+    },
+    /// (Version 2) Rows per chunk: what `window` steps mean.
+    ChunkRows {
+        rows: u64,
     },
     Plan {
         epoch: u64,
@@ -59,8 +74,14 @@ pub enum HintError {
         keyword: &'static str,
         reason: String,
     },
-    #[error("protocol version {0} is not supported (this daemon speaks {VERSION})")]
+    #[error("protocol version {0} is not supported (this daemon speaks 1 and {VERSION})")]
     UnsupportedVersion(u32),
+    #[error("{keyword} needs protocol version {needs}; this handle greeted with {greeted}")]
+    NeedsVersion {
+        keyword: &'static str,
+        needs: u32,
+        greeted: u32,
+    },
     #[error("the first line must be \"{GREETING} {VERSION}\"")]
     MissingGreeting,
 }
@@ -69,6 +90,7 @@ impl fmt::Display for HintLine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HintLine::Greeting { version } => write!(f, "{GREETING} {version}"),
+            HintLine::ChunkRows { rows } => write!(f, "chunk-rows {rows}"),
             HintLine::Plan { epoch } => write!(f, "plan {epoch}"),
             HintLine::Window { chunks } => {
                 f.write_str("window")?;
@@ -123,6 +145,13 @@ impl HintLine {
                     reason: "takes one version number".into(),
                 }),
             },
+            "chunk-rows" => match numbers::<u64>("chunk-rows", words)?.as_slice() {
+                [rows] if *rows > 0 => Ok(HintLine::ChunkRows { rows: *rows }),
+                _ => Err(HintError::BadArguments {
+                    keyword: "chunk-rows",
+                    reason: "takes one positive row count".into(),
+                }),
+            },
             "plan" => match numbers::<u64>("plan", words)?.as_slice() {
                 [epoch] => Ok(HintLine::Plan { epoch: *epoch }),
                 _ => Err(HintError::BadArguments {
@@ -164,12 +193,42 @@ impl HintLine {
     }
 }
 
+/// What the daemon gives a reader of a dataset's hint file: the protocol version it
+/// speaks and the dataset's rows per chunk (virtual chunks for a monolithic dataset),
+/// as protocol lines.
+pub fn announcement(chunk_rows: u64) -> String {
+    format!(
+        "{}\n{}\n",
+        HintLine::Greeting { version: VERSION },
+        HintLine::ChunkRows { rows: chunk_rows }
+    )
+}
+
+/// The rows per chunk an [`announcement`] states, if `text` is one.
+pub fn parse_announcement(text: &[u8]) -> Option<u64> {
+    let mut lines = text
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.iter().all(u8::is_ascii_whitespace));
+    match (
+        HintLine::parse(lines.next()?).ok()?,
+        HintLine::parse(lines.next()?).ok()?,
+    ) {
+        (HintLine::Greeting { version }, HintLine::ChunkRows { rows })
+            if SUPPORTED_VERSIONS.contains(&version) =>
+        {
+            Some(rows)
+        }
+        _ => None,
+    }
+}
+
 /// Splits a byte stream, written in pieces of any size, into lines, and enforces the
-/// greeting. One decoder serves one open handle.
+/// greeting and the version's vocabulary. One decoder serves one open handle.
 #[derive(Clone, Debug, Default)]
 pub struct HintDecoder {
     partial: Vec<u8>,
-    greeted: bool,
+    /// The version the handle greeted with; `None` before the greeting.
+    greeted: Option<u32>,
 }
 
 impl HintDecoder {
@@ -198,11 +257,18 @@ impl HintDecoder {
             }
             let parsed = HintLine::parse(line)?;
             match (&parsed, greeted) {
-                (HintLine::Greeting { version }, _) if *version != VERSION => {
+                (HintLine::Greeting { version }, _) if !SUPPORTED_VERSIONS.contains(version) => {
                     return Err(HintError::UnsupportedVersion(*version));
                 }
-                (HintLine::Greeting { .. }, _) => greeted = true,
-                (_, false) => return Err(HintError::MissingGreeting),
+                (HintLine::Greeting { version }, _) => greeted = Some(*version),
+                (_, None) => return Err(HintError::MissingGreeting),
+                (HintLine::ChunkRows { .. }, Some(version)) if version < 2 => {
+                    return Err(HintError::NeedsVersion {
+                        keyword: "chunk-rows",
+                        needs: 2,
+                        greeted: version,
+                    });
+                }
                 _ => {}
             }
             lines.push(parsed);
@@ -235,6 +301,7 @@ mod tests {
     fn lines_round_trip_through_display() {
         for line in [
             HintLine::Greeting { version: 1 },
+            HintLine::ChunkRows { rows: 4096 },
             HintLine::Plan { epoch: 9 },
             HintLine::Window {
                 chunks: vec![3, 0, 12],
@@ -269,9 +336,66 @@ mod tests {
         let mut d = HintDecoder::default();
         assert_eq!(d.feed(b"window 1\n"), Err(HintError::MissingGreeting));
         assert_eq!(
-            d.feed(b"scdlfs-hints 2\n"),
-            Err(HintError::UnsupportedVersion(2))
+            d.feed(b"scdlfs-hints 3\n"),
+            Err(HintError::UnsupportedVersion(3))
         );
+    }
+
+    /// Golden streams: the bytes a writer of each version sends decode to exactly these
+    /// lines, forever. A version 1 writer (released samplers) keeps working.
+    #[test]
+    fn golden_streams_of_every_version_decode() {
+        let v1 = b"scdlfs-hints 1\nplan 0\nwindow 3 1\nrows 10 20 40 41\n";
+        assert_eq!(
+            HintDecoder::default().feed(v1).unwrap(),
+            vec![
+                HintLine::Greeting { version: 1 },
+                HintLine::Plan { epoch: 0 },
+                HintLine::Window { chunks: vec![3, 1] },
+                HintLine::Rows {
+                    ranges: vec![10..20, 40..41]
+                },
+            ]
+        );
+        let v2 = b"scdlfs-hints 2\nchunk-rows 1024\nplan 7\nwindow 0\n";
+        assert_eq!(
+            HintDecoder::default().feed(v2).unwrap(),
+            vec![
+                HintLine::Greeting { version: 2 },
+                HintLine::ChunkRows { rows: 1024 },
+                HintLine::Plan { epoch: 7 },
+                HintLine::Window { chunks: vec![0] },
+            ]
+        );
+        assert_eq!(
+            HintDecoder::default().feed(b"scdlfs-hints 1\nchunk-rows 1024\n"),
+            Err(HintError::NeedsVersion {
+                keyword: "chunk-rows",
+                needs: 2,
+                greeted: 1
+            })
+        );
+    }
+
+    #[test]
+    fn the_announcement_is_golden_and_parses_back() {
+        assert_eq!(announcement(4096), "scdlfs-hints 2\nchunk-rows 4096\n");
+        assert_eq!(
+            parse_announcement(announcement(4096).as_bytes()),
+            Some(4096)
+        );
+        assert_eq!(
+            parse_announcement(b"scdlfs-hints 1\nchunk-rows 8\n"),
+            Some(8)
+        );
+        for bad in [
+            &b""[..],
+            b"scdlfs-hints 2\n",
+            b"chunk-rows 8\n",
+            b"scdlfs-hints 9\nchunk-rows 8\n",
+        ] {
+            assert_eq!(parse_announcement(bad), None, "{bad:?}");
+        }
     }
 
     #[test]
@@ -297,6 +421,9 @@ mod tests {
             b"window -1",
             b"window 99999999999",
             b"plan",
+            b"chunk-rows 0",
+            b"chunk-rows",
+            b"chunk-rows 1 2",
             b"launch 1",
             b"\xff\xfe",
         ] {

@@ -101,6 +101,14 @@ impl ChunkGeometry {
         let end = ((chunk + 1) * self.chunk_size).min(self.total_rows);
         start..end
     }
+
+    /// The chunks holding rows `rows` (none for an empty range).
+    pub fn chunks_of_rows(&self, rows: std::ops::Range<u64>) -> std::ops::Range<u64> {
+        if rows.is_empty() {
+            return 0..0;
+        }
+        rows.start / self.chunk_size..(rows.end - 1) / self.chunk_size + 1
+    }
 }
 
 #[cfg(test)]
@@ -126,6 +134,11 @@ mod tests {
         }
     }
 
+    /// One row into the chunk after `chunk`, if there is one.
+    fn next_end(g: &ChunkGeometry, chunk: u64) -> u64 {
+        (g.chunk_rows(chunk).end + 1).min(g.total_rows)
+    }
+
     proptest! {
         #[test]
         fn chunks_tile_the_rows(total in 0u64..10_000, size in 1u64..500) {
@@ -139,6 +152,8 @@ mod tests {
                 for row in [rows.start, rows.end - 1] {
                     prop_assert_eq!(row / size, c, "row {} belongs to chunk {}", row, c);
                 }
+                prop_assert_eq!(g.chunks_of_rows(rows.clone()), c..c + 1);
+                prop_assert_eq!(g.chunks_of_rows(rows.start..next_end(&g, c)), c..(c + 2).min(g.num_chunks()));
                 next = rows.end;
             }
             prop_assert_eq!(next, total);

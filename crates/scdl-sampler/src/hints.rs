@@ -2,8 +2,9 @@
 //!
 //! An scdlfs mount offers a hint file, `.scdlfs-hints`, in each dataset directory. A
 //! sampler that finds one opens it (write-only; the daemon keeps a plan per open
-//! handle, dropped when the handle closes), greets, and writes the steps it is about to
-//! read. A directory without the file (a plain local dataset) gets no hints and loses
+//! handle, dropped when the handle closes), greets, states the rows per chunk its
+//! windows assume (`chunk-rows`, which the daemon checks against its own), and writes
+//! the steps it is about to read. A directory without the file (a plain local dataset) gets no hints and loses
 //! nothing, since hints only advise the daemon's prefetching. For the same reason a
 //! failed write never stops iteration: the first failure is kept for the caller to
 //! inspect, and writing goes on.
@@ -39,11 +40,12 @@ pub struct HintWriter {
 }
 
 impl HintWriter {
-    /// Opens the hint file of the dataset at `dataset_dir` and greets the daemon. Never
-    /// fails: without a hint file the writer stays silent, and an open or greeting
-    /// failure is kept for [`HintWriter::take_error`] and silences the writer, since the
-    /// daemon refuses every step of a handle that has not greeted.
-    pub fn open(dataset_dir: &Path) -> HintWriter {
+    /// Opens the hint file of the dataset at `dataset_dir`, greets the daemon and states
+    /// `chunk_rows`, the rows per chunk that `window` steps will assume. Never fails:
+    /// without a hint file the writer stays silent, and an open or greeting failure is
+    /// kept for [`HintWriter::take_error`] and silences the writer, since the daemon
+    /// refuses every step of a handle that has not greeted or that disagrees on chunks.
+    pub fn open(dataset_dir: &Path, chunk_rows: u64) -> HintWriter {
         let path = dataset_dir.join(HINT_FILE);
         let mut writer = HintWriter {
             file: None,
@@ -53,7 +55,11 @@ impl HintWriter {
         match OpenOptions::new().write(true).open(&writer.path) {
             Ok(file) => {
                 writer.file = Some(file);
-                if !writer.write_lines(&[HintLine::Greeting { version: VERSION }]) {
+                let opening = [
+                    HintLine::Greeting { version: VERSION },
+                    HintLine::ChunkRows { rows: chunk_rows },
+                ];
+                if !writer.write_lines(&opening) {
                     writer.file = None;
                 }
             }

@@ -8,12 +8,18 @@
 //! * the **flat view** of an scdlfs mount: `header.sch` is monolithic (backend 1), so
 //!   that the released reader can open the directory, and the chunked original is kept
 //!   at `.chunked/header.sch`;
+//! * a **monolithic dataset on a mount**: `header.sch` is monolithic and there is no
+//!   `.chunked/`, but the directory has a hint file; the daemon groups the rows into
+//!   virtual chunks and its hint file, read, announces how many rows each has
+//!   ([`scdl_format::hint::announcement`]), so sampler and daemon agree on what a
+//!   `window` step names;
 //! * a **plain monolithic** directory on local disk: no chunks at all, so rows are
 //!   grouped into virtual chunks of a size the caller chooses, which keeps the same
 //!   orders usable (the locality they buy is then only the page cache's).
 //!
-//! This module only reads headers; it never lists chunk directories, which on a mount
-//! would cost a round trip per entry for nothing the header does not already say.
+//! This module only reads headers and the hint file's announcement; it never lists
+//! chunk directories, which on a mount would cost a round trip per entry for nothing
+//! the header does not already say.
 
 use std::fmt;
 use std::fs;
@@ -22,6 +28,7 @@ use std::num::NonZeroU64;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
+use scdl_format::hint::{parse_announcement, HINT_FILE};
 use scdl_format::layout::{CHUNKED_DIR, HEADER_FILE};
 use scdl_format::{ArrayKind, Backend, ChunkGeometry, Header, HeaderError};
 
@@ -36,6 +43,9 @@ pub enum DatasetKind {
     RawView,
     /// `header.sch` is monolithic and `.chunked/header.sch` holds the chunk description.
     FlatView,
+    /// A monolithic archive on a mount: its chunks are the daemon's virtual chunks, of
+    /// the size its hint file announces.
+    MountedMonolithic,
     /// A monolithic archive without `.chunked/`; its chunks are virtual.
     PlainMonolithic,
 }
@@ -45,6 +55,7 @@ impl fmt::Display for DatasetKind {
         f.write_str(match self {
             DatasetKind::RawView => "raw view",
             DatasetKind::FlatView => "flat view",
+            DatasetKind::MountedMonolithic => "monolithic dataset on a mount",
             DatasetKind::PlainMonolithic => "plain monolithic directory",
         })
     }
@@ -67,6 +78,10 @@ pub enum LayoutError {
     ViewsDisagree { flat_rows: u64, chunked_rows: u64 },
     #[error("chunk size must be positive")]
     ZeroChunkSize,
+    #[error(
+        "{path} does not announce the daemon's chunk rows (an scdlfs of another protocol version?)"
+    )]
+    BadAnnouncement { path: PathBuf },
     #[error("{total_rows} rows in chunks of {chunk_size} make more than 2^32 chunks")]
     TooManyChunks { total_rows: u64, chunk_size: u64 },
 }
@@ -121,7 +136,7 @@ pub struct DatasetLayout {
 
 impl DatasetLayout {
     /// Learns the layout of the dataset at `dir`. `virtual_chunk_size` is used only for a
-    /// plain monolithic directory, which has no chunks of its own.
+    /// plain monolithic directory, which has no chunks of its own and no daemon to ask.
     pub fn discover(
         dir: &Path,
         virtual_chunk_size: NonZeroU64,
@@ -145,10 +160,18 @@ impl DatasetLayout {
                         }
                         (DatasetKind::FlatView, chunks)
                     }
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => (
-                        DatasetKind::PlainMonolithic,
-                        ChunkLayout::new(flat_rows, virtual_chunk_size.get())?,
-                    ),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        match announced_chunk_rows(dir)? {
+                            Some(rows) => (
+                                DatasetKind::MountedMonolithic,
+                                ChunkLayout::new(flat_rows, rows)?,
+                            ),
+                            None => (
+                                DatasetKind::PlainMonolithic,
+                                ChunkLayout::new(flat_rows, virtual_chunk_size.get())?,
+                            ),
+                        }
+                    }
                     Err(source) => {
                         return Err(LayoutError::Read {
                             path: chunked_dir,
@@ -163,6 +186,21 @@ impl DatasetLayout {
             kind,
             chunks,
         })
+    }
+}
+
+/// The rows per chunk the daemon announces in the hint file at `dir`, or `None` when
+/// there is no hint file (not a mount).
+fn announced_chunk_rows(dir: &Path) -> Result<Option<u64>, LayoutError> {
+    let path = dir.join(HINT_FILE);
+    let text = match fs::read(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(LayoutError::Read { path, source }),
+    };
+    match parse_announcement(&text) {
+        Some(rows) => Ok(Some(rows)),
+        None => Err(LayoutError::BadAnnouncement { path }),
     }
 }
 

@@ -31,7 +31,10 @@ impl Sampler {
         shard: Shard,
         workers: Workers,
     ) -> Result<Sampler, ShardError> {
-        Sampler::with_writer(layout, order, shard, workers, HintWriter::open)
+        let chunk_rows = layout.chunks.chunk_size();
+        Sampler::with_writer(layout, order, shard, workers, |dir| {
+            HintWriter::open(dir, chunk_rows)
+        })
     }
 
     /// A sampler of `layout`'s dataset that gives no hints, even on a mount; its rows

@@ -52,6 +52,28 @@ fn a_plain_monolithic_directory_gets_virtual_chunks() {
 }
 
 #[test]
+fn a_monolithic_dataset_on_a_mount_takes_the_chunks_its_hint_file_announces() {
+    let dir = tempfile::tempdir().unwrap();
+    write_header(dir.path(), &monolithic_header(5000));
+    let hints = dir.path().join(scdl_format::hint::HINT_FILE);
+    fs::write(&hints, scdl_format::hint::announcement(300)).unwrap();
+    let layout = DatasetLayout::discover(dir.path(), NonZeroU64::new(100).unwrap()).unwrap();
+    assert_eq!(layout.kind, DatasetKind::MountedMonolithic);
+    assert_eq!(
+        layout.chunks,
+        ChunkLayout::new(5000, 300).unwrap(),
+        "the daemon's size, not the caller's"
+    );
+
+    fs::write(&hints, "").unwrap();
+    let err = discover(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, LayoutError::BadAnnouncement { ref path } if path == &hints),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_directory_without_a_header_is_refused_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let err = discover(dir.path()).unwrap_err();

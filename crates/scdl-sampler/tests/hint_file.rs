@@ -17,8 +17,12 @@ use scdl_sampler::{
     Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
 
-fn greeting() -> HintLine {
-    HintLine::Greeting { version: VERSION }
+/// The lines every handle opens with: the greeting and the chunk rows assumed.
+fn opening(chunk_rows: u64) -> Vec<HintLine> {
+    vec![
+        HintLine::Greeting { version: VERSION },
+        HintLine::ChunkRows { rows: chunk_rows },
+    ]
 }
 
 fn sampler_of(dir: &std::path::Path, order: Order, shard: Shard, workers: Workers) -> Sampler {
@@ -60,7 +64,8 @@ proptest! {
         let visited = sampler.epoch(epoch).count();
 
         let plan = EpochPlan::new(scdl_sampler::ChunkLayout::new(rows, chunk_size as u64).unwrap(), order, epoch);
-        let mut expected = vec![greeting(), HintLine::Plan { epoch }];
+        let mut expected = opening(chunk_size as u64);
+        expected.push(HintLine::Plan { epoch });
         expected.extend(share_lines(&plan, &shard, &workers));
         prop_assert_eq!(hint_lines(dataset.path()), expected);
         prop_assert!(sampler.take_hint_error().is_none());
@@ -101,9 +106,10 @@ fn block_order_announces_each_fetch_as_one_line_of_sorted_blocks() {
     let mut iter = sampler.epoch(0);
     iter.next();
     let lines = hint_lines(dataset.path());
-    assert_eq!(lines[..2], [greeting(), HintLine::Plan { epoch: 0 }]);
-    assert_eq!(lines.len(), 2 + 2, "one rows line per fetch");
-    for line in &lines[2..] {
+    assert_eq!(lines[..2], opening(100));
+    assert_eq!(lines[2], HintLine::Plan { epoch: 0 });
+    assert_eq!(lines.len(), 3 + 2, "one rows line per fetch");
+    for line in &lines[3..] {
         let HintLine::Rows { ranges } = line else {
             panic!("{line:?}");
         };
@@ -132,7 +138,8 @@ fn every_epoch_starts_a_new_plan_on_the_same_handle() {
             &Workers::single(),
         )
     };
-    let mut expected = vec![greeting(), HintLine::Plan { epoch: 0 }];
+    let mut expected = opening(10);
+    expected.push(HintLine::Plan { epoch: 0 });
     expected.extend(steps(0));
     expected.push(HintLine::Plan { epoch: 1 });
     expected.extend(steps(1)); // 5 windows, all within the default lookahead of 8

@@ -1,0 +1,190 @@
+//! Monolithic SCDL datasets found in the store, and the datasets a hint file steers.
+//!
+//! A directory whose `header.sch` is monolithic is served as stored, but it gets a hint
+//! file like a chunked dataset, so its readers' plans are prefetched too. Its rows are
+//! grouped into *virtual chunks* of a fixed row count (the hint protocol's `chunk-rows`,
+//! which the hint file announces), which `window` steps name. Which bytes a virtual
+//! chunk or a row range reads is known only from the row offsets in `row_ptr.npy`; the
+//! prefetcher reads the few entries it needs from there ([`MonolithicDataset::value_range`]).
+//!
+//! The dataset is checked from sizes alone on discovery: the three arrays exist, hold
+//! whole elements, and their lengths agree with the header's.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use object_store::path::Path as ObjectPath;
+use scdl_format::{ArrayKind, ChunkGeometry, Dtype, Header};
+
+use super::dataset::FlatDataset;
+use super::objects::ObjectInfo;
+
+/// Rows per virtual chunk of a monolithic dataset unless the mount says otherwise
+/// (`--virtual-chunk-rows`): the sampler's default for local monolithic archives.
+pub const DEFAULT_VIRTUAL_CHUNK_ROWS: u64 = 1024;
+
+/// A monolithic dataset, served as stored, with virtual chunks for its plans.
+pub struct MonolithicDataset {
+    pub prefix: ObjectPath,
+    /// The three arrays, in [`ArrayKind::ALL`] order.
+    pub arrays: [Arc<ObjectInfo>; 3],
+    pub dtypes: [Dtype; 3],
+    pub geometry: ChunkGeometry,
+    pub total_nnz: u64,
+    /// Whether corrupt row offsets were reported already (once per mount is enough).
+    corruption_reported: AtomicBool,
+}
+
+impl MonolithicDataset {
+    /// Checks a monolithic dataset from its header and the objects of its directory
+    /// (by file name). The error names the object and the mismatch.
+    pub fn validate(
+        prefix: ObjectPath,
+        header: &Header,
+        objects: &HashMap<&str, Arc<ObjectInfo>>,
+        virtual_chunk_rows: u64,
+    ) -> Result<MonolithicDataset, String> {
+        let infos = header.csr_arrays().map_err(|e| e.to_string())?;
+        let rows = infos[1]
+            .length
+            .checked_sub(1)
+            .ok_or("header's ROWPTR has no entries, not even the final offset")?;
+        if infos[0].length != infos[2].length {
+            return Err(format!(
+                "header's DATA has {} values but COLPTR {}",
+                infos[0].length, infos[2].length
+            ));
+        }
+        if !infos[1].dtype.is_unsigned_int() {
+            return Err(format!(
+                "row offsets of type {} are not offsets",
+                infos[1].dtype
+            ));
+        }
+        let mut arrays = Vec::new();
+        for (kind, info) in ArrayKind::ALL.into_iter().zip(infos) {
+            let object = objects
+                .get(kind.file_name())
+                .ok_or_else(|| format!("{} is missing", kind.file_name()))?;
+            let width = info.dtype.size().ok_or("variable-size arrays")?;
+            let expected = info
+                .length
+                .checked_mul(width)
+                .ok_or("array length overflows")?;
+            if object.size != expected {
+                return Err(format!(
+                    "{} is {} bytes; the header's {} entries of {} need {expected}",
+                    object.key, object.size, info.length, info.dtype
+                ));
+            }
+            arrays.push(object.clone());
+        }
+        let geometry =
+            ChunkGeometry::new(rows, virtual_chunk_rows).ok_or("virtual chunks of 0 rows")?;
+        if u32::try_from(geometry.num_chunks()).is_err() {
+            return Err(format!(
+                "{rows} rows make more than 2^32 virtual chunks of {virtual_chunk_rows}"
+            ));
+        }
+        Ok(MonolithicDataset {
+            prefix,
+            arrays: arrays.try_into().expect("three arrays"),
+            dtypes: infos.map(|i| i.dtype),
+            geometry,
+            total_nnz: infos[0].length,
+            corruption_reported: AtomicBool::new(false),
+        })
+    }
+
+    pub fn array(&self, kind: ArrayKind) -> &Arc<ObjectInfo> {
+        &self.arrays[kind.index()]
+    }
+
+    pub fn width(&self, kind: ArrayKind) -> u64 {
+        self.dtypes[kind.index()]
+            .size()
+            .expect("fixed-size, checked")
+    }
+
+    /// The bytes of `row_ptr.npy` holding the offsets of `rows` and the one after.
+    pub fn row_ptr_bytes(&self, rows: &Range<u64>) -> Range<u64> {
+        let width = self.width(ArrayKind::RowPtr);
+        rows.start * width..(rows.end + 1) * width
+    }
+
+    /// The values `[row_ptr[rows.start], row_ptr[rows.end])` of `rows`, from the two
+    /// entries as read by `entry` (`None` while an entry is not local). Offsets that
+    /// cannot be right (decreasing, past the value count) are an error, which is
+    /// logged once per mount.
+    pub fn value_range(
+        &self,
+        rows: &Range<u64>,
+        entry: impl Fn(u64) -> Option<u64>,
+    ) -> Option<Result<Range<u64>, String>> {
+        let (start, end) = (entry(rows.start)?, entry(rows.end)?);
+        if start <= end && end <= self.total_nnz {
+            return Some(Ok(start..end));
+        }
+        let reason = format!(
+            "{}: row offsets {} ({start}) and {} ({end}) do not bound rows of {} values",
+            self.array(ArrayKind::RowPtr).key,
+            rows.start,
+            rows.end,
+            self.total_nnz
+        );
+        if !self.corruption_reported.swap(true, Ordering::Relaxed) {
+            tracing::error!(dataset = %self.prefix, %reason, "corrupt row offsets; no prefetch of the rows they bound");
+        }
+        Some(Err(reason))
+    }
+
+    pub fn mtime(&self) -> SystemTime {
+        self.arrays
+            .iter()
+            .map(|a| a.mtime)
+            .max()
+            .expect("three arrays")
+    }
+}
+
+/// A dataset a hint file steers: chunked (shown flat), or monolithic (shown as stored).
+#[derive(Clone)]
+pub enum Dataset {
+    Chunked(Arc<FlatDataset>),
+    Monolithic(Arc<MonolithicDataset>),
+}
+
+impl Dataset {
+    pub fn prefix(&self) -> &ObjectPath {
+        match self {
+            Dataset::Chunked(d) => &d.prefix,
+            Dataset::Monolithic(d) => &d.prefix,
+        }
+    }
+
+    /// How the dataset's rows fall into chunks, real or virtual: what plans name.
+    pub fn geometry(&self) -> ChunkGeometry {
+        match self {
+            Dataset::Chunked(d) => d.geometry(),
+            Dataset::Monolithic(d) => d.geometry,
+        }
+    }
+
+    pub fn mtime(&self) -> SystemTime {
+        match self {
+            Dataset::Chunked(d) => d.mtime,
+            Dataset::Monolithic(d) => d.mtime(),
+        }
+    }
+
+    pub fn same(&self, other: &Dataset) -> bool {
+        match (self, other) {
+            (Dataset::Chunked(a), Dataset::Chunked(b)) => Arc::ptr_eq(a, b),
+            (Dataset::Monolithic(a), Dataset::Monolithic(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
