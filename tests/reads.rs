@@ -91,9 +91,14 @@ fn check_flat_dataset(dataset: &Path, raw_source: Option<&Path>) {
         // The objects as stored stay reachable, byte for byte.
         let chunked = snapshot(&dataset.join(CHUNKED_DIR));
         let mut stored = snapshot(raw);
-        stored.insert(scdl_format::hint::HINT_FILE.into(), Vec::new());
+        stored.insert(scdl_format::hint::HINT_FILE.into(), announced_chunks());
         assert_eq!(chunked, stored);
     }
+}
+
+/// What the dataset's hint file reads as: the protocol's announcement of its chunk rows.
+fn announced_chunks() -> Vec<u8> {
+    scdl_format::hint::announcement(small_dataset().chunk_rows as u64).into_bytes()
 }
 
 #[test]
@@ -132,7 +137,7 @@ fn the_raw_view_shows_the_bucket_as_stored() {
     });
     let dataset = mount.path().join("datasets/small");
     let mut stored = snapshot(&src.path().join("datasets/small"));
-    stored.insert(scdl_format::hint::HINT_FILE.into(), Vec::new());
+    stored.insert(scdl_format::hint::HINT_FILE.into(), announced_chunks());
     assert_eq!(snapshot(&dataset), stored);
     let header = Header::decode(&std::fs::read(dataset.join(HEADER_FILE)).unwrap()).unwrap();
     assert_eq!(header.backend, Backend::Chunked);
