@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use object_store::path::Path as ObjectPath;
-use scdl_format::{ArrayKind, ChunkGeometry, Dtype, Header};
+use scdl_format::{ArrayKind, ChunkGeometry, Dtype, Header, HeaderError};
 
 use super::dataset::FlatDataset;
 use super::objects::ObjectInfo;
@@ -25,6 +25,41 @@ use super::objects::ObjectInfo;
 /// Rows per virtual chunk of a monolithic dataset unless the mount says otherwise
 /// (`--virtual-chunk-rows`): the sampler's default for local monolithic archives.
 pub const DEFAULT_VIRTUAL_CHUNK_ROWS: u64 = 1024;
+
+/// Why a monolithic directory gets no hint file (it is still served as stored).
+#[derive(Debug, thiserror::Error)]
+pub enum InconsistentMonolithic {
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    #[error("header's ROWPTR has no entries, not even the final offset")]
+    NoRowOffsets,
+    #[error("header's DATA has {data} values but COLPTR {col_ptr}")]
+    ValueCounts { data: u64, col_ptr: u64 },
+    #[error("{0} is missing")]
+    Missing(&'static str),
+    #[error("{key} is {size} bytes; the header's {length} entries of {dtype} need {expected}")]
+    Size {
+        key: ObjectPath,
+        size: u64,
+        length: u64,
+        dtype: Dtype,
+        expected: u128,
+    },
+    #[error("{rows} rows make more than 2^32 virtual chunks of {chunk_rows}")]
+    TooManyChunks { rows: u64, chunk_rows: u64 },
+}
+
+/// Row offsets of a monolithic dataset that cannot be right.
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: row offsets {start_row} ({start}) and {end_row} ({end}) do not bound rows of {total_nnz} values")]
+pub struct CorruptRowOffsets {
+    pub key: ObjectPath,
+    pub start_row: u64,
+    pub start: u64,
+    pub end_row: u64,
+    pub end: u64,
+    pub total_nnz: u64,
+}
 
 /// A monolithic dataset, served as stored, with virtual chunks for its plans.
 pub struct MonolithicDataset {
@@ -41,53 +76,48 @@ pub struct MonolithicDataset {
 impl MonolithicDataset {
     /// Checks a monolithic dataset from its header and the objects of its directory
     /// (by file name). The error names the object and the mismatch.
+    /// `virtual_chunk_rows` must be positive.
     pub fn validate(
         prefix: ObjectPath,
         header: &Header,
         objects: &HashMap<&str, Arc<ObjectInfo>>,
         virtual_chunk_rows: u64,
-    ) -> Result<MonolithicDataset, String> {
-        let infos = header.csr_arrays().map_err(|e| e.to_string())?;
-        let rows = infos[1]
-            .length
-            .checked_sub(1)
-            .ok_or("header's ROWPTR has no entries, not even the final offset")?;
+    ) -> Result<MonolithicDataset, InconsistentMonolithic> {
+        use InconsistentMonolithic as E;
+        // Checks that the arrays have types a reader can map: raw numbers, offsets.
+        let infos = header.csr_arrays()?;
+        let rows = infos[1].length.checked_sub(1).ok_or(E::NoRowOffsets)?;
         if infos[0].length != infos[2].length {
-            return Err(format!(
-                "header's DATA has {} values but COLPTR {}",
-                infos[0].length, infos[2].length
-            ));
-        }
-        if !infos[1].dtype.is_unsigned_int() {
-            return Err(format!(
-                "row offsets of type {} are not offsets",
-                infos[1].dtype
-            ));
+            return Err(E::ValueCounts {
+                data: infos[0].length,
+                col_ptr: infos[2].length,
+            });
         }
         let mut arrays = Vec::new();
         for (kind, info) in ArrayKind::ALL.into_iter().zip(infos) {
             let object = objects
                 .get(kind.file_name())
-                .ok_or_else(|| format!("{} is missing", kind.file_name()))?;
-            let width = info.dtype.size().ok_or("variable-size arrays")?;
-            let expected = info
-                .length
-                .checked_mul(width)
-                .ok_or("array length overflows")?;
-            if object.size != expected {
-                return Err(format!(
-                    "{} is {} bytes; the header's {} entries of {} need {expected}",
-                    object.key, object.size, info.length, info.dtype
-                ));
+                .ok_or(E::Missing(kind.file_name()))?;
+            // csr_arrays accepts fixed-size types only.
+            let width = info.dtype.size().expect("fixed-size CSR array");
+            let expected = info.length as u128 * width as u128;
+            if object.size as u128 != expected {
+                return Err(E::Size {
+                    key: object.key.clone(),
+                    size: object.size,
+                    length: info.length,
+                    dtype: info.dtype,
+                    expected,
+                });
             }
             arrays.push(object.clone());
         }
-        let geometry =
-            ChunkGeometry::new(rows, virtual_chunk_rows).ok_or("virtual chunks of 0 rows")?;
+        let geometry = ChunkGeometry::new(rows, virtual_chunk_rows).expect("positive chunk rows");
         if u32::try_from(geometry.num_chunks()).is_err() {
-            return Err(format!(
-                "{rows} rows make more than 2^32 virtual chunks of {virtual_chunk_rows}"
-            ));
+            return Err(E::TooManyChunks {
+                rows,
+                chunk_rows: virtual_chunk_rows,
+            });
         }
         Ok(MonolithicDataset {
             prefix,
@@ -123,22 +153,23 @@ impl MonolithicDataset {
         &self,
         rows: &Range<u64>,
         entry: impl Fn(u64) -> Option<u64>,
-    ) -> Option<Result<Range<u64>, String>> {
+    ) -> Option<Result<Range<u64>, CorruptRowOffsets>> {
         let (start, end) = (entry(rows.start)?, entry(rows.end)?);
         if start <= end && end <= self.total_nnz {
             return Some(Ok(start..end));
         }
-        let reason = format!(
-            "{}: row offsets {} ({start}) and {} ({end}) do not bound rows of {} values",
-            self.array(ArrayKind::RowPtr).key,
-            rows.start,
-            rows.end,
-            self.total_nnz
-        );
+        let error = CorruptRowOffsets {
+            key: self.array(ArrayKind::RowPtr).key.clone(),
+            start_row: rows.start,
+            start,
+            end_row: rows.end,
+            end,
+            total_nnz: self.total_nnz,
+        };
         if !self.corruption_reported.swap(true, Ordering::Relaxed) {
-            tracing::error!(dataset = %self.prefix, %reason, "corrupt row offsets; no prefetch of the rows they bound");
+            tracing::error!(dataset = %self.prefix, %error, "corrupt row offsets; no prefetch of the rows they bound");
         }
-        Some(Err(reason))
+        Some(Err(error))
     }
 
     pub fn mtime(&self) -> SystemTime {
