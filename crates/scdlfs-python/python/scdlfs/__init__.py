@@ -157,8 +157,9 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
 
     @property
     def dataset_kind(self) -> str:
-        """'flat view' or 'raw view' (an scdlfs mount or a chunked archive), or 'plain
-        monolithic directory' (virtual chunks)."""
+        """'flat view' or 'raw view' (an scdlfs mount or a chunked archive), 'monolithic
+        dataset on a mount' (the daemon's virtual chunks, as its hint file announces), or
+        'plain monolithic directory' (virtual chunks of the size asked for)."""
         return self._native.kind
 
     def __len__(self) -> int:
