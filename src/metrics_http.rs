@@ -1,29 +1,36 @@
 //! Prometheus metrics for `scdlfs mount --metrics-addr ADDR`: `GET /metrics` answers
 //! the mount's [`Status`] in the Prometheus text exposition format.
 //!
-//! The responder is a few lines on the mount's own runtime rather than an HTTP server
-//! crate: it answers one request per connection, only `GET /metrics`, with no TLS and
-//! no authentication. That is why it is off by default and meant for a loopback
-//! address; binding another address is allowed (a scraper may live elsewhere) but
-//! logged as a warning, since anyone who can connect reads the counters and the source.
+//! hyper serves the HTTP on the mount's own runtime, one request per connection, only
+//! `GET /metrics`, with no TLS and no authentication. That is why it is off by default
+//! and meant for a loopback address; binding another address is allowed (a scraper may
+//! live elsewhere) but logged as a warning, since anyone who can connect reads the
+//! counters and the source.
 
+use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::io;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::status::{Observer, Status};
 
-/// The longest request head read; scrapers send a few hundred bytes.
+/// The longest request head read (hyper's smallest buffer); scrapers send a few
+/// hundred bytes.
 const MAX_REQUEST_HEAD: usize = 8192;
 
 /// A client that has not sent its request by then is dropped.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The media type of the Prometheus text format.
-const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Binds `address` now, so that a taken port fails the mount before it is made.
 pub fn bind(address: std::net::SocketAddr) -> io::Result<std::net::TcpListener> {
@@ -47,12 +54,7 @@ pub fn serve(
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
-                    let observer = observer.clone();
-                    tokio::spawn(async move {
-                        if let Err(error) = answer(stream, &observer).await {
-                            tracing::debug!(%error, "metrics request failed");
-                        }
-                    });
+                    tokio::spawn(answer(stream, observer.clone()));
                 }
                 Err(error) => {
                     // Out of descriptors, most likely: wait instead of spinning.
@@ -65,46 +67,41 @@ pub fn serve(
     Ok(())
 }
 
-async fn answer(mut stream: TcpStream, observer: &Observer) -> io::Result<()> {
-    let head = tokio::time::timeout(REQUEST_TIMEOUT, read_request_head(&mut stream))
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request in time"))??;
-    let request_line = head.lines().next().unwrap_or_default();
-    let mut words = request_line.split_whitespace();
-    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    let (status_line, body) = match (method, path) {
-        ("GET", "/metrics") => ("200 OK", render(&observer.status())),
-        ("GET", _) => ("404 Not Found", "only /metrics is served\n".to_owned()),
-        _ => ("405 Method Not Allowed", "only GET is served\n".to_owned()),
-    };
-    let response = format!(
-        "HTTP/1.1 {status_line}\r\nContent-Type: {CONTENT_TYPE}\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
+async fn answer(stream: TcpStream, observer: Observer) {
+    let service = hyper::service::service_fn(move |request: Request<_>| {
+        let response = respond(&request, &observer);
+        async move { Ok::<_, Infallible>(response) }
+    });
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(REQUEST_TIMEOUT)
+        .max_buf_size(MAX_REQUEST_HEAD)
+        .keep_alive(false)
+        // `Content-Type`, as before hyper: names are case-insensitive, but people grep.
+        .title_case_headers(true)
+        .serve_connection(TokioIo::new(stream), service);
+    if let Err(error) = connection.await {
+        tracing::debug!(%error, "metrics request failed");
+    }
 }
 
-/// Reads up to the blank line that ends the request head; the head is all we need.
-async fn read_request_head(stream: &mut TcpStream) -> io::Result<String> {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        if head.len() >= MAX_REQUEST_HEAD {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "request head too long",
-            ));
-        }
-        let read = stream.read(&mut buf).await?;
-        if read == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..read]);
-    }
-    Ok(String::from_utf8_lossy(&head).into_owned())
+fn respond<B>(request: &Request<B>, observer: &Observer) -> Response<Full<Bytes>> {
+    let (status, body) = match (request.method(), request.uri().path()) {
+        (&Method::GET, "/metrics") => (StatusCode::OK, render(&observer.status())),
+        (&Method::GET, _) => (
+            StatusCode::NOT_FOUND,
+            "only /metrics is served\n".to_owned(),
+        ),
+        _ => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "only GET is served\n".to_owned(),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    let content_type = HeaderValue::from_static(PROMETHEUS_TEXT);
+    response.headers_mut().insert(CONTENT_TYPE, content_type);
+    response
 }
 
 /// The status in the Prometheus text format: every counter as `scdlfs_<name>_total`,
