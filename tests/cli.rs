@@ -15,11 +15,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use common::process::{is_mount_point, SCDLFS};
 use common::s3::{moto, unique_bucket};
 use common::*;
 use scdl_format::ArrayKind;
-
-const SCDLFS: &str = env!("CARGO_BIN_EXE_scdlfs");
 
 // ---------------------------------------------------------------------------------------
 // Harness.
@@ -96,9 +95,7 @@ impl Cleanup {
 impl Drop for Cleanup {
     fn drop(&mut self) {
         for mountpoint in &self.mountpoints {
-            let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).unwrap();
-            // SAFETY: a valid C string; failing (not mounted) is fine.
-            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+            common::process::detach(mountpoint);
         }
         for child in &mut self.children {
             let _ = child.kill();
@@ -219,15 +216,6 @@ impl Setup {
     }
 }
 
-/// Whether `path` is a mount point now, from the mount table.
-fn is_mounted(path: &Path) -> bool {
-    let path = path.canonicalize().unwrap_or_else(|_| path.to_owned());
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    table
-        .lines()
-        .any(|line| line.split(' ').nth(4) == Some(&*path.to_string_lossy()))
-}
-
 /// The running scdlfs daemons serving `mountpoint`, found by their command lines.
 fn daemons_of(mountpoint: &Path) -> Vec<i32> {
     let mut found = Vec::new();
@@ -288,7 +276,7 @@ fn wait_for_exit(pid: i32, limit: Duration) -> ExitStatus {
 /// Waits until the mount at `mountpoint` answers, failing if `child` exits first.
 fn wait_until_mounted(mountpoint: &Path, child: &mut Child) {
     let started = Instant::now();
-    while !(is_mounted(mountpoint) && std::fs::read_dir(mountpoint).is_ok()) {
+    while !(is_mount_point(mountpoint) && std::fs::read_dir(mountpoint).is_ok()) {
         if let Some(status) = child.try_wait().unwrap() {
             panic!("the daemon exited ({status}) before mounting");
         }
@@ -314,7 +302,7 @@ fn assert_serves(mnt: &Path) {
 #[track_caller]
 fn assert_nothing_left(mountpoint: &Path) {
     assert!(
-        !is_mounted(mountpoint),
+        !is_mount_point(mountpoint),
         "{} is mounted",
         mountpoint.display()
     );
@@ -345,7 +333,7 @@ fn mount_detaches_once_the_mount_answers_and_unmount_ends_the_daemon() {
     let daemon = daemon_of(&setup.mnt());
     cleanup.pids.push(daemon);
     assert_eq!(first.unwrap(), plain_files()["tiny.txt"]);
-    assert!(is_mounted(&setup.mnt()));
+    assert!(is_mount_point(&setup.mnt()));
     assert_serves(&setup.mnt());
     // The detached daemon logs to the cache directory by default.
     let log = std::fs::read_to_string(setup.cache().join("scdlfs.log")).unwrap();
@@ -359,7 +347,7 @@ fn mount_detaches_once_the_mount_answers_and_unmount_ends_the_daemon() {
 
     let unmounted = scdlfs(&[os("unmount"), setup.mnt().as_os_str()], &mut cleanup);
     unmounted.assert_success("scdlfs unmount");
-    assert!(!is_mounted(&setup.mnt()));
+    assert!(!is_mount_point(&setup.mnt()));
     let status = wait_for_exit(daemon, Duration::from_secs(20));
     assert!(status.success(), "the daemon exited with {status}");
     assert!(
@@ -544,7 +532,7 @@ fn a_mount_left_by_a_killed_daemon_is_named_and_cleaned_up() {
 
     scdlfs(&[os("unmount"), setup.mnt().as_os_str()], &mut cleanup)
         .assert_success("unmounting a dead mount");
-    assert!(!is_mounted(&setup.mnt()));
+    assert!(!is_mount_point(&setup.mnt()));
     assert!(std::fs::metadata(setup.mnt()).unwrap().is_dir());
 
     // And the mountpoint takes a new mount, which serves everything (from a cache
@@ -605,7 +593,7 @@ fn foreground_mount_ends_cleanly_on(signal: i32) {
         "exit {status} after signal {signal}; log:\n{log}"
     );
     assert!(
-        !is_mounted(&setup.mnt()),
+        !is_mount_point(&setup.mnt()),
         "still mounted after signal {signal}"
     );
     assert!(std::fs::read_dir(setup.mnt()).unwrap().next().is_none());

@@ -6,17 +6,18 @@
 //! /dev/fuse). Every daemon is held by a guard that detaches its mount and kills it,
 //! so a failing test leaves no mount behind.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-const SCDLFS: &str = env!("CARGO_BIN_EXE_scdlfs");
-const PATIENCE: Duration = Duration::from_secs(30);
+use common::process::{dies_with_test, is_mount_point, wait_for, Unmounting, PATIENCE, SCDLFS};
+
 const HELLO: &[u8] = b"hello through the mount\n";
 
 /// A source folder with two files, an empty mountpoint and a cache directory.
@@ -56,22 +57,12 @@ fn data_bytes() -> Vec<u8> {
     (0..300_000u32).map(|i| (i * 31 % 251) as u8).collect()
 }
 
-/// Detaches whatever is mounted at the mountpoint when dropped, so that a test that
-/// fails halfway leaves no mount (live or dead) behind.
-struct MountGuard(PathBuf);
-
-impl Drop for MountGuard {
-    fn drop(&mut self) {
-        if is_mount_point(&self.0) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-}
-
-/// `scdlfs mount --foreground`, killed and unmounted when dropped.
+/// `scdlfs mount --foreground`, killed and unmounted when dropped; its log is printed
+/// if the test failed.
 struct Daemon {
     child: Child,
-    _mount: MountGuard,
+    log: PathBuf,
+    _mount: Unmounting,
 }
 
 impl Daemon {
@@ -101,16 +92,12 @@ impl Daemon {
         if let Some(socket) = notify_socket {
             command.env("NOTIFY_SOCKET", socket);
         }
-        // SAFETY: prctl before exec: the daemon dies with the test even if no guard runs.
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        // The daemon dies with the test even if no guard runs.
+        dies_with_test(&mut command);
         Daemon {
             child: command.spawn().unwrap(),
-            _mount: MountGuard(folders.mountpoint()),
+            log: log.to_owned(),
+            _mount: Unmounting(folders.mountpoint()),
         }
     }
 
@@ -143,28 +130,15 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("--- the daemon's log ---\n{log}--- end of the daemon's log ---");
+        }
         if self.child.try_wait().ok().flatten().is_none() {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
     }
-}
-
-fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < PATIENCE, "gave up waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Whether `path` is listed in this process's mount table (a dead FUSE mount counts).
-fn is_mount_point(path: &Path) -> bool {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let path = path.to_str().unwrap();
-    mountinfo
-        .lines()
-        .any(|line| line.split(' ').nth(4) == Some(path))
 }
 
 /// A socket standing in for systemd's notification socket.
@@ -361,7 +335,7 @@ fn prometheus_counters_are_served_and_move_with_reads() {
 #[test]
 fn the_fstab_helper_mounts_with_mount_options_turned_into_flags() {
     let folders = Folders::new();
-    let _mount = MountGuard(folders.mountpoint());
+    let _mount = Unmounting(folders.mountpoint());
     let cache_dir = format!("cache-dir={}", folders.cache().display());
     let options = [
         "rw",

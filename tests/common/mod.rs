@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
 pub mod faulty_mount;
+pub mod process;
 pub mod proxy;
 pub mod s3;
 
