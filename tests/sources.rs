@@ -25,7 +25,6 @@ use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -90,81 +89,94 @@ struct Server {
 }
 
 impl Server {
-    fn start(mut command: Command, port: u16) -> Server {
-        command.stdout(Stdio::null()).stderr(Stdio::null());
-        // SAFETY: prctl in the child before exec; the server dies with the test's thread.
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let mut child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
-        let started = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("{command:?} exited ({status}) before listening");
+    /// Starts the server that `command_for(port)` makes, on a free port. These servers
+    /// cannot take a listening socket, so a port found free can be taken by another
+    /// process before the server binds it: the server then exits, and another port is
+    /// tried.
+    fn start(command_for: impl Fn(u16) -> Command) -> Server {
+        let mut exits = Vec::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let mut command = command_for(port);
+            command.stdout(Stdio::null()).stderr(Stdio::null());
+            common::process::dies_with_test(&mut command);
+            let mut child = command
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
+            let started = Instant::now();
+            let listening = loop {
+                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    break true;
+                }
+                if let Some(status) = child.try_wait().unwrap() {
+                    exits.push(format!("{command:?} exited ({status}) before listening"));
+                    break false;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "{command:?} did not listen within 30 s"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            if listening {
+                return Server {
+                    child,
+                    url: format!("http://127.0.0.1:{port}"),
+                };
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "{command:?} did not listen within 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
         }
-        Server {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        }
+        panic!("no server started on 5 free ports: {exits:#?}");
     }
 
     /// fake-gcs-server in memory, loaded from `data` (one directory per bucket).
     fn fake_gcs(data: &Path) -> Server {
-        let port = free_port();
-        let mut command = Command::new(fake_gcs_server_binary());
-        command.args([
-            "-scheme",
-            "http",
-            "-host",
-            "127.0.0.1",
-            "-backend",
-            "memory",
-        ]);
-        command.arg("-port").arg(port.to_string());
-        // Path-style object URLs (`/BUCKET/KEY`, what object_store sends) are routed
-        // only for requests to the public host.
-        command.arg("-public-host").arg(format!("127.0.0.1:{port}"));
-        command.arg("-data").arg(data);
-        command.args(["-log-level", "error"]);
-        Server::start(command, port)
+        Server::start(|port| {
+            let mut command = Command::new(fake_gcs_server_binary());
+            command.args([
+                "-scheme",
+                "http",
+                "-host",
+                "127.0.0.1",
+                "-backend",
+                "memory",
+            ]);
+            command.arg("-port").arg(port.to_string());
+            // Path-style object URLs (`/BUCKET/KEY`, what object_store sends) are routed
+            // only for requests to the public host.
+            command.arg("-public-host").arg(format!("127.0.0.1:{port}"));
+            command.arg("-data").arg(data);
+            command.args(["-log-level", "error"]);
+            command
+        })
     }
 
     /// WsgiDAV on cheroot serving `root` read-write to anyone.
     fn webdav(root: &Path) -> Server {
-        let port = free_port();
-        let mut command = Command::new(venv_bin().join("wsgidav"));
-        command.args([
-            "--host",
-            "127.0.0.1",
-            "--auth",
-            "anonymous",
-            "--server",
-            "cheroot",
-        ]);
-        command.arg("--port").arg(port.to_string());
-        command.arg("--root").arg(root);
-        Server::start(command, port)
+        Server::start(|port| {
+            let mut command = Command::new(venv_bin().join("wsgidav"));
+            command.args([
+                "--host",
+                "127.0.0.1",
+                "--auth",
+                "anonymous",
+                "--server",
+                "cheroot",
+            ]);
+            command.arg("--port").arg(port.to_string());
+            command.arg("--root").arg(root);
+            command
+        })
     }
 
     /// Python's static file server: GET and HEAD with ranges, no listing.
     fn static_http(root: &Path) -> Server {
-        let port = free_port();
-        let mut command = Command::new(venv_bin().join("python"));
-        command.args(["-m", "http.server", "--bind", "127.0.0.1"]);
-        command.arg("--directory").arg(root);
-        command.arg(port.to_string());
-        Server::start(command, port)
+        Server::start(|port| {
+            let mut command = Command::new(venv_bin().join("python"));
+            command.args(["-m", "http.server", "--bind", "127.0.0.1"]);
+            command.arg("--directory").arg(root);
+            command.arg(port.to_string());
+            command
+        })
     }
 }
 
