@@ -147,6 +147,12 @@ pub fn render(status: &Status) -> String {
         "Cached parts that failed their checksum on a read, dropped and fetched again.",
         cache.corrupt_parts_dropped as f64,
     );
+    metric(
+        "scdlfs_cache_adopted_parts_total",
+        "counter",
+        "Part files of an earlier mount taken over by this one.",
+        cache.adopted_parts as f64,
+    );
     let gauges = [
         (
             "scdlfs_cache_budget_bytes",
@@ -242,6 +248,7 @@ mod tests {
                 corrupt_parts_dropped: 0,
                 disk_unusable: None,
                 parts_not_cached_for_disk_errors: 0,
+                ..CacheStats::default()
             },
             active_plans: Vec::new(),
             downloads_in_flight: 1,

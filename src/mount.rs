@@ -12,8 +12,9 @@ use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
 
-use crate::cache::DiskCache;
-use crate::catalog::{DirMode, Tree};
+use crate::cache::adopt::ListedObject;
+use crate::cache::{CacheOwner, DiskCache};
+use crate::catalog::{DirMode, ObjectRegistry, Tree};
 use crate::fetch::Fetcher;
 use crate::fs::{FsCore, Ownership, ScdlFs};
 use crate::metrics::Metrics;
@@ -28,6 +29,8 @@ pub struct MountSettings {
     pub fs_name: String,
     pub view: DirMode,
     pub cache_dir: PathBuf,
+    /// Wipe a cache directory of another source or scdlfs version instead of refusing it.
+    pub cache_reset: bool,
     pub cache_bytes: u64,
     pub max_cached_chunks: Option<usize>,
     pub part_size: u64,
@@ -105,14 +108,33 @@ pub fn assemble(
     prefix: ObjectPath,
     settings: &MountSettings,
 ) -> Result<(FsCore, Observer), MountError> {
+    let owner = CacheOwner {
+        source: settings.fs_name.clone(),
+        reset: settings.cache_reset,
+    };
     let cache = Arc::new(
         DiskCache::open(
             &settings.cache_dir,
+            &owner,
             settings.cache_bytes,
             settings.max_cached_chunks,
         )
         .map_err(MountError::Cache)?,
     );
+    cache.adopt_in_background();
+    let registry = {
+        let (cache, part_size) = (cache.clone(), settings.part_size);
+        ObjectRegistry::with_listener(Box::new(move |object| {
+            let listed = ListedObject {
+                id: object.id,
+                key: object.key.to_string(),
+                etag: object.etag.clone(),
+                size: object.size,
+                group: object.group,
+            };
+            cache.object_listed(listed, part_size)
+        }))
+    };
     let metrics = Arc::new(Metrics::default());
     let fetcher = Fetcher::new(
         store.clone(),
@@ -133,7 +155,7 @@ pub fn assemble(
             max_sequential_window: 8 * settings.part_size,
         },
     );
-    let tree = Arc::new(Tree::new(store, prefix, settings.view));
+    let tree = Arc::new(Tree::new(store, prefix, settings.view, registry));
     let observer = Observer::new(
         settings.fs_name.clone(),
         metrics.clone(),

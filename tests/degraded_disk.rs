@@ -61,7 +61,7 @@ fn a_full_cache_disk_serves_from_the_store() {
     let reason = cache.disk_unusable.expect("the full disk is reported");
     assert!(reason.contains("No space"), "{reason}");
     assert!(cache.parts_not_cached_for_disk_errors > 0);
-    let leftovers: Vec<_> = std::fs::read_dir(tmpfs.path().join("scdlfs-v1/parts"))
+    let leftovers: Vec<_> = std::fs::read_dir(tmpfs.path().join("scdlfs-cache-v2/parts"))
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .filter(|name| name.to_string_lossy().ends_with(".tmp"))

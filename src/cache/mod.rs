@@ -19,13 +19,18 @@
 //! read fails with [`CacheError::Corrupt`], which the read path answers by fetching the
 //! part again.
 //!
+//! The cache outlives the mount ([`adopt`]): a directory records the source it belongs
+//! to, and the part files of an earlier daemon are counted against the budget at once
+//! and adopted, in the background, by the objects the catalog lists with the same ETag.
+//!
 //! The cache knows objects and parts, never SCDL: grouping parts into units is the
 //! caller's decision, and eviction advice comes from an [`EvictionAdvisor`].
 
+pub mod adopt;
 pub mod part_file;
 pub mod policy;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -38,11 +43,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 
 use crate::parts::{span, spans_touched, GroupId, PartKey};
+use adopt::{ListedObject, SourceRecord, Verdict};
 use part_file::PartHeader;
 pub use policy::{EvictionAdvisor, NextUse, Policy, Unit};
-
-/// The subdirectory of `--cache-dir` that this format version owns.
-const VERSION_DIR: &str = "scdlfs-v1";
 
 /// How long caching stays off after a failed write before one insert tries again.
 pub const DISK_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -84,6 +87,57 @@ pub enum CacheError {
 struct Inner {
     policy: Policy,
     files: HashMap<PartKey, (Arc<ResidentFile>, PathBuf)>,
+    strays: Strays,
+}
+
+/// Part files of an earlier daemon that no listed object has claimed yet. Their bytes
+/// are outside the policy's budget (which is the cache's budget less theirs); they are
+/// deleted oldest first when a download needs their room.
+#[derive(Default)]
+struct Strays {
+    /// Still on disk, oldest first; an entry no longer in `bytes` was claimed or removed.
+    order: VecDeque<PathBuf>,
+    bytes: HashMap<PathBuf, u64>,
+    total_bytes: u64,
+    /// Strays whose header has been read, by object key.
+    by_key: HashMap<String, Vec<ReadStray>>,
+    /// Objects listed while headers are still being read, so a stray read later
+    /// finds its object; emptied once every header is read.
+    listed: HashMap<String, (ListedObject, u64)>,
+    headers_read: bool,
+}
+
+struct ReadStray {
+    path: PathBuf,
+    header: PartHeader,
+    header_len: u64,
+}
+
+impl Strays {
+    /// Forgets a stray (claimed or to be deleted); its bytes, if it was still known.
+    fn take(&mut self, path: &Path) -> Option<u64> {
+        let bytes = self.bytes.remove(path)?;
+        self.total_bytes -= bytes;
+        Some(bytes)
+    }
+
+    fn oldest(&mut self) -> Option<(PathBuf, u64)> {
+        while let Some(path) = self.order.pop_front() {
+            if let Some(bytes) = self.take(&path) {
+                return Some((path, bytes));
+            }
+        }
+        None
+    }
+}
+
+/// Whose cache a directory is, and what to do with one of another source or version.
+#[derive(Clone, Debug)]
+pub struct CacheOwner {
+    /// The source as the mount names it; recorded in the directory.
+    pub source: String,
+    /// Wipe a directory of another source or layout version instead of refusing it.
+    pub reset: bool,
 }
 
 /// Figures for `scdlfs status`.
@@ -105,10 +159,32 @@ pub struct CacheStats {
     /// Downloaded parts served without being cached because the disk failed.
     #[serde(default)]
     pub parts_not_cached_for_disk_errors: u64,
+    /// Part files of an earlier mount that this mount took over.
+    #[serde(default)]
+    pub adopted_parts: u64,
+    #[serde(default)]
+    pub adopted_bytes: u64,
+    /// Part files of an earlier mount not (yet) claimed by a listed object; they count
+    /// against the budget and are deleted first when room is needed.
+    #[serde(default)]
+    pub unclaimed_parts: usize,
+    #[serde(default)]
+    pub unclaimed_bytes: u64,
+    /// Part files of an earlier mount removed: changed objects, another part size,
+    /// bad headers, torn writes, or beyond a smaller budget.
+    #[serde(default)]
+    pub stale_parts_removed: u64,
+    /// Whether every header of an earlier mount's part files has been read.
+    #[serde(default)]
+    pub adoption_done: bool,
 }
 
 pub struct DiskCache {
     parts_dir: PathBuf,
+    budget_bytes: u64,
+    adopted_parts: AtomicU64,
+    adopted_bytes: AtomicU64,
+    stale_removed: AtomicU64,
     inner: Mutex<Inner>,
     advisor: RwLock<Option<Arc<dyn EvictionAdvisor>>>,
     next_file: AtomicU64,
@@ -138,10 +214,18 @@ enum Step {
 }
 
 impl DiskCache {
-    /// Opens the cache under `dir`, taking an exclusive lock on it. Parts left by an
-    /// earlier daemon are removed: this version starts every mount cold.
-    pub fn open(dir: &Path, budget_bytes: u64, max_groups: Option<usize>) -> io::Result<DiskCache> {
-        let root = dir.join(VERSION_DIR);
+    /// Opens the cache under `dir` for `owner`'s source, taking an exclusive lock on
+    /// it. Part files an earlier daemon left count against the budget at once (the
+    /// oldest beyond it are deleted); [`DiskCache::adopt_in_background`] then reads
+    /// their headers so that listed objects can claim them.
+    pub fn open(
+        dir: &Path,
+        owner: &CacheOwner,
+        budget_bytes: u64,
+        max_groups: Option<usize>,
+    ) -> io::Result<DiskCache> {
+        let root = dir.join(adopt::layout_dir_name());
+        refuse_other_layouts(dir, &root, owner.reset)?;
         let parts_dir = root.join("parts");
         fs::DirBuilder::new()
             .recursive(true)
@@ -159,32 +243,54 @@ impl DiskCache {
             }
             fs::set_permissions(owned, fs::Permissions::from_mode(0o700))?;
         }
-        let lock = private_file()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(root.join("lock"))?;
-        // SAFETY: flock on a file descriptor we own; no memory is involved.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(io::Error::new(
+        let lock = lock_exclusively(&root.join("lock")).map_err(|error| match error.kind() {
+            io::ErrorKind::WouldBlock => io::Error::new(
                 io::ErrorKind::WouldBlock,
                 format!(
                     "cache directory {} is in use by another scdlfs mount; give each mount its own --cache-dir",
                     dir.display()
                 ),
-            ));
+            ),
+            _ => error,
+        })?;
+        claim_for_source(dir, &root, &parts_dir, owner)?;
+        let scan = adopt::scan(&parts_dir)?;
+        let mut strays = Strays::default();
+        for found in scan.parts {
+            strays.total_bytes += found.bytes;
+            strays.bytes.insert(found.path.clone(), found.bytes);
+            strays.order.push_back(found.path);
         }
-        for entry in fs::read_dir(&parts_dir)? {
-            fs::remove_file(entry?.path())?;
+        let mut over_budget = 0;
+        while strays.total_bytes > budget_bytes {
+            let (path, _) = strays.oldest().expect("bytes over budget are in files");
+            fs::remove_file(&path)?;
+            over_budget += 1;
         }
+        strays.headers_read = strays.bytes.is_empty();
+        if !strays.bytes.is_empty() || scan.removed + over_budget > 0 {
+            tracing::info!(
+                parts = strays.bytes.len(),
+                bytes = strays.total_bytes,
+                removed_torn_or_foreign = scan.removed,
+                removed_over_budget = over_budget,
+                "found the part files of an earlier mount; adopting those whose objects are unchanged"
+            );
+        }
+        let policy_budget = budget_bytes - strays.total_bytes;
         Ok(DiskCache {
             parts_dir,
+            budget_bytes,
+            adopted_parts: AtomicU64::new(0),
+            adopted_bytes: AtomicU64::new(0),
+            stale_removed: AtomicU64::new(scan.removed + over_budget),
             inner: Mutex::new(Inner {
-                policy: Policy::new(budget_bytes, max_groups),
+                policy: Policy::new(policy_budget, max_groups),
                 files: HashMap::new(),
+                strays,
             }),
             advisor: RwLock::new(None),
-            next_file: AtomicU64::new(0),
+            next_file: AtomicU64::new(scan.next_file),
             evicted_parts: AtomicU64::new(0),
             refused_for_room: AtomicU64::new(0),
             corrupt_dropped: AtomicU64::new(0),
@@ -197,6 +303,187 @@ impl DiskCache {
         })
     }
 
+    /// Reads the headers of the earlier mount's part files on a thread of its own, so
+    /// that a large cache does not delay the mount.
+    pub fn adopt_in_background(self: &Arc<Self>) {
+        if self.inner.lock().strays.headers_read {
+            return;
+        }
+        let cache = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("scdlfs-adopt".into())
+            .spawn(move || {
+                let started = Instant::now();
+                let paths: Vec<PathBuf> = match cache.upgrade() {
+                    Some(cache) => cache.inner.lock().strays.order.iter().cloned().collect(),
+                    None => return,
+                };
+                for path in paths {
+                    let Some(cache) = cache.upgrade() else { return };
+                    cache.read_stray(path);
+                }
+                if let Some(cache) = cache.upgrade() {
+                    cache.headers_done();
+                    let stats = cache.stats();
+                    tracing::info!(
+                        seconds = started.elapsed().as_secs_f64(),
+                        adopted = stats.adopted_parts,
+                        unclaimed = stats.unclaimed_parts,
+                        removed = stats.stale_parts_removed,
+                        "read the headers of the earlier mount's part files"
+                    );
+                }
+            });
+        if let Err(error) = spawned {
+            tracing::error!(%error, "cannot start adopting the earlier mount's parts: they will be replaced as room is needed");
+        }
+    }
+
+    /// Reads the headers of the earlier mount's part files on this thread.
+    #[cfg(test)]
+    fn adopt_now(&self) {
+        let paths: Vec<PathBuf> = self.inner.lock().strays.order.iter().cloned().collect();
+        for path in paths {
+            self.read_stray(path);
+        }
+        self.headers_done();
+    }
+
+    /// Reads one stray's header; removes it if the header is bad, files it under its
+    /// key otherwise, and lets an object listed already claim it.
+    fn read_stray(&self, path: PathBuf) {
+        if !self.inner.lock().strays.bytes.contains_key(&path) {
+            return; // deleted for room meanwhile
+        }
+        let read = adopt::read_header(&path);
+        let mut inner = self.inner.lock();
+        let (header, header_len) = match read {
+            Ok((_, header, header_len)) => (header, header_len),
+            Err(reason) => {
+                self.remove_stray(&mut inner, &path, &reason);
+                return;
+            }
+        };
+        let key = header.key.clone();
+        inner
+            .strays
+            .by_key
+            .entry(key.clone())
+            .or_default()
+            .push(ReadStray {
+                path,
+                header,
+                header_len,
+            });
+        if let Some((object, part_size)) = inner.strays.listed.get(&key).cloned() {
+            self.claim(&mut inner, &object, part_size);
+        }
+    }
+
+    fn headers_done(&self) {
+        let mut inner = self.inner.lock();
+        inner.strays.headers_read = true;
+        inner.strays.listed = HashMap::new();
+    }
+
+    /// Tells the cache that the catalog listed `object`: it claims the earlier mount's
+    /// parts of its key that are parts of it as it is now (cut at `part_size`), and the
+    /// others of its key are deleted.
+    pub fn object_listed(&self, object: ListedObject, part_size: u64) {
+        let mut inner = self.inner.lock();
+        if inner.strays.bytes.is_empty() {
+            return;
+        }
+        if !inner.strays.headers_read {
+            inner
+                .strays
+                .listed
+                .insert(object.key.clone(), (object.clone(), part_size));
+        }
+        self.claim(&mut inner, &object, part_size);
+    }
+
+    fn claim(&self, inner: &mut Inner, object: &ListedObject, part_size: u64) {
+        let Some(strays) = inner.strays.by_key.remove(&object.key) else {
+            return;
+        };
+        for stray in strays {
+            if !inner.strays.bytes.contains_key(&stray.path) {
+                continue; // deleted for room meanwhile
+            }
+            let index = match adopt::judge(&stray.header, object, part_size) {
+                Verdict::Adopt { index } => index,
+                Verdict::Remove(reason) => {
+                    self.remove_stray(inner, &stray.path, reason);
+                    continue;
+                }
+            };
+            let file = match private_file().read(true).open(&stray.path) {
+                Ok(file) => file,
+                Err(error) => {
+                    self.remove_stray(inner, &stray.path, &error.to_string());
+                    continue;
+                }
+            };
+            let bytes = inner.strays.take(&stray.path).expect("checked above");
+            let budget = inner.policy.budget_bytes() + bytes;
+            inner.policy.set_budget_bytes(budget);
+            let key = PartKey {
+                object: object.id,
+                index,
+            };
+            if !inner.policy.adopt(key, object.group, bytes) {
+                // Downloaded again already, or over the chunk budget.
+                self.stale_removed.fetch_add(1, Ordering::Relaxed);
+                self.delete_files(vec![stray.path]);
+                continue;
+            }
+            self.adopted_parts.fetch_add(1, Ordering::Relaxed);
+            self.adopted_bytes.fetch_add(bytes, Ordering::Relaxed);
+            let header = stray.header;
+            inner.files.insert(
+                key,
+                (
+                    Arc::new(ResidentFile {
+                        file,
+                        data_offset: stray.header_len,
+                        data_len: header.data_len,
+                        block_len: header.block_len,
+                        block_crc32c: header.block_crc32c.into(),
+                    }),
+                    stray.path,
+                ),
+            );
+        }
+    }
+
+    /// Deletes a stray of no use, handing its room to the books.
+    fn remove_stray(&self, inner: &mut Inner, path: &Path, reason: &str) {
+        let Some(bytes) = inner.strays.take(path) else {
+            return;
+        };
+        tracing::debug!(path = %path.display(), reason, "an earlier mount's part file is not adopted: removed");
+        self.stale_removed.fetch_add(1, Ordering::Relaxed);
+        self.delete_files(vec![path.to_owned()]);
+        let budget = inner.policy.budget_bytes() + bytes;
+        inner.policy.set_budget_bytes(budget);
+    }
+
+    /// Deletes the oldest strays until `bytes` more fit the books' budget (or none is
+    /// left): an earlier mount's parts that nothing claimed are the least recently used.
+    fn make_room_from_strays(&self, inner: &mut Inner, bytes: u64) {
+        while inner.policy.used_bytes() + inner.policy.reserved_bytes() + bytes
+            > inner.policy.budget_bytes()
+        {
+            let Some((path, freed)) = inner.strays.oldest() else {
+                return;
+            };
+            self.evicted_parts.fetch_add(1, Ordering::Relaxed);
+            self.delete_files(vec![path]);
+            let budget = inner.policy.budget_bytes() + freed;
+            inner.policy.set_budget_bytes(budget);
+        }
+    }
     /// The directory whose files the budget bounds.
     #[cfg(test)]
     fn parts_dir(&self) -> &Path {
@@ -254,6 +541,7 @@ impl DiskCache {
             if inner.policy.contains(key) {
                 return true;
             }
+            self.make_room_from_strays(&mut inner, disk_bytes);
             let (reservation, victims) =
                 inner
                     .policy
@@ -391,8 +679,8 @@ impl DiskCache {
     pub fn stats(&self) -> CacheStats {
         let inner = self.inner.lock();
         CacheStats {
-            budget_bytes: inner.policy.budget_bytes(),
-            cached_bytes: inner.policy.used_bytes(),
+            budget_bytes: self.budget_bytes,
+            cached_bytes: inner.policy.used_bytes() + inner.strays.total_bytes,
             reserved_bytes: inner.policy.reserved_bytes(),
             cached_parts: inner.policy.resident_parts(),
             cached_groups: inner.policy.resident_groups(),
@@ -401,6 +689,12 @@ impl DiskCache {
             corrupt_parts_dropped: self.corrupt_dropped.load(Ordering::Relaxed),
             disk_unusable: self.disk.lock().reason.clone(),
             parts_not_cached_for_disk_errors: self.refused_for_disk.load(Ordering::Relaxed),
+            adopted_parts: self.adopted_parts.load(Ordering::Relaxed),
+            adopted_bytes: self.adopted_bytes.load(Ordering::Relaxed),
+            unclaimed_parts: inner.strays.bytes.len(),
+            unclaimed_bytes: inner.strays.total_bytes,
+            stale_parts_removed: self.stale_removed.load(Ordering::Relaxed),
+            adoption_done: inner.strays.headers_read,
         }
     }
 
@@ -429,6 +723,112 @@ fn private_file() -> OpenOptions {
     let mut options = OpenOptions::new();
     options.mode(0o600).custom_flags(libc::O_NOFOLLOW);
     options
+}
+
+/// Takes an exclusive lock on `path` (created if missing) for as long as the file lives.
+fn lock_exclusively(path: &Path) -> io::Result<File> {
+    let lock = private_file()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(io::Error::from(io::ErrorKind::WouldBlock));
+    }
+    Ok(lock)
+}
+
+/// Refuses a `--cache-dir` that holds a cache of another layout version, or wipes it
+/// with `reset` (unless a daemon still holds it).
+fn refuse_other_layouts(dir: &Path, ours: &Path, reset: bool) -> io::Result<()> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    for entry in entries {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if path == ours || !adopt::is_layout_dir_name(name) {
+            continue;
+        }
+        if !reset {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "cache directory {} holds a cache of another scdlfs version ({name}); \
+                     mount with --cache-reset to wipe it, or give this mount another --cache-dir",
+                    dir.display()
+                ),
+            ));
+        }
+        if path.join("lock").exists() {
+            let _held = lock_exclusively(&path.join("lock")).map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!("{} is in use by another scdlfs mount", path.display()),
+                )
+            })?;
+        }
+        tracing::warn!(path = %path.display(), "--cache-reset: wiping the cache of another scdlfs version");
+        fs::remove_dir_all(&path)?;
+    }
+    Ok(())
+}
+
+/// Checks that the layout directory belongs to `owner`'s source (recording it in a
+/// directory that holds no parts yet); a directory of another source is refused, or
+/// wiped with `reset`.
+fn claim_for_source(
+    dir: &Path,
+    root: &Path,
+    parts_dir: &Path,
+    owner: &CacheOwner,
+) -> io::Result<()> {
+    let record_path = root.join(adopt::SOURCE_RECORD);
+    let ours = SourceRecord::of(&owner.source);
+    let recorded = match fs::read(&record_path) {
+        Ok(bytes) => Some(SourceRecord::decode(&bytes)),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => None,
+        Err(error) => return Err(error),
+    };
+    let has_parts = fs::read_dir(parts_dir)?.next().is_some();
+    let foreign = match &recorded {
+        Some(Some(record)) if *record == ours => return Ok(()),
+        Some(Some(record)) => Some(format!("the source {}", record.source)),
+        Some(None) => Some("an unreadable source record".to_owned()),
+        None if has_parts => Some("no source record".to_owned()),
+        None => None,
+    };
+    if let Some(foreign) = foreign {
+        if !owner.reset {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "cache directory {} belongs to {foreign}, not {}; give this mount its own \
+                     --cache-dir, or mount with --cache-reset to wipe it",
+                    dir.display(),
+                    owner.source
+                ),
+            ));
+        }
+        tracing::warn!(dir = %dir.display(), "--cache-reset: wiping a cache of {foreign}");
+        for entry in fs::read_dir(parts_dir)? {
+            fs::remove_file(entry?.path())?;
+        }
+    }
+    let tmp = root.join(format!("{}.tmp", adopt::SOURCE_RECORD));
+    private_file()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?
+        .write_all(&ours.encode())?;
+    fs::rename(&tmp, &record_path)
 }
 
 thread_local! {
@@ -549,6 +949,13 @@ mod tests {
             .sum()
     }
 
+    fn owner() -> CacheOwner {
+        CacheOwner {
+            source: "s3://bucket/atlas".into(),
+            reset: false,
+        }
+    }
+
     fn key(object: u64) -> PartKey {
         PartKey {
             object: ObjectId(object),
@@ -581,7 +988,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let part = 10_000usize;
         let budget = 3 * disk_len(part);
-        let cache = Arc::new(DiskCache::open(dir.path(), budget, None).unwrap());
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
         for object in 0..10u64 {
             let data = vec![object as u8; part];
             assert!(cache.insert(key(object), None, ORIGIN, &data));
@@ -668,7 +1075,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let unit = disk_len(10_000);
         let budget = 3 * unit;
-        let cache = Arc::new(DiskCache::open(dir.path(), budget, None).unwrap());
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
         let big = (2 * unit - disk_len(0)) as usize;
         assert_eq!(disk_len(big), 2 * unit);
         assert!(cache.insert(key(1), None, ORIGIN, &vec![1; big]));
@@ -693,7 +1100,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let unit = disk_len(10_000);
         let budget = 3 * unit;
-        let cache = Arc::new(DiskCache::open(dir.path(), budget, None).unwrap());
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
         assert!(cache.insert(key(2), None, ORIGIN, &[2; 10_000]));
         let _kept = cache.get(key(2)).unwrap();
         // Two downloads of part 5 both reserve and write; the loser's reservation must
@@ -716,7 +1123,7 @@ mod tests {
     #[test]
     fn a_removed_directory_turns_caching_off_once_and_on_again() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cache = DiskCache::open(dir.path(), 1 << 20, None).unwrap();
+        let mut cache = DiskCache::open(dir.path(), &owner(), 1 << 20, None).unwrap();
         cache.disk_retry_after = Duration::from_millis(200);
         let cache = Arc::new(cache);
         assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
@@ -741,10 +1148,10 @@ mod tests {
     #[test]
     fn the_directory_and_files_are_private_and_symlinks_are_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = Arc::new(DiskCache::open(dir.path(), 1 << 20, None).unwrap());
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 20, None).unwrap());
         assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
         let mode = |path: &Path| fs::metadata(path).unwrap().permissions().mode() & 0o777;
-        let root = dir.path().join(VERSION_DIR);
+        let root = dir.path().join(adopt::layout_dir_name());
         assert_eq!(mode(&root), 0o700);
         assert_eq!(mode(cache.parts_dir()), 0o700);
         assert_eq!(mode(&root.join("lock")), 0o600);
@@ -753,8 +1160,12 @@ mod tests {
 
         let elsewhere = tempfile::tempdir().unwrap();
         let planted = tempfile::tempdir().unwrap();
-        std::os::unix::fs::symlink(elsewhere.path(), planted.path().join(VERSION_DIR)).unwrap();
-        let refused = DiskCache::open(planted.path(), 1 << 20, None)
+        std::os::unix::fs::symlink(
+            elsewhere.path(),
+            planted.path().join(adopt::layout_dir_name()),
+        )
+        .unwrap();
+        let refused = DiskCache::open(planted.path(), &owner(), 1 << 20, None)
             .err()
             .unwrap();
         assert!(refused.to_string().contains("symbolic link"), "{refused}");
@@ -763,8 +1174,8 @@ mod tests {
     #[test]
     fn a_second_daemon_cannot_share_the_directory() {
         let dir = tempfile::tempdir().unwrap();
-        let _first = DiskCache::open(dir.path(), 1 << 20, None).unwrap();
-        let second = DiskCache::open(dir.path(), 1 << 20, None);
+        let _first = DiskCache::open(dir.path(), &owner(), 1 << 20, None).unwrap();
+        let second = DiskCache::open(dir.path(), &owner(), 1 << 20, None);
         assert!(second.is_err());
     }
 
@@ -772,7 +1183,7 @@ mod tests {
     fn pinned_parts_leave_new_parts_uncached() {
         let dir = tempfile::tempdir().unwrap();
         let budget = disk_len(100);
-        let cache = Arc::new(DiskCache::open(dir.path(), budget, None).unwrap());
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
         assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
         let pinned = cache.get(key(1)).unwrap();
         assert!(!cache.insert(key(2), None, ORIGIN, &[2; 100]));
@@ -784,7 +1195,7 @@ mod tests {
     #[test]
     fn a_flipped_bit_is_caught_and_drops_the_part() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = Arc::new(DiskCache::open(dir.path(), 1 << 30, None).unwrap());
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
         let data: Vec<u8> = (0..3 * BLOCK_LEN as usize + 100)
             .map(|i| (i % 253) as u8)
             .collect();
@@ -830,6 +1241,228 @@ mod tests {
         assert_eq!(buf, data[2 * BLOCK_LEN as usize + 500..][..1000]);
     }
 
+    fn listed(object: u64, etag: &str, size: u64, group: Option<GroupId>) -> ListedObject {
+        ListedObject {
+            id: ObjectId(object),
+            key: ORIGIN.key.into(),
+            etag: Some(etag.into()),
+            size,
+            group,
+        }
+    }
+
+    /// A cache of `parts` parts of 1000 bytes of object `ORIGIN.key`, closed again.
+    fn earlier_mount(dir: &Path, parts: u64) {
+        let cache = DiskCache::open(dir, &owner(), 1 << 30, None).unwrap();
+        for index in 0..parts {
+            let origin = PartOrigin {
+                object_offset: index * 1000,
+                ..ORIGIN
+            };
+            assert!(cache.insert(
+                PartKey {
+                    object: ObjectId(9),
+                    index
+                },
+                None,
+                origin,
+                &[index as u8; 1000]
+            ));
+        }
+    }
+
+    #[test]
+    fn a_remount_adopts_the_parts_of_an_unchanged_object_into_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        earlier_mount(dir.path(), 3);
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+        let stats = cache.stats();
+        assert_eq!(
+            (stats.unclaimed_parts, stats.cached_bytes),
+            (3, 3 * disk_len(1000))
+        );
+        cache.adopt_now();
+        // Ids are the new mount's: the object is listed under another id now.
+        cache.object_listed(listed(4, ORIGIN.etag, 3000, Some(GroupId(2))), 1000);
+        let stats = cache.stats();
+        assert_eq!(
+            (
+                stats.adopted_parts,
+                stats.unclaimed_parts,
+                stats.cached_groups
+            ),
+            (3, 0, 1)
+        );
+        let part = cache
+            .get(PartKey {
+                object: ObjectId(4),
+                index: 2,
+            })
+            .unwrap();
+        let mut buf = [0u8; 10];
+        part.read_exact_at(&mut buf, 990).unwrap();
+        assert_eq!(buf, [2; 10]);
+        drop(part);
+        assert!(
+            cache.insert(key(5), None, ORIGIN, &[5; 1000]),
+            "new files take new names"
+        );
+        assert_eq!(fs::read_dir(cache.parts_dir()).unwrap().count(), 4);
+    }
+
+    #[test]
+    fn an_object_listed_before_its_headers_are_read_still_adopts() {
+        let dir = tempfile::tempdir().unwrap();
+        earlier_mount(dir.path(), 2);
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+        cache.object_listed(listed(0, ORIGIN.etag, 2000, None), 1000);
+        assert_eq!(cache.stats().adopted_parts, 0);
+        cache.adopt_now();
+        assert_eq!(cache.stats().adopted_parts, 2);
+    }
+
+    #[test]
+    fn parts_of_a_changed_object_or_another_part_size_are_removed() {
+        for (etag, size, part_size) in [("\"v2\"", 2000, 1000), (ORIGIN.etag, 2000, 2000)] {
+            let dir = tempfile::tempdir().unwrap();
+            earlier_mount(dir.path(), 2);
+            let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+            cache.adopt_now();
+            cache.object_listed(listed(0, etag, size, None), part_size);
+            let stats = cache.stats();
+            assert_eq!(
+                (
+                    stats.adopted_parts,
+                    stats.stale_parts_removed,
+                    stats.cached_bytes
+                ),
+                (0, 2, 0)
+            );
+            assert_eq!(fs::read_dir(cache.parts_dir()).unwrap().count(), 0);
+        }
+    }
+
+    #[test]
+    fn bad_headers_and_torn_writes_are_removed_and_bad_data_is_never_served() {
+        let dir = tempfile::tempdir().unwrap();
+        earlier_mount(dir.path(), 3);
+        let parts_dir = dir.path().join(adopt::layout_dir_name()).join("parts");
+        let mut files: Vec<_> = fs::read_dir(&parts_dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        flip_byte(&files[0], 20); // in the header
+        let data_start = fs::metadata(&files[1]).unwrap().len() - 1000;
+        flip_byte(&files[1], data_start + 5); // in the data
+        fs::write(parts_dir.join("00000000000000ff.part.tmp"), [1; 100]).unwrap();
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+        cache.adopt_now();
+        cache.object_listed(listed(0, ORIGIN.etag, 3000, None), 1000);
+        let stats = cache.stats();
+        assert_eq!(
+            (stats.adopted_parts, stats.stale_parts_removed),
+            (2, 2),
+            "{stats:?}"
+        );
+        assert!(cache
+            .get(PartKey {
+                object: ObjectId(0),
+                index: 0
+            })
+            .is_none());
+        let bad = cache
+            .get(PartKey {
+                object: ObjectId(0),
+                index: 1,
+            })
+            .unwrap();
+        let mut buf = [0u8; 10];
+        assert!(matches!(
+            bad.read_exact_at(&mut buf, 0),
+            Err(CacheError::Corrupt { .. })
+        ));
+        assert_eq!(fs::read_dir(&parts_dir).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_smaller_budget_shrinks_the_directory_at_open_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        earlier_mount(dir.path(), 5);
+        let budget = 2 * disk_len(1000);
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
+        assert!(dir_bytes(cache.parts_dir()) <= budget);
+        cache.adopt_now();
+        cache.object_listed(listed(0, ORIGIN.etag, 5000, None), 1000);
+        assert!(
+            cache.contains(PartKey {
+                object: ObjectId(0),
+                index: 4
+            }),
+            "the newest kept"
+        );
+        // Unclaimed strays make room for new parts, and the budget holds.
+        assert!(cache.insert(key(7), None, ORIGIN, &[7; 1000]));
+        assert!(dir_bytes(cache.parts_dir()) <= budget);
+    }
+
+    #[test]
+    fn unclaimed_parts_give_way_to_new_ones_within_the_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        earlier_mount(dir.path(), 3);
+        let budget = 3 * disk_len(1000);
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
+        for object in 10..13 {
+            assert!(cache.insert(key(object), None, ORIGIN, &[1; 1000]));
+            assert!(dir_bytes(cache.parts_dir()) <= budget);
+        }
+        assert_eq!(cache.stats().unclaimed_parts, 0);
+    }
+
+    #[test]
+    fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        earlier_mount(dir.path(), 1);
+        let other = CacheOwner {
+            source: "s3://another/one".into(),
+            reset: false,
+        };
+        let refused = DiskCache::open(dir.path(), &other, 1 << 20, None)
+            .err()
+            .unwrap();
+        assert!(
+            refused
+                .to_string()
+                .contains("belongs to the source s3://bucket/atlas"),
+            "{refused}"
+        );
+        let reset = CacheOwner {
+            reset: true,
+            ..other
+        };
+        let cache = DiskCache::open(dir.path(), &reset, 1 << 20, None).unwrap();
+        assert_eq!(fs::read_dir(cache.parts_dir()).unwrap().count(), 0);
+        drop(cache);
+
+        let old = tempfile::tempdir().unwrap();
+        fs::create_dir_all(old.path().join("scdlfs-v1/parts")).unwrap();
+        let refused = DiskCache::open(old.path(), &owner(), 1 << 20, None)
+            .err()
+            .unwrap();
+        assert!(
+            refused
+                .to_string()
+                .contains("another scdlfs version (scdlfs-v1)"),
+            "{refused}"
+        );
+        let reset = CacheOwner {
+            reset: true,
+            ..owner()
+        };
+        DiskCache::open(old.path(), &reset, 1 << 20, None).unwrap();
+        assert!(!old.path().join("scdlfs-v1").exists());
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
         /// Any read of an intact part returns exactly its bytes; with one byte flipped,
@@ -841,7 +1474,7 @@ mod tests {
             flip in proptest::option::of(0.0f64..1.0),
         ) {
             let dir = tempfile::tempdir().unwrap();
-            let cache = Arc::new(DiskCache::open(dir.path(), 1 << 30, None).unwrap());
+            let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
             let data: Vec<u8> = (0..len).map(|i| (i * 7 % 256) as u8).collect();
             assert!(cache.insert(key(1), None, ORIGIN, &data));
             let flipped = flip.map(|f| (f * len as f64) as u64);

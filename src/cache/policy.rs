@@ -292,6 +292,44 @@ impl Policy {
         true
     }
 
+    /// Books a part whose file is on disk already (an earlier mount's, claimed by its
+    /// object) as the least recently used unit, if it is new: nothing says it will be
+    /// read soon. `false` if it does not fit the budgets as they are (nothing is
+    /// evicted for it) or is resident already.
+    pub fn adopt(&mut self, key: PartKey, group: Option<GroupId>, bytes: u64) -> bool {
+        let unit = Unit::of(key, group);
+        let new_unit = !self.units.contains(&unit);
+        let needs_slot = matches!(unit, Unit::Group(g)
+            if new_unit && !self.incoming_groups.contains_key(&g));
+        if self.parts.contains_key(&key)
+            || self.used_bytes + self.reserved_bytes + bytes > self.budget_bytes
+            || needs_slot && self.max_groups.is_some_and(|max| self.groups_held() >= max)
+        {
+            return false;
+        }
+        self.used_bytes += bytes;
+        self.parts.insert(key, PartState { bytes, unit });
+        if new_unit && matches!(unit, Unit::Group(_)) {
+            self.groups_resident += 1;
+        }
+        if new_unit {
+            self.units.put(unit, UnitState::default());
+            self.units.demote(&unit);
+        }
+        // Peeked: joining a unit is no use of it.
+        let state = self.units.peek_mut(&unit).expect("put above if new");
+        state.parts.push(key);
+        state.bytes += bytes;
+        true
+    }
+
+    /// Moves the byte budget; the caller keeps `used + reserved` within it (bytes
+    /// handed over from or to files the books do not hold).
+    pub fn set_budget_bytes(&mut self, budget_bytes: u64) {
+        debug_assert!(self.used_bytes + self.reserved_bytes <= budget_bytes);
+        self.budget_bytes = budget_bytes;
+    }
+
     /// Removes one part from the books (its unit stays, with the other parts), pinned
     /// or not: for a part whose bytes turned out to be bad. Its pins are forgotten: the
     /// holders must not unpin it (the key may be resident again by then, a new copy).
@@ -392,6 +430,30 @@ mod tests {
         assert!(p.pin(part(1, 0)));
         p.unpin(part(1, 0));
         assert_eq!(fill(&mut p, part(4, 0), None, 100), vec![part(2, 0)]);
+    }
+
+    #[test]
+    fn adopted_parts_join_their_group_and_are_evicted_first() {
+        let mut p = Policy::new(400, Some(2));
+        let g = Some(GroupId(7));
+        fill(&mut p, part(1, 0), None, 100);
+        assert!(p.adopt(part(2, 0), g, 100));
+        assert!(p.adopt(part(2, 1), g, 100));
+        assert!(!p.adopt(part(2, 1), g, 100), "resident already");
+        assert!(
+            !p.adopt(part(3, 0), Some(GroupId(8)), 200),
+            "over the byte budget"
+        );
+        assert!(p.adopt(part(4, 0), Some(GroupId(9)), 50));
+        assert!(
+            !p.adopt(part(5, 0), Some(GroupId(10)), 50),
+            "over the group budget"
+        );
+        assert_eq!((p.used_bytes(), p.resident_groups()), (350, 2));
+        // The unit used in this mount outlives the adopted ones, which were demoted.
+        let mut victims = fill(&mut p, part(6, 0), None, 250);
+        victims.sort();
+        assert_eq!(victims, vec![part(2, 0), part(2, 1), part(4, 0)]);
     }
 
     #[test]

@@ -36,14 +36,25 @@ struct Tables {
     groups: HashMap<String, GroupId>,
 }
 
+/// Told of every object the first time it is seen (the cache adopts its parts).
+pub type NewObjectListener = Box<dyn Fn(&ObjectInfo) + Send + Sync>;
+
 /// Interns objects by key, so every path to an object (flat view, `.chunked/`, raw
 /// view) shares one id and one set of cached parts.
 #[derive(Default)]
 pub struct ObjectRegistry {
     tables: Mutex<Tables>,
+    on_new: Option<NewObjectListener>,
 }
 
 impl ObjectRegistry {
+    pub fn with_listener(on_new: NewObjectListener) -> ObjectRegistry {
+        ObjectRegistry {
+            tables: Mutex::default(),
+            on_new: Some(on_new),
+        }
+    }
+
     pub fn register(&self, meta: &ObjectMeta) -> Arc<ObjectInfo> {
         let key = meta.location.to_string();
         let mut tables = self.tables.lock();
@@ -63,6 +74,10 @@ impl ObjectRegistry {
             group,
         });
         tables.by_key.insert(key, info.clone());
+        drop(tables);
+        if let Some(on_new) = &self.on_new {
+            on_new(&info);
+        }
         info
     }
 }

@@ -103,7 +103,12 @@ enum Pending {
 }
 
 impl Tree {
-    pub fn new(store: Arc<dyn ObjectStore>, root: ObjectPath, mode: DirMode) -> Tree {
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        root: ObjectPath,
+        mode: DirMode,
+        registry: ObjectRegistry,
+    ) -> Tree {
         let root = Arc::new(Node {
             ino: fuser::INodeNo::ROOT.0,
             parent: fuser::INodeNo::ROOT.0,
@@ -115,7 +120,7 @@ impl Tree {
         });
         Tree {
             store,
-            registry: ObjectRegistry::default(),
+            registry,
             datasets: Mutex::new(HashMap::new()),
             nodes: RwLock::new(vec![root]),
             mount_time: SystemTime::now(),

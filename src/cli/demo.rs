@@ -90,6 +90,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         fs_name: format!("file://{}", bucket.display()),
         view: DirMode::Discover,
         cache_dir: cache_dir.clone(),
+        cache_reset: false,
         cache_bytes,
         max_cached_chunks: None,
         part_size,

@@ -124,9 +124,14 @@ pub struct MountArgs {
     #[arg(long, value_enum, default_value_t = View::Flat, help_heading = "View")]
     pub view: View,
 
-    /// Directory for cached parts (one mount per directory).
+    /// Directory for cached parts (one mount per directory). It outlives the mount: a
+    /// later mount of the same source adopts the parts whose objects are unchanged.
     #[arg(long, value_name = "DIR", help_heading = "Cache")]
     pub cache_dir: Option<PathBuf>,
+    /// Wipe a --cache-dir that holds the cache of another source or scdlfs version
+    /// (without it, such a directory is refused).
+    #[arg(long, help_heading = "Cache")]
+    pub cache_reset: bool,
     /// Cache budget, e.g. 20GiB [default: half the free space of the cache's filesystem].
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Cache")]
     pub cache_size: Option<u64>,

@@ -84,6 +84,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
             View::Raw => DirMode::Raw,
         },
         cache_dir: cache_dir.to_owned(),
+        cache_reset: args.cache_reset,
         cache_bytes,
         max_cached_chunks: args.max_cached_chunks,
         part_size: args.read_part_size,

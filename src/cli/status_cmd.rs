@@ -75,6 +75,19 @@ fn render(s: &Status) -> String {
         s.cache.evicted_parts,
         s.cache.corrupt_parts_dropped,
     );
+    out.push_str(&format!(
+        "earlier mount     {} parts ({}) adopted, {} ({}) not claimed yet, {} removed{}\n",
+        s.cache.adopted_parts,
+        format_size(s.cache.adopted_bytes),
+        s.cache.unclaimed_parts,
+        format_size(s.cache.unclaimed_bytes),
+        s.cache.stale_parts_removed,
+        if s.cache.adoption_done {
+            ""
+        } else {
+            "; still reading their headers"
+        },
+    ));
     if let Some(reason) = &s.cache.disk_unusable {
         out.push_str(&format!(
             "cache disk        UNUSABLE ({reason}): serving from the store, {} parts not cached\n",

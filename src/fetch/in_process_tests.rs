@@ -50,7 +50,18 @@ async fn bench_with_cache<S: ObjectStore>(
     let put = memory.put(&key, PutPayload::from(content())).await.unwrap();
     let store = wrap(memory);
     let dir = tempfile::tempdir().unwrap();
-    let cache = Arc::new(DiskCache::open(dir.path(), cache_budget, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            dir.path(),
+            &crate::cache::CacheOwner {
+                source: "memory".into(),
+                reset: false,
+            },
+            cache_budget,
+            None,
+        )
+        .unwrap(),
+    );
     let fetcher = Fetcher::new(
         store.clone(),
         cache,

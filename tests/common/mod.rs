@@ -26,6 +26,7 @@ pub fn settings(cache_dir: &Path) -> MountSettings {
         fs_name: "scdlfs-test".into(),
         view: DirMode::Discover,
         cache_dir: cache_dir.to_owned(),
+        cache_reset: false,
         cache_bytes: 256 << 20,
         max_cached_chunks: None,
         part_size: 64 << 10,
@@ -69,7 +70,7 @@ impl TestMount {
     }
 
     pub fn cache_parts_dir(&self) -> PathBuf {
-        self.dir.path().join("cache/scdlfs-v1/parts")
+        self.dir.path().join("cache/scdlfs-cache-v2/parts")
     }
 
     pub fn status(&self) -> scdlfs::status::Status {

@@ -1,0 +1,279 @@
+//! The cache outlives the mount (issue 11): a remount on the same cache directory adopts
+//! what an earlier mount (cleanly unmounted or killed) downloaded, counted at the store,
+//! and never serves a part of a changed object, a damaged part or a torn write; a
+//! smaller budget shrinks the directory at once.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use scdlfs::cache::part_file::PartHeader;
+use scdlfs::store::counting::CountReads;
+use scdlfs::store::wrapper::HookedStore;
+
+const SCDLFS: &str = env!("CARGO_BIN_EXE_scdlfs");
+
+/// A source folder, and a cache directory that outlives the mounts of it.
+struct Setup {
+    src: tempfile::TempDir,
+    cache: tempfile::TempDir,
+    want: BTreeMap<String, Vec<u8>>,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let src = tempfile::tempdir().unwrap();
+        let want = write_source(src.path());
+        Setup {
+            src,
+            cache: tempfile::tempdir().unwrap(),
+            want,
+        }
+    }
+
+    fn parts_dir(&self) -> PathBuf {
+        self.cache.path().join("scdlfs-cache-v2/parts")
+    }
+
+    /// Mounts the source through a request counter on the shared cache directory, and
+    /// waits until the earlier mount's part files have all been looked at.
+    fn mount(&self, cache_bytes: u64) -> (TestMount, Arc<HookedStore<CountReads>>) {
+        let counted = Arc::new(HookedStore::new(
+            local_store(self.src.path()),
+            CountReads::default(),
+        ));
+        let cache_dir = self.cache.path().to_owned();
+        let mount = TestMount::start(counted.clone(), "", |s| {
+            s.fs_name = self.src.path().display().to_string();
+            s.cache_dir = cache_dir;
+            s.cache_bytes = cache_bytes;
+        });
+        let started = Instant::now();
+        while !mount.status().cache.adoption_done {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "adoption never ended"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (mount, counted)
+    }
+
+    fn read_all(&self, mount: &TestMount, names: &[&String]) {
+        for name in names {
+            let got = std::fs::read(mount.path().join(name)).unwrap();
+            assert!(got == self.want[*name], "{name}: wrong bytes");
+        }
+    }
+}
+
+fn names(want: &BTreeMap<String, Vec<u8>>) -> Vec<&String> {
+    want.keys().collect()
+}
+
+#[test]
+fn a_remount_reads_what_an_earlier_mount_read_without_a_request() {
+    let setup = Setup::new();
+    let all = names(&setup.want);
+    let (first_half, second_half) = all.split_at(all.len() / 2);
+    {
+        let (mount, _) = setup.mount(256 << 20);
+        setup.read_all(&mount, first_half);
+    }
+    let (mount, counted) = setup.mount(256 << 20);
+    setup.read_all(&mount, first_half);
+    let status = mount.status().cache;
+    assert!(status.adopted_parts > 0, "{status:?}");
+    // Ranged GETs are part downloads; the dataset's header.sch is read whole when the
+    // dataset is discovered, by every mount (metadata, not a cached part).
+    let part_gets: Vec<_> = counted
+        .hook()
+        .snapshot()
+        .into_iter()
+        .filter(|((_, range), _)| range.is_some())
+        .collect();
+    assert!(
+        part_gets.is_empty(),
+        "GETs for parts read before the remount: {part_gets:?}"
+    );
+    setup.read_all(&mount, second_half);
+    assert!(counted.hook().total() > 0);
+}
+
+#[test]
+fn an_object_replaced_between_mounts_is_read_anew() {
+    let mut setup = Setup::new();
+    let name = "nested/big.bin".to_owned();
+    {
+        let (mount, _) = setup.mount(256 << 20);
+        setup.read_all(&mount, &[&name]);
+    }
+    // Same length, other bytes: only the ETag tells.
+    let new = pattern(99, setup.want[&name].len());
+    std::fs::write(setup.src.path().join(&name), &new).unwrap();
+    setup.want.insert(name.clone(), new);
+    let (mount, counted) = setup.mount(256 << 20);
+    setup.read_all(&mount, &[&name]);
+    let status = mount.status().cache;
+    assert_eq!(status.adopted_parts, 0, "{status:?}");
+    assert!(status.stale_parts_removed >= 12, "{status:?}");
+    assert!(counted.hook().total() >= 12);
+}
+
+#[test]
+fn damaged_part_files_are_never_served_after_a_remount() {
+    let setup = Setup::new();
+    let all = names(&setup.want);
+    {
+        let (mount, _) = setup.mount(256 << 20);
+        setup.read_all(&mount, &all);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(setup.parts_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let mut damaged = 0;
+    for (i, path) in files.iter().enumerate().step_by(4) {
+        let bytes = std::fs::read(path).unwrap();
+        let header = PartHeader::decode(&bytes).unwrap();
+        if header.data_len == 0 {
+            continue;
+        }
+        // Alternately a header byte and a data byte.
+        let at = match i % 8 {
+            0 => 17,
+            _ => header.encoded_len() as u64 + header.data_len / 2,
+        };
+        flip(path, at);
+        damaged += 1;
+    }
+    assert!(damaged >= 5, "{damaged} damaged");
+    let (mount, counted) = setup.mount(256 << 20);
+    setup.read_all(&mount, &all);
+    let status = mount.status().cache;
+    assert!(
+        status.stale_parts_removed + status.corrupt_parts_dropped >= damaged,
+        "{status:?}"
+    );
+    assert!(counted.hook().total() >= damaged);
+}
+
+#[test]
+fn a_smaller_budget_on_remount_shrinks_the_directory_at_once() {
+    let setup = Setup::new();
+    let all = names(&setup.want);
+    {
+        let (mount, _) = setup.mount(256 << 20);
+        setup.read_all(&mount, &all);
+    }
+    let before = dir_bytes(&setup.parts_dir());
+    let budget = before / 3;
+    let (mount, _) = setup.mount(budget);
+    let after = dir_bytes(&setup.parts_dir());
+    assert!(
+        after <= budget,
+        "{after} bytes in the directory, budget {budget}"
+    );
+    setup.read_all(&mount, &all);
+    assert!(dir_bytes(&setup.parts_dir()) <= budget);
+}
+
+#[test]
+fn a_daemon_killed_while_downloading_leaves_a_cache_the_next_mount_can_trust() {
+    let setup = Setup::new();
+    let mountpoint = tempfile::tempdir().unwrap();
+    let mut command = Command::new(SCDLFS);
+    command
+        .arg("mount")
+        .arg(setup.src.path())
+        .arg(mountpoint.path())
+        .arg("--foreground")
+        .arg("--cache-dir")
+        .arg(setup.cache.path())
+        .args(["--cache-size", "256MiB", "--read-part-size", "64KiB"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: prctl before exec: the daemon dies with the test even if no guard runs.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut daemon = command.spawn().unwrap();
+    let started = Instant::now();
+    while std::fs::read_dir(mountpoint.path()).map_or(true, |mut d| d.next().is_none()) {
+        assert!(started.elapsed() < Duration::from_secs(30), "never mounted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Readers of every file at once; the daemon dies under them.
+    let readers: Vec<_> = setup
+        .want
+        .keys()
+        .map(|name| {
+            let path = mountpoint.path().join(name);
+            std::thread::spawn(move || {
+                let _ = std::fs::read(path);
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(30));
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    for reader in readers {
+        reader.join().unwrap();
+    }
+    let unmounted = Command::new(SCDLFS)
+        .arg("unmount")
+        .arg(mountpoint.path())
+        .status()
+        .unwrap();
+    assert!(unmounted.success());
+    let left = std::fs::read_dir(setup.parts_dir()).unwrap().count();
+
+    let (mount, counted) = setup.mount(256 << 20);
+    assert!(
+        !has_temporaries(&setup.parts_dir()),
+        "torn temporaries removed at open"
+    );
+    setup.read_all(&mount, &names(&setup.want));
+    let status = mount.status().cache;
+    assert!(status.adopted_parts as usize <= left);
+    assert!(
+        left == 0 || status.adopted_parts > 0,
+        "complete parts reused: {status:?}"
+    );
+    let fetched_twice: Vec<_> = counted
+        .hook()
+        .snapshot()
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .collect();
+    assert!(fetched_twice.is_empty(), "{fetched_twice:?}");
+}
+
+fn has_temporaries(dir: &Path) -> bool {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .any(|e| e.unwrap().path().extension().is_some_and(|x| x == "tmp"))
+}
+
+fn flip(path: &Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, at).unwrap();
+    file.write_all_at(&[byte[0] ^ 0x04], at).unwrap();
+}
