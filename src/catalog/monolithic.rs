@@ -22,8 +22,8 @@ use scdl_format::{ArrayKind, ChunkGeometry, Dtype, Header, HeaderError};
 use super::dataset::FlatDataset;
 use super::objects::ObjectInfo;
 
-/// Rows per virtual chunk of a monolithic dataset unless the mount says otherwise
-/// (`--virtual-chunk-rows`): the sampler's default for local monolithic archives.
+/// Rows per virtual chunk of a monolithic dataset: the sampler's default for local
+/// monolithic archives. The hint file announces it, so a sampler never assumes it.
 pub const DEFAULT_VIRTUAL_CHUNK_ROWS: u64 = 1024;
 
 /// Why a monolithic directory gets no hint file (it is still served as stored).

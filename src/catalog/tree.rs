@@ -93,7 +93,6 @@ pub struct Tree {
     datasets: Mutex<HashMap<String, Option<Dataset>>>,
     nodes: RwLock<Vec<Arc<Node>>>,
     mount_time: SystemTime,
-    virtual_chunk_rows: u64,
 }
 
 /// An entry of a directory being built, before it has an inode.
@@ -124,15 +123,6 @@ impl Tree {
             datasets: Mutex::new(HashMap::new()),
             nodes: RwLock::new(vec![root]),
             mount_time: SystemTime::now(),
-            virtual_chunk_rows: DEFAULT_VIRTUAL_CHUNK_ROWS,
-        }
-    }
-
-    /// Sets the rows per virtual chunk of monolithic datasets (positive).
-    pub fn with_virtual_chunk_rows(self, rows: u64) -> Tree {
-        Tree {
-            virtual_chunk_rows: rows.max(1),
-            ..self
         }
     }
 
@@ -326,8 +316,12 @@ impl Tree {
         header: &Header,
         objects: &HashMap<&str, Arc<ObjectInfo>>,
     ) -> Option<Dataset> {
-        match MonolithicDataset::validate(prefix.clone(), header, objects, self.virtual_chunk_rows)
-        {
+        match MonolithicDataset::validate(
+            prefix.clone(),
+            header,
+            objects,
+            DEFAULT_VIRTUAL_CHUNK_ROWS,
+        ) {
             Ok(dataset) => {
                 tracing::info!(
                     dataset = %prefix,
