@@ -4,18 +4,20 @@
     bench/run.py            # the full benchmark: regenerates docs/benchmarks.md, its PNG
                             # and README.md's benchmark summary (between its markers)
     bench/run.py --large-size-mb 15000   # the same, plus the daemon's peak RSS on 15 GB
+                            # (a whole cold epoch with hints per run)
     bench/run.py --quick    # the reduced variant (CI): small dataset, a cache smaller than
                             # it, one run each; fails unless every epoch read enough rows,
                             # each checked, and the cache budget bound on every mount
 
 It installs what is missing (Debian: fuse3 s3fs rclone nginx-light fonts-dejavu-core;
 crates.io: s3s-fs 0.14.1 into the work directory; PyPI: boto3 into a venv), builds the
-release binaries, generates the synthetic dataset, serves it from an S3-compatible
-server on 127.0.0.1 behind the link-emulating proxy (bench/src/proxy.rs), and reads
-epochs in three orders through every system. Only loopback addresses are used, and every
-S3 client gets explicit dummy keys. Every figure of the page and of README's summary is
-computed from the results file of the run that writes them (results.json in the work
-directory; `--report-only` re-renders from it).
+binaries (`--profile`: release, or ci for --quick, the test suite's build), generates the
+synthetic dataset, serves it from an S3-compatible server on 127.0.0.1 behind the
+link-emulating proxy (bench/src/proxy.rs), and reads epochs in three orders through every
+system, plus scdlfs with a cache of half the dataset (`halfcache`). Only loopback addresses
+are used, and every S3 client gets explicit dummy keys. Every figure of the page and of
+README's summary is computed from the results file of the run that writes them, kept
+beside the page (docs/benchmarks.json; `--report-only` re-renders from it).
 
 The `torch` system is the way PyTorch users read: bionemo-scdl's SingleCellMemMapDataset
 through a DataLoader with 2 workers and the scdlfs package's sampler
@@ -36,9 +38,8 @@ import time
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RELEASE = os.path.join(REPO, "target", "release")
-BENCH = os.path.join(RELEASE, "scdlfs-bench")
-SCDLFS = os.path.join(RELEASE, "scdlfs")
+# The binaries of the cargo profile the run builds (--profile), set in main().
+BENCH = SCDLFS = None
 BUCKET = "bench"
 KEY, SECRET = "bench", "benchbench"
 ORDERS = ["windows", "blocks", "random"]
@@ -47,6 +48,7 @@ TORCH_ORDERS = ["windows", "blocks"]  # the orders of the scdlfs package's sampl
 TORCH_BEGIN, TORCH_END = "<!-- pytorch section: begin -->", "<!-- pytorch section: end -->"
 PYTHON_LOADER_CHUNKS = 8  # the Python chunk loader's LRU, in chunks
 QUICK_MIN_ROWS = 100  # --quick fails if an epoch read fewer rows (and was not the whole epoch)
+QUICK_SIZE_MB = 50  # --quick's dataset
 CHILDREN = []  # (Popen, description), ended at exit
 MOUNTS = []  # mountpoints to unmount at exit
 
@@ -198,8 +200,14 @@ def ensure_tools(args):
         args.moto = os.path.join(REPO, ".venv", "bin", "moto_server")
         if not os.path.exists(args.moto):
             args.moto = shutil.which("moto_server") or sys.exit("moto_server not found (scripts/setup-python-venv)")
-    log("building the release binaries")
-    run(["cargo", "build", "--release", "-q", "-p", "scdlfs", "-p", "scdlfs-bench"], cwd=REPO)
+    log("building the binaries (cargo profile %s)" % args.profile)
+    run(["cargo", "build", "--profile", args.profile, "-q", "-p", "scdlfs", "-p", "scdlfs-bench"], cwd=REPO)
+
+
+def use_binaries(profile):
+    global BENCH, SCDLFS
+    out = os.path.join(REPO, "target", "debug" if profile == "dev" else profile)
+    BENCH, SCDLFS = os.path.join(out, "scdlfs-bench"), os.path.join(out, "scdlfs")
 
 
 def generate(args, name, size_mb):
@@ -370,6 +378,12 @@ def read_through(dataset_dir):
                 pass
 
 
+# The server's files of the main dataset (s3s-nginx serves them from local files): read
+# back into the page cache after every drop, so that the server is as fast in every epoch
+# as when its ceiling is measured, and only the reader's side starts cold.
+SERVER_FILES = []
+
+
 def drop_page_cache():
     os.sync()
     try:
@@ -377,6 +391,12 @@ def drop_page_cache():
             f.write("3\n")
     except OSError as e:
         raise RuntimeError("cannot drop the page cache (root and a writable /proc/sys needed): %s" % e)
+    for root in SERVER_FILES:
+        for d, _, names in os.walk(root):
+            for name in names:
+                with open(os.path.join(d, name), "rb") as f:
+                    while f.read(8 << 20):
+                        pass
 
 
 def cpu_seconds(pid):
@@ -409,7 +429,8 @@ def prepare(dataset_dir, e):
 
 
 def tag(r, e, layout):
-    r.update(system=e.label, order=e.order, epoch=e.epoch, page_cache=e.page_cache, layout=layout)
+    r.update(system=e.label, order=e.order, epoch=e.epoch, page_cache=e.page_cache, layout=layout,
+             load_1m=os.getloadavg()[0])
     return r
 
 
@@ -488,9 +509,25 @@ def sys_local(ctx, order, run_i, reader=read_epoch, prefix=""):
     return results
 
 
-def scdlfs_cmd(ctx, mnt, cache):
+def scdlfs_cmd(ctx, mnt, cache, cache_size=None):
     return [SCDLFS, "mount", "s3://" + BUCKET, mnt, "--endpoint-url", ctx.proxy, "--region", "us-east-1",
-            "--cache-dir", cache, "--cache-size", ctx.cache_size, "--foreground", "--log-level", "warn"]
+            "--cache-dir", cache, "--cache-size", cache_size or ctx.cache_size, "--foreground", "--log-level", "warn"]
+
+
+HALF = "scdlfs half cache"
+
+
+def sys_scdlfs_half(ctx, run_i, hints):
+    """The case scdlfs exists for, a cache of half the dataset: on a fresh mount, the cold
+    windows epoch 2r, then epoch 2r+1 (a new order) with the page cache dropped; the bytes
+    the second epoch fetches are compared with the floor, dataset minus cache."""
+    mnt = fresh_dir(os.path.join(ctx.work, "mnt", "scdlfs"))
+    cache = fresh_dir(os.path.join(ctx.work, "cache", "scdlfs"))
+    h = "hints" if hints else "no hints"
+    epochs = [Epoch("%s, cold, %s" % (HALF, h), "windows", 2 * run_i, DROPPED, hints, ctx.limit),
+              Epoch("%s, next epoch, %s" % (HALF, h), "windows", 2 * run_i + 1, DROPPED, hints, ctx.limit)]
+    return mount_and_read(ctx, "scdlfs", scdlfs_cmd(ctx, mnt, cache, str(ctx.info["bytes"] // 2)), clean_env(), mnt,
+                          os.path.join(mnt, ctx.name), epochs, layout="flat", scdlfs=True)
 
 
 def sys_scdlfs(ctx, order, run_i, hints, dataset=None, label_suffix="", warm=True, reader=read_epoch, prefix="",
@@ -580,7 +617,9 @@ def sys_python(ctx, order, run_i):
 
 SYSTEM_ORDER = ["local disk, " + WARM, "scdlfs page-cache warm, hints", "scdlfs page-cache warm, no hints",
                 "local disk, " + DROPPED, "scdlfs disk-cache warm, hints", "scdlfs disk-cache warm, no hints",
-                "scdlfs cold, hints", "scdlfs cold, no hints", "s3fs-fuse", "rclone mount", "Python chunk loader"]
+                "scdlfs cold, hints", "scdlfs cold, no hints", HALF + ", cold, hints", HALF + ", cold, no hints",
+                HALF + ", next epoch, hints", HALF + ", next epoch, no hints", "s3fs-fuse", "rclone mount",
+                "Python chunk loader"]
 README_BEGIN = "<!-- benchmark summary: generated by bench/run.py from its results; do not edit -->"
 README_END = "<!-- benchmark summary: end -->"
 
@@ -703,6 +742,21 @@ class Report:
             rows.append(("%s ≥ 0.9× local disk rows/s (%s, same epoch), every order" % (system, state),
                          ", ".join("%s %s×" % (o, fmt(x, ".2f")) for o, x in ratios),
                          verdict(min(known) >= 0.9 if known else None)))
+        half = self.summary.get((HALF + ", cold, hints", "windows"))
+        rows.append(("cache = half the dataset: cold windows epoch with hints ≤ 1.1× the link limit",
+                     "%s s = %.2f× (full-size cache: %s s)" % (
+                         epoch_text(half), half["epoch_s"] / link_s,
+                         fmt(g("scdlfs cold, hints", "windows", "epoch_s"), ".1f")) if half else "—",
+                     verdict(half["epoch_s"] <= 1.1 * link_s if half else None)))
+        floor = self.info["bytes"] - self.info["bytes"] // 2
+        nxt = [(h, self.summary.get((HALF + ", next epoch, " + h, "windows"))) for h in ("hints", "no hints")]
+        fetched = {h: m["bytes_per_row"] * self.info["rows"] for h, m in nxt if m}
+        rows.append(("cache = half the dataset: the next windows epoch (a new order) fetches ≤ 1.05× the floor "
+                     "(dataset − cache = %.2f GB), with hints" % (floor / 1e9),
+                     ", ".join("%s %.2f GB = %.2f×%s" % (h, fetched[h] / 1e9, fetched[h] / floor,
+                                                        "" if m["completed"] else " (extrapolated)")
+                               for h, m in nxt if m) or "—",
+                     verdict(fetched["hints"] <= 1.05 * floor if "hints" in fetched else None)))
         others = [(s, g(s, "windows", "rows_per_s")) for s in ("s3fs-fuse", "rclone mount")]
         best = max([x for _, x in others if x] or [0])
         ours = g("scdlfs cold, hints", "windows", "rows_per_s")
@@ -714,29 +768,70 @@ class Report:
                      ", ".join("%.0f MiB at %.2f GB%s" % (mib, size / 1e9, "" if done else " (time-bounded)")
                                for size, mib, done in rss) or "—",
                      verdict(max(mib for _, mib, _ in rss) < 150 if rss else None)))
-        big = [x for x in rss if x[0] >= 10e9]
-        flat = [x for x in rss if x[0] >= self.info["bytes"]]
-        rows.append(("daemon peak RSS flat (within 10%) from the main dataset to ≥ 10 GB (`--large-size-mb`)",
-                     "%.0f → %.0f MiB" % (flat[0][1], big[-1][1]) if big else "no dataset ≥ 10 GB in this run",
-                     verdict(big[-1][1] <= 1.1 * flat[0][1] if big else None)))
+        big = [x for x in rss if x[0] > self.info["bytes"]]
+        main = [x for x in rss if x[0] == self.info["bytes"]]
+        whole = bool(big and main and big[-1][2] and main[0][2])
+        rows.append(("daemon peak RSS flat (within 10%) from the main dataset to the large one (`--large-size-mb`; "
+                     "whole cold windows epochs with hints at both sizes)",
+                     "%.0f MiB at %.2f GB → %.0f MiB at %.2f GB%s" % (
+                         main[0][1], main[0][0] / 1e9, big[-1][1], big[-1][0] / 1e9,
+                         "" if whole else " (an epoch was time-bounded: not the same phase)")
+                     if big and main else "no larger dataset in this run",
+                     verdict(big[-1][1] <= 1.1 * main[0][1] if whole else None)))
         return rows
+
+
+def results_copy(path_md):
+    """The results file kept beside the page (docs/benchmarks.json): what every figure of
+    the page and of README's summary is computed from."""
+    return os.path.splitext(path_md)[0] + ".json"
+
+
+def reductions(args):
+    """How a run's configuration falls short of the full benchmark, in words (empty for a
+    full run)."""
+    out = []
+    if args["runs"] < 3:
+        out.append("%d run(s) instead of 3" % args["runs"])
+    missing = [s for s in ("local", "scdlfs", "halfcache", "s3fs", "rclone", "python", "torch")
+               if s not in args["systems"].split(",")]
+    if missing:
+        out.append("systems not run: " + ", ".join(missing))
+    orders = [o for o in ORDERS if o not in args["orders"].split(",")]
+    if orders:
+        out.append("orders not run: " + ", ".join(orders))
+    if not args.get("large_size_mb"):
+        out.append("no large dataset (`--large-size-mb`)")
+    elif args["large_size_mb"] < 15000:
+        out.append("large dataset %d MB instead of 15000" % args["large_size_mb"])
+    return out
 
 
 def write_report(saved, path_md, path_png, font, readme):
     rep = Report(saved)
+    results = results_copy(path_md)
+    if os.path.abspath(results) != os.path.abspath(saved["path"]):
+        with open(results, "w") as f:
+            json.dump(saved, f, indent=1)
+    results_rel = os.path.relpath(results, REPO)
     args, info, summary, link_s, probes = rep.args, rep.info, rep.summary, rep.link_s, saved["probes"]
     systems = [s for s in SYSTEM_ORDER if any(k[0] == s for k in summary)]
     lines = []
     w = lines.append
     w("# Benchmarks")
     w("")
-    w("<!-- GENERATED by bench/run.py from %s; do not edit by hand. -->" % os.path.relpath(saved["path"], REPO))
+    w("<!-- GENERATED by bench/run.py from %s; do not edit by hand. -->" % results_rel)
     w("")
     w("Regenerate (as root, on Debian with /dev/fuse; this run took %d minutes with the tools installed, plus "
-      "the release build and the s3s-fs install on a fresh machine):" % round(saved["minutes"]))
+      "the build and the s3s-fs install on a fresh machine):" % round(saved["minutes"]))
     w("")
     w("```sh\n%s\n```" % saved["command"])
     w("")
+    reduced = reductions(args)
+    if reduced:
+        w("**Reduced configuration** (%s): %s. Figures below are of this configuration only." % (
+            "the CI variant" if args["quick"] else "what did not fit in the time of this run", "; ".join(reduced)))
+        w("")
     w("What was measured, on %s (%d cores), %s:" % (saved["host"], saved["cores"], saved["date"]))
     w("")
     w("- **Dataset**: synthetic chunked SCDL, %d rows of %d values on average (%d genes), %d chunks of %d rows, "
@@ -762,14 +857,29 @@ def write_report(saved, path_md, path_png, font, readme):
       "epoch), epoch 2r+1 (*disk-cache warm*); then epoch 2r+1 again after reading the files through "
       "(*page-cache warm*). Local disk reads epochs 2r and 2r+1 with the page cache dropped and 2r+1 with it "
       "warm. *× local* is the median of per-run ratios of rows/s against the local-disk epoch with the same "
-      "epoch number and page-cache state (the cold epoch against local disk with the page cache dropped). The "
-      "server's files stay in its own page cache (as when its ceiling is measured)." % saved["cache_size"])
+      "epoch number and page-cache state (the cold epoch against local disk with the page cache dropped). %s"
+      % (saved["cache_size"], "After every drop the server's files of the main dataset are read back into the "
+         "page cache, so that the server serves as fast as when its ceiling is measured." if args["server"] ==
+         "s3s-nginx" else "moto_server keeps the objects in its memory."))
+    if any(k[0].startswith(HALF) for k in summary):
+        w("- **%s**: scdlfs with a cache of half the dataset (%d bytes), the case it exists for: a fresh mount's "
+          "cold windows epoch 2r, then epoch 2r+1 (another order of the windows) with the page cache dropped; "
+          "its *fetched / dataset* against the floor, (dataset − cache) ÷ dataset = %.2f×." % (
+              HALF, info["bytes"] // 2, (info["bytes"] - info["bytes"] // 2) / info["bytes"]))
     w("- **Other systems** (cold, empty caches, epoch 2r): s3fs-fuse %s and rclone %s (Debian), with disk "
       "caches, map the chunk files; Python chunk loader = bench/chunk_loader.py, the original loader's design "
       "(whole-chunk downloads with boto3 into an LRU of %d chunks, the next window prefetched by a thread). They "
       "read the chunked layout, so they have no *× local*; *× link* compares every cold reader with the bytes "
       "they all need." % (saved["versions"].get("s3fs", "?"), saved["versions"].get("rclone", "?"),
                           PYTHON_LOADER_CHUNKS))
+    loads = [r["load_1m"] for r in saved["results"] if r.get("load_1m") is not None]
+    w("- **Binaries**: cargo profile `%s`%s. **Machine load**: the 1-minute load average at the end of the "
+      "epochs was %s on %d cores (the reader and the daemon count in it; other jobs may have shared the "
+      "machine)." % (args.get("profile", "release"),
+                     " (release with debug assertions and overflow checks, the test suite's build)"
+                     if args.get("profile", "release") == "ci" else "",
+                     "median %.1f, max %.1f" % (med(loads), max(loads)) if loads else "not recorded",
+                     saved["cores"]))
     w("- **Figures**: medians of %d runs; *× link* = epoch s ÷ link limit; *stall* = time in row reads slower than "
       "1 ms (the loader: time waiting for a chunk); *fetched / dataset* = bytes through the link per row read × "
       "rows ÷ dataset bytes (for a time-bounded epoch, extrapolated to a whole one); *RSS* = the daemon's peak "
@@ -788,7 +898,7 @@ def write_report(saved, path_md, path_png, font, readme):
             if not m:
                 continue
             fetched = m["bytes_per_row"] * info["rows"] / info["bytes"] if m["bytes_per_row"] is not None else None
-            cold = s.startswith("scdlfs cold") or s in ("s3fs-fuse", "rclone mount", "Python chunk loader")
+            cold = s.startswith(("scdlfs cold", HALF)) or s in ("s3fs-fuse", "rclone mount", "Python chunk loader")
             w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 s, epoch_text(m), fmt(m["rows_per_s"], ",.0f"), fmt(m["ratio"], ".2f"),
                 fmt(m["epoch_s"] / link_s if cold else None, ".2f"), fmt(m["first_row_s"], ".2f"),
@@ -806,7 +916,7 @@ def write_report(saved, path_md, path_png, font, readme):
               for size, mib, done in rss))
         w("")
     if any(k[0].startswith(TORCH) for k in summary):
-        lines.extend(torch_section(rep))
+        lines.extend(torch_section(rep, results))
         w("")
     w("## Against the targets")
     w("")
@@ -817,13 +927,14 @@ def write_report(saved, path_md, path_png, font, readme):
     w("")
     w("## Reduced variant (CI)")
     w("")
-    w("`bench/run.py --quick` (run by `scripts/test-all`): a ~50 MB dataset, moto_server as the S3 server, "
-      "a cache smaller than the dataset, one run of each system and order, time-bounded; it renders this page "
+    w("`bench/run.py --quick` (run by `scripts/test-all`): a %d MB dataset, moto_server as the S3 server, "
+      "the test suite's binaries (cargo profile ci), a cache smaller than the dataset, one run of each system and "
+      "order, time-bounded; it renders this page "
       "into its work directory and fails unless every epoch read at least %d rows (or the whole epoch), each "
       "checked against the generator, and on every scdlfs mount the cache budget bound (parts evicted or refused "
-      "for lack of room)." % QUICK_MIN_ROWS)
+      "for lack of room)." % (QUICK_SIZE_MB, QUICK_MIN_ROWS))
     w("")
-    w("Raw results: `%s` (per epoch)." % os.path.relpath(saved["path"], REPO))
+    w("Raw results: `%s` (per epoch; written by the run with this page)." % results_rel)
     with open(path_md, "w") as f:
         f.write("\n".join(lines) + "\n")
     splice(readme, README_BEGIN, README_END, readme_summary(rep, os.path.relpath(path_md, os.path.dirname(readme))))
@@ -846,17 +957,23 @@ def readme_summary(rep, link):
     cold = ", ".join("%s %s×" % (o, fmt(g("scdlfs cold, hints", o, "epoch_s") and
                                         g("scdlfs cold, hints", o, "epoch_s") / rep.link_s, ".2f")) for o in orders)
     warm = ", ".join("%s %s×" % (o, fmt(g("scdlfs disk-cache warm, hints", o, "ratio"), ".2f")) for o in orders)
+    cpu = ", ".join("%s %s" % (state, fmt(g("scdlfs %s, hints" % state, "windows", "cpu_s_per_gb"), ".2f"))
+                    for state in ("cold", "disk-cache warm", "page-cache warm"))
     verdicts = [v for _, _, v in rep.targets()]
+    reduced = reductions(args)
     text = ("A synthetic %.2f GB dataset served from an S3-compatible server on 127.0.0.1 behind an emulated "
             "%.0f MB/s, %.0f ms link (link limit %.1f s), read in %s order; medians "
             "of %d runs on a %d-core machine (%s). A cold scdlfs epoch with hints takes %s the link limit. From "
             "the disk cache with the page cache dropped, scdlfs reads at %s the rows/s of local disk in the same "
-            "state (same flat layout, same epoch). Targets: %d met, %d missed, %d not measured in this run. "
+            "state (same flat layout, same epoch). The daemon's CPU seconds per GB it served, chunk-window order "
+            "with hints: %s. Targets: %d met, %d missed, %d not measured in this run. "
             "Figures, method and every target: [%s](%s)." % (
                 info["bytes"] / 1e9, args["rate_mbps"], args["latency_ms"], rep.link_s,
                 ", ".join(names[o] for o in orders), args["runs"],
-                rep.saved["cores"], rep.saved["date"], cold, warm, verdicts.count("**met**"),
+                rep.saved["cores"], rep.saved["date"], cold, warm, cpu, verdicts.count("**met**"),
                 verdicts.count("**missed**"), verdicts.count("not measured"), link, link))
+    if reduced:
+        text += " A reduced configuration: %s." % "; ".join(reduced)
     return [README_BEGIN, text, README_END]
 
 
@@ -873,7 +990,7 @@ def splice(path, begin, end, block_lines):
         f.write(text)
 
 
-def torch_section(rep):
+def torch_section(rep, results):
     """The PyTorch DataLoader section of the report, between markers, so that a run of the
     torch system alone can replace it in the report of a full run."""
     args, info, summary, link_s, saved = rep.args, rep.info, rep.summary, rep.link_s, rep.saved
@@ -910,6 +1027,8 @@ def torch_section(rep):
               "(what users got before the package) %s s." % (
                   order, epoch_text(cold), cold["epoch_s"] / link_s,
                   "**met**" if cold["epoch_s"] <= 1.2 * link_s else "**missed**", epoch_text(plain)))
+    w("")
+    w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
     w(TORCH_END)
     return lines
 
@@ -922,8 +1041,11 @@ def main():
     p.add_argument("--size-mb", type=int, default=1500)
     p.add_argument("--small-size-mb", type=int, default=400, help="second size, for the daemon's RSS")
     p.add_argument("--large-size-mb", type=int, default=0,
-                   help="also a dataset this large (15000 for the RSS-flat figure): scdlfs cold windows epochs with "
-                        "and without hints, whole epochs, for the daemon's peak RSS")
+                   help="also a dataset this large (15000 for the RSS-flat figure): a scdlfs cold windows epoch with "
+                        "hints per run, whole, for the daemon's peak RSS")
+    p.add_argument("--profile", default=None,
+                   help="the cargo profile of the binaries measured (default release; --quick: ci, the test "
+                        "suite's build)")
     p.add_argument("--chunk-rows", type=int, default=4096)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--rate-mbps", type=float, default=200.0)
@@ -931,17 +1053,20 @@ def main():
     p.add_argument("--time-limit", type=float, default=15.0, help="seconds per epoch at most")
     p.add_argument("--cache-size", default="3GiB")
     p.add_argument("--server", choices=["s3s-nginx", "moto"], default=None)
-    p.add_argument("--systems", default="local,scdlfs,s3fs,rclone,python,torch")
+    p.add_argument("--systems", default="local,scdlfs,halfcache,s3fs,rclone,python,torch")
     p.add_argument("--orders", default=",".join(ORDERS))
     p.add_argument("--font", default="/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
     p.add_argument("--report", default=os.path.join(REPO, "docs", "benchmarks.md"))
     p.add_argument("--readme", default=os.path.join(REPO, "README.md"),
                    help="the file whose benchmark summary (between its markers) is regenerated")
-    p.add_argument("--report-only", action="store_true", help="re-render the report from the last run's results.json")
+    p.add_argument("--report-only", action="store_true",
+                   help="re-render the report from the results file beside it (docs/benchmarks.json)")
     command = " ".join(["bench/run.py"] + sys.argv[1:])
     args = p.parse_args()
+    args.profile = args.profile or ("ci" if args.quick else "release")
+    use_binaries(args.profile)
     if args.quick:
-        args.size_mb, args.runs, args.chunk_rows = 50, 1, 1024
+        args.size_mb, args.runs, args.chunk_rows = QUICK_SIZE_MB, 1, 1024
         args.time_limit = min(args.time_limit, 8.0)
         args.server = args.server or "moto"
         args.work = os.path.join(REPO, "target", "bench-quick")
@@ -952,7 +1077,7 @@ def main():
         args.readme = os.path.join(args.work, "README.md")
     png = None if args.quick else os.path.join(os.path.dirname(args.report), "benchmarks.png")
     if args.report_only:
-        saved = json.load(open(os.path.join(args.work, "results.json")))
+        saved = json.load(open(results_copy(args.report)))
         write_report(saved, args.report, png, args.font, args.readme)
         return
     args.server = args.server or "s3s-nginx"
@@ -987,6 +1112,8 @@ def main():
 
     endpoint, s3s_alone = start_server(args, [ctx.name] + list(extra))
     ctx.endpoint = endpoint
+    if args.server == "s3s-nginx":
+        SERVER_FILES.append(os.path.join(args.work, "s3root", BUCKET, ctx.name))
     ctx.proxy, ctx.stats = start_proxy(args, endpoint)
     log("server %s, link %s (%.0f MB/s, %.0f ms)" % (endpoint, ctx.proxy, args.rate_mbps, args.latency_ms))
     probes = {
@@ -1034,6 +1161,9 @@ def main():
             if "scdlfs" in systems:
                 record(sys_scdlfs, ctx, order, run_i, True)
                 record(sys_scdlfs, ctx, order, run_i, False)
+            if "halfcache" in systems and order == "windows":
+                for hints in (True, False):
+                    record(sys_scdlfs_half, ctx, run_i, hints)
             if "s3fs" in systems:
                 record(sys_s3fs, ctx, order, run_i)
             if "rclone" in systems:
@@ -1045,9 +1175,9 @@ def main():
         if args.small_size_mb and "ds-%d" % args.small_size_mb in extra:
             record(other_size, "ds-%d" % args.small_size_mb, True, ctx.limit)
         if args.large_size_mb and "ds-%d" % args.large_size_mb in extra:
-            # Whole epochs: the peak RSS of a whole pass over a dataset larger than the cache.
-            for hints in (True, False):
-                record(other_size, "ds-%d" % args.large_size_mb, hints, None)
+            # A whole epoch with hints (the RSS target is with plans): the peak RSS of a whole
+            # pass over a dataset larger than the cache.
+            record(other_size, "ds-%d" % args.large_size_mb, True, None)
 
     saved = dict(path=os.path.join(args.work, "results.json"), command=command, probes=probes, results=results,
                  args=vars(args), info=ctx.info, name=ctx.name,
@@ -1068,7 +1198,10 @@ def main():
               % (len(results), QUICK_MIN_ROWS, os.path.relpath(args.report, REPO), time.time() - started))
         return
     if systems == ["torch"]:
-        splice(args.report, TORCH_BEGIN, TORCH_END, torch_section(Report(saved)))
+        results = os.path.splitext(args.report)[0] + "-torch.json"
+        with open(results, "w") as f:
+            json.dump(saved, f, indent=1)
+        splice(args.report, TORCH_BEGIN, TORCH_END, torch_section(Report(saved), results))
         log("updated the PyTorch section of %s in %.0f s" % (args.report, time.time() - started))
         return
     write_report(saved, args.report, png, args.font, args.readme)
@@ -1087,6 +1220,9 @@ def quick_checks(args, systems, orders, results):
     expected = {(s, o) for o in orders for s in local_states} if "local" in systems else set()
     if "scdlfs" in systems:
         expected |= {(s, o) for o in orders for s in scdlfs_states}
+    if "halfcache" in systems and "windows" in orders:
+        expected |= {("%s, %s, %s" % (HALF, e, h), "windows") for e in ("cold", "next epoch")
+                     for h in ("hints", "no hints")}
     for s, name in (("s3fs", "s3fs-fuse"), ("rclone", "rclone mount"), ("python", "Python chunk loader")):
         if s in systems:
             expected |= {(name, o) for o in orders}
@@ -1098,7 +1234,7 @@ def quick_checks(args, systems, orders, results):
             problems.append("%s, %s, epoch %d read %d rows, fewer than %d" % (
                 r["system"], r["order"], r["epoch"], r["rows"], QUICK_MIN_ROWS))
         cache = r.get("cache")
-        if cache and "page-cache warm" in r["system"] and not (
+        if cache and ("page-cache warm" in r["system"] or r["system"].startswith(HALF + ", next")) and not (
                 cache["evicted_parts"] or cache["parts_not_cached_for_lack_of_room"]):
             problems.append("%s, %s: the budget never bound (no part evicted or refused) with a %s cache" % (
                 r["system"], r["order"], args.cache_size))
