@@ -27,6 +27,11 @@ pub enum FsError {
     NotATerminal,
     #[error("invalid hint: {0}")]
     InvalidHint(String),
+    /// A control request (an extended attribute written) that is not one.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("busy: {0}")]
+    Busy(String),
     #[error("object store request for {key} failed: {message}")]
     Store { key: String, message: String },
     #[error("{key} changed in the store since it was listed (ETag {pinned} no longer matches); unmount and mount again to see the new version")]
@@ -52,7 +57,8 @@ pub enum FsError {
     },
     #[error("local cache I/O failed: {0}")]
     CacheIo(Arc<std::io::Error>),
-    /// A cached part failed its checksum and was dropped; reading it again fetches it.
+    /// A cached part failed its checksum (or its file could not be opened again) and was
+    /// dropped; reading it again fetches it.
     #[error("{0}")]
     CacheCorrupt(String),
 }
@@ -68,7 +74,8 @@ impl FsError {
             FsError::NoSuchAttribute => Errno::NO_XATTR,
             FsError::BufferTooSmall => Errno::ERANGE,
             FsError::NotATerminal => Errno::ENOTTY,
-            FsError::InvalidHint(_) => Errno::EINVAL,
+            FsError::InvalidHint(_) | FsError::InvalidRequest(_) => Errno::EINVAL,
+            FsError::Busy(_) => Errno::EBUSY,
             FsError::Store { .. }
             | FsError::ObjectChanged { .. }
             | FsError::ShortRead { .. }
@@ -99,8 +106,10 @@ impl From<crate::cache::CacheError> for FsError {
     fn from(error: crate::cache::CacheError) -> Self {
         match error {
             crate::cache::CacheError::Io(error) => error.into(),
-            corrupt @ crate::cache::CacheError::Corrupt { .. } => {
-                FsError::CacheCorrupt(corrupt.to_string())
+            // Both were dropped from the cache: the read path fetches the part again.
+            dropped @ (crate::cache::CacheError::Corrupt { .. }
+            | crate::cache::CacheError::Vanished { .. }) => {
+                FsError::CacheCorrupt(dropped.to_string())
             }
         }
     }

@@ -13,7 +13,8 @@
 //!
 //! [`chunker`] is `scdlfs chunk`, which writes chunked datasets into any store.
 //! [`mount`] assembles them; [`cli`] is the command line; [`status`] and
-//! [`metrics_http`] report on a running mount.
+//! [`metrics_http`] report on a running mount; [`warm`] fetches named parts into its
+//! cache on request (`scdlfs warm`).
 
 pub mod cache;
 pub mod catalog;
@@ -27,6 +28,7 @@ pub mod metrics_http;
 pub mod mount;
 pub mod parts;
 pub mod prefetch;
+pub mod progress;
 pub mod read;
 pub mod status;
 pub mod store;
@@ -34,3 +36,4 @@ pub mod synthetic;
 pub mod units;
 pub mod unmount;
 pub mod view;
+pub mod warm;

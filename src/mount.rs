@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 use crate::prefetch::{PrefetchConfig, Prefetcher};
 use crate::read::ReadPath;
 use crate::status::{Observer, Status};
+use crate::warm::Warmer;
 
 /// Everything that shapes a mount besides its store.
 #[derive(Clone, Debug)]
@@ -156,6 +157,7 @@ pub fn assemble(
         },
     );
     let tree = Arc::new(Tree::new(store, prefix, settings.view, registry));
+    let warmer = Warmer::new(fetcher.clone());
     let observer = Observer::new(
         settings.fs_name.clone(),
         metrics.clone(),
@@ -168,6 +170,7 @@ pub fn assemble(
         prefetcher,
         metrics,
         observer.clone(),
+        warmer,
         settings.ownership,
     );
     Ok((core, observer))

@@ -201,14 +201,15 @@ async fn catalog_lists_directories_and_refuses_what_a_read_only_tree_must() {
 
     assert!(matches!(
         core.core
-            .getxattr(tiny.ino.0, OsStr::new("user.scdlfs.status")),
+            .getxattr(tiny.ino.0, OsStr::new("user.scdlfs.status"))
+            .await,
         Err(FsError::NoSuchAttribute)
     ));
     assert!(core.core.listxattr(tiny.ino.0).is_empty());
     let names = core.core.listxattr(ROOT);
     let name = OsStr::new(std::str::from_utf8(&names).unwrap().trim_end_matches('\0'));
     let status: serde_json::Value =
-        serde_json::from_slice(&core.core.getxattr(ROOT, name).unwrap()).unwrap();
+        serde_json::from_slice(&core.core.getxattr(ROOT, name).await.unwrap()).unwrap();
     assert_eq!(
         status["counters"]["reads"], 2,
         "the two reads of tiny.txt: {status}"

@@ -277,3 +277,93 @@ fn flip(path: &Path, at: u64) {
     file.read_exact_at(&mut byte, at).unwrap();
     file.write_all_at(&[byte[0] ^ 0x04], at).unwrap();
 }
+
+/// A daemon whose open-file limit is far below its cached parts (first mount and
+/// remount, adopted parts included) closes and reopens part files: every read right.
+#[test]
+fn more_cached_parts_than_open_files_allowed_still_read_right() {
+    let setup = Setup::new();
+    let all = names(&setup.want);
+    for round in 0..2 {
+        let mountpoint = tempfile::tempdir().unwrap();
+        let mut command = Command::new(SCDLFS);
+        command
+            .arg("mount")
+            .arg(setup.src.path())
+            .arg(mountpoint.path())
+            .arg("--foreground")
+            .arg("--cache-dir")
+            .arg(setup.cache.path())
+            .args(["--cache-size", "256MiB", "--read-part-size", "4KiB"])
+            .args(["--fuse-threads", "1", "--max-concurrent-requests", "2"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: prctl and setrlimit before exec, on the child's own limits.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                let limit = libc::rlimit {
+                    rlim_cur: 128,
+                    rlim_max: 128,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut daemon = command.spawn().unwrap();
+        let started = Instant::now();
+        while std::fs::read_dir(mountpoint.path()).map_or(true, |mut d| d.next().is_none()) {
+            assert!(started.elapsed() < Duration::from_secs(30), "never mounted");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Twice: the second pass reads parts whose files were closed for the limit.
+        for _ in 0..2 {
+            for name in &all {
+                let got = std::fs::read(mountpoint.path().join(name)).unwrap();
+                assert!(
+                    got == setup.want[*name],
+                    "round {round}: {name}: wrong bytes"
+                );
+            }
+            // Past the kernel's page cache: drop it for the mount.
+            for name in &all {
+                let file = std::fs::File::open(mountpoint.path().join(name)).unwrap();
+                rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+            }
+        }
+        let status = status_of(mountpoint.path());
+        assert!(
+            status.cache.cached_parts > 128,
+            "round {round}: {} parts cached, not more than the limit",
+            status.cache.cached_parts
+        );
+        assert!(
+            status.cache.part_files_reopened > 0,
+            "round {round}: {:?}",
+            status.cache
+        );
+        if round == 1 {
+            assert!(status.cache.adopted_parts > 0, "{:?}", status.cache);
+        }
+        let unmounted = Command::new(SCDLFS)
+            .arg("unmount")
+            .arg(mountpoint.path())
+            .status()
+            .unwrap();
+        assert!(unmounted.success());
+        daemon.wait().unwrap();
+    }
+}
+
+fn status_of(mountpoint: &Path) -> scdlfs::status::Status {
+    let output = Command::new(SCDLFS)
+        .args(["status", "--json"])
+        .arg(mountpoint)
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    serde_json::from_slice(&output.stdout).unwrap()
+}

@@ -27,6 +27,7 @@
 //! caller's decision, and eviction advice comes from an [`EvictionAdvisor`].
 
 pub mod adopt;
+pub mod open_files;
 pub mod part_file;
 pub mod policy;
 
@@ -44,6 +45,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::parts::{span, spans_touched, GroupId, PartKey};
 use adopt::{ListedObject, SourceRecord, Verdict};
+use open_files::{OpenFiles, PartFile};
 use part_file::PartHeader;
 pub use policy::{EvictionAdvisor, NextUse, Policy, Unit};
 
@@ -59,7 +61,8 @@ struct DiskState {
 
 #[derive(Debug)]
 struct ResidentFile {
-    file: File,
+    /// Open while the bound on open part files allows ([`open_files`]).
+    file: Arc<PartFile>,
     /// Where the data starts in the file: the header's length.
     data_offset: u64,
     data_len: u64,
@@ -82,6 +85,8 @@ pub enum CacheError {
     Corrupt { part: PartKey, block: u64 },
     #[error("reading a cached part failed: {0}")]
     Io(#[from] io::Error),
+    #[error("cached part {part:?} could not be opened again ({reason}); dropped from the cache")]
+    Vanished { part: PartKey, reason: String },
 }
 
 struct Inner {
@@ -177,6 +182,10 @@ pub struct CacheStats {
     /// Whether every header of an earlier mount's part files has been read.
     #[serde(default)]
     pub adoption_done: bool,
+    /// Reads that had to open a part file again: more parts are resident than the
+    /// open-file limit lets stay open ([`open_files`]).
+    #[serde(default)]
+    pub part_files_reopened: u64,
 }
 
 pub struct DiskCache {
@@ -194,6 +203,7 @@ pub struct DiskCache {
     disk: Mutex<DiskState>,
     disk_retry_after: Duration,
     refused_for_disk: AtomicU64,
+    open_files: OpenFiles,
     /// Held for the daemon's life: an exclusive lock on the cache directory.
     _lock: File,
     /// Lets a test act at the moments the directory grows or shrinks.
@@ -297,6 +307,7 @@ impl DiskCache {
             disk: Mutex::new(DiskState::default()),
             disk_retry_after: DISK_RETRY_AFTER,
             refused_for_disk: AtomicU64::new(0),
+            open_files: OpenFiles::new(open_files::bound_for_this_process()),
             _lock: lock,
             #[cfg(test)]
             test_hook: Mutex::new(None),
@@ -418,13 +429,8 @@ impl DiskCache {
                     continue;
                 }
             };
-            let file = match private_file().read(true).open(&stray.path) {
-                Ok(file) => file,
-                Err(error) => {
-                    self.remove_stray(inner, &stray.path, &error.to_string());
-                    continue;
-                }
-            };
+            // Opened when first read: a large cache would not fit the descriptor limit.
+            let file = OpenFiles::closed(stray.path.clone());
             let bytes = inner.strays.take(&stray.path).expect("checked above");
             let budget = inner.policy.budget_bytes() + bytes;
             inner.policy.set_budget_bytes(budget);
@@ -494,6 +500,11 @@ impl DiskCache {
         *self.advisor.write() = advisor;
     }
 
+    /// The most groups (SCDL chunks) the cache keeps, if bounded.
+    pub fn max_groups(&self) -> Option<usize> {
+        self.inner.lock().policy.max_groups()
+    }
+
     pub fn contains(&self, key: PartKey) -> bool {
         self.inner.lock().policy.contains(key)
     }
@@ -558,7 +569,7 @@ impl DiskCache {
         self.step(Step::Written);
         let mut inner = self.inner.lock();
         let (file, path) = match written {
-            Ok(written) => written,
+            Ok((file, path)) => (self.open_files.opened(path.clone(), file), path),
             Err(error) => {
                 inner.policy.cancel(reservation);
                 drop(inner);
@@ -695,25 +706,38 @@ impl DiskCache {
             unclaimed_bytes: inner.strays.total_bytes,
             stale_parts_removed: self.stale_removed.load(Ordering::Relaxed),
             adoption_done: inner.strays.headers_read,
+            part_files_reopened: self.open_files.reopened(),
         }
     }
 
     /// Drops a part whose bytes failed their checksum, unless an earlier read dropped
     /// it already (then the part may have been fetched again: a new file).
     fn drop_corrupt(&self, key: PartKey, file: &Arc<ResidentFile>, block: u64) {
+        if let Some(path) = self.drop_resident(key, file) {
+            tracing::error!(path = %path.display(), part = ?key, block, "a cached part failed its checksum: dropped, and fetched again when read");
+        }
+    }
+
+    /// Drops a part whose file could not be opened again, as [`DiskCache::drop_corrupt`].
+    fn drop_unreadable(&self, key: PartKey, file: &Arc<ResidentFile>, reason: &str) {
+        if let Some(path) = self.drop_resident(key, file) {
+            tracing::error!(path = %path.display(), part = ?key, reason, "a cached part could not be opened again: dropped, and fetched again when read");
+        }
+    }
+
+    /// Forgets and deletes `file` if it is still `key`'s, counting it as dropped.
+    fn drop_resident(&self, key: PartKey, file: &Arc<ResidentFile>) -> Option<PathBuf> {
         let mut inner = self.inner.lock();
-        let Some((resident, _)) = inner.files.get(&key) else {
-            return;
-        };
+        let (resident, _) = inner.files.get(&key)?;
         if !Arc::ptr_eq(resident, file) {
-            return;
+            return None;
         }
         let (_, path) = inner.files.remove(&key).expect("present");
         inner.policy.discard(key);
         self.delete_files(vec![path.clone()]);
         drop(inner);
         self.corrupt_dropped.fetch_add(1, Ordering::Relaxed);
-        tracing::error!(path = %path.display(), part = ?key, block, "a cached part failed its checksum: dropped, and fetched again when read");
+        Some(path)
     }
 }
 
@@ -860,6 +884,11 @@ impl PinnedPart {
             return Ok(());
         }
         let file = &*self.file;
+        let handle = self
+            .cache
+            .open_files
+            .file(&file.file, |path| private_file().read(true).open(path))
+            .map_err(|error| self.vanished(error))?;
         let range = offset..offset + buf.len() as u64;
         assert!(range.end <= file.data_len, "read past the part's end");
         let block_len = file.block_len as u64;
@@ -875,8 +904,7 @@ impl PinnedPart {
         if whole_start < whole_end {
             let bytes = block_range(whole_start).start..block_range(whole_end - 1).end;
             let dest = &mut buf[(bytes.start - offset) as usize..(bytes.end - offset) as usize];
-            file.file
-                .read_exact_at(dest, file.data_offset + bytes.start)?;
+            handle.read_exact_at(dest, file.data_offset + bytes.start)?;
             for (i, block) in dest.chunks(block_len as usize).enumerate() {
                 self.check(whole_start + i as u64, block)?;
             }
@@ -885,8 +913,7 @@ impl PinnedPart {
             let bytes = block_range(block);
             SCRATCH.with_borrow_mut(|scratch| {
                 scratch.resize((bytes.end - bytes.start) as usize, 0);
-                file.file
-                    .read_exact_at(scratch, file.data_offset + bytes.start)?;
+                handle.read_exact_at(scratch, file.data_offset + bytes.start)?;
                 self.check(block, scratch)?;
                 let from = range.start.max(bytes.start);
                 let to = range.end.min(bytes.end);
@@ -897,6 +924,17 @@ impl PinnedPart {
             })?;
         }
         Ok(())
+    }
+
+    /// A part file that cannot be opened again (deleted behind the daemon's back) is
+    /// dropped like a corrupt one, so the read fetches the part afresh.
+    fn vanished(&self, error: io::Error) -> CacheError {
+        self.cache
+            .drop_unreadable(self.key, &self.file, &error.to_string());
+        CacheError::Vanished {
+            part: self.key,
+            reason: error.to_string(),
+        }
     }
 
     fn check(&self, block: u64, bytes: &[u8]) -> Result<(), CacheError> {

@@ -110,6 +110,10 @@ impl Policy {
         self.budget_bytes
     }
 
+    pub fn max_groups(&self) -> Option<usize> {
+        self.max_groups
+    }
+
     pub fn resident_parts(&self) -> usize {
         self.parts.len()
     }

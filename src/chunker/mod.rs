@@ -16,7 +16,6 @@
 //!    reader or a mount never sees a half-written dataset as a chunked one.
 
 pub mod journal;
-pub mod progress;
 pub mod source;
 
 use std::collections::HashMap;
@@ -33,8 +32,8 @@ use scdl_format::layout::{chunk_dir_name, HEADER_FILE};
 use scdl_format::{ArrayKind, ChunkedInfo, Header, HeaderError};
 use tokio_util::sync::CancellationToken;
 
+use crate::progress::Progress;
 use journal::{JobIdentity, Journal, Uploaded, FORMAT_VERSION, JOURNAL_DIR};
-use progress::Progress;
 use source::MonolithicSource;
 
 #[derive(Debug, thiserror::Error)]
@@ -267,6 +266,8 @@ async fn run(
     });
     report.reused_objects = done.len();
     let progress = Progress::new(
+        "chunk",
+        "objects",
         todo.iter().map(|o| o.size).sum(),
         todo.len() as u64,
         options.quiet,
@@ -277,7 +278,7 @@ async fn run(
             async move {
                 let uploaded = upload(archive, target, object, options, progress, cancel).await?;
                 journal.record(&object.key, &uploaded).await?;
-                progress.object_done();
+                progress.item_done();
                 Ok((object.key.clone(), uploaded))
             }
         })

@@ -1,4 +1,4 @@
-//! The command line: `mount`, `unmount`, `status`, `chunk` and `demo`.
+//! The command line: `mount`, `unmount`, `status`, `warm`, `chunk` and `demo`.
 
 use anyhow::Context;
 mod chunk_cmd;
@@ -8,6 +8,7 @@ mod mount_cmd;
 mod notify;
 mod spellings;
 mod status_cmd;
+mod warm_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,6 +54,9 @@ pub(crate) enum Command {
         #[arg(long, value_name = "SECONDS")]
         watch: Option<f64>,
     },
+    /// Fetch parts of a dataset (MOUNTPOINT/DATASET) into the cache of its running
+    /// mount, within the cache budget, e.g. before a job starts.
+    Warm(warm_cmd::WarmArgs),
     /// Partition a monolithic SCDL archive (a local folder or any store) into the chunked
     /// layout at any store, streaming, resumable, header published last.
     Chunk(Box<chunk_cmd::ChunkArgs>),
@@ -269,6 +273,11 @@ pub fn main() -> ExitCode {
             json,
             watch,
         } => status_cmd::run(&mountpoint, json, watch),
+        // Its exit status says more than success or failure.
+        Command::Warm(args) => match warm_cmd::run(args) {
+            Ok(code) => return code,
+            Err(error) => Err(error),
+        },
         Command::Chunk(args) => chunk_cmd::run(*args),
         Command::Demo(args) => demo::run(args),
     };

@@ -97,6 +97,9 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
         read_timeout: args.store.read_timeout,
         fetch_memory: args.max_fetch_memory,
     };
+    // Each resident part keeps its file open while the limit allows; the rest are
+    // reopened when read, which a higher limit spares.
+    let open_file_limit = crate::cache::open_files::raise_descriptor_limit();
     let mount =
         Mount::start(store, prefix, &args.mountpoint, &settings).map_err(anyhow::Error::msg)?;
     tracing::info!(
@@ -104,6 +107,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
         mountpoint = %mount.mountpoint().display(),
         cache = %format_size(cache_bytes),
         cache_dir = %cache_dir.display(),
+        open_file_limit,
         "mounted"
     );
     // Before reporting ready: a stop that follows at once must find the handlers (the

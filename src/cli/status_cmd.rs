@@ -88,6 +88,12 @@ fn render(s: &Status) -> String {
             "; still reading their headers"
         },
     ));
+    if s.cache.part_files_reopened > 0 {
+        out.push_str(&format!(
+            "open files        {} reads reopened a part file (more parts than the open-file limit keeps open)\n",
+            s.cache.part_files_reopened
+        ));
+    }
     if let Some(reason) = &s.cache.disk_unusable {
         out.push_str(&format!(
             "cache disk        UNUSABLE ({reason}): serving from the store, {} parts not cached\n",

@@ -222,6 +222,19 @@ impl Fetcher {
         started
     }
 
+    /// Brings the part into the cache at prefetch priority, waiting for its download
+    /// (bounded by the per-request deadline), joined or started; at once if cached.
+    pub async fn fetch_in_background(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        index: u64,
+    ) -> FsResult<()> {
+        match self.start(object, index, Urgency::prefetch()) {
+            Some(download) => download.await.map(drop),
+            None => Ok(()),
+        }
+    }
+
     /// The part's download, joined or started; `None` if the part is cached by now.
     fn start(
         self: &Arc<Self>,

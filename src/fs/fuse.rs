@@ -289,12 +289,26 @@ impl Filesystem for ScdlFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        answer_with(
-            "getxattr",
-            reply,
-            self.core.getxattr(ino.0, name),
-            |reply, json| reply_xattr(reply, size, &json),
-        );
+        let (core, name) = (self.core.clone(), name.to_owned());
+        let getxattr = async move { core.getxattr(ino.0, &name).await };
+        self.answer("getxattr", reply, getxattr, move |reply, json| {
+            reply_xattr(reply, size, &json)
+        });
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let (core, name, value) = (self.core.clone(), name.to_owned(), value.to_vec());
+        let setxattr = async move { core.setxattr(ino.0, &name, &value).await };
+        self.answer("setxattr", reply, setxattr, |reply, ()| reply.ok());
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {

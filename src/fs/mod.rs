@@ -28,6 +28,7 @@ use crate::prefetch::Prefetcher;
 use crate::read::ReadPath;
 use crate::status::{Observer, STATUS_XATTR};
 use crate::view::plan_read;
+use crate::warm::{Warmer, WARM_XATTR};
 pub use fuse::ScdlFs;
 use handles::{HandleState, HandleTable};
 
@@ -64,6 +65,7 @@ pub struct FsCore {
     metrics: Arc<Metrics>,
     handles: HandleTable,
     observer: Observer,
+    warmer: Arc<Warmer>,
     ownership: Ownership,
 }
 
@@ -105,6 +107,7 @@ impl FsCore {
         prefetcher: Arc<Prefetcher>,
         metrics: Arc<Metrics>,
         observer: Observer,
+        warmer: Arc<Warmer>,
         ownership: Ownership,
     ) -> FsCore {
         FsCore {
@@ -114,6 +117,7 @@ impl FsCore {
             metrics,
             handles: HandleTable::default(),
             observer,
+            warmer,
             ownership,
         }
     }
@@ -267,12 +271,37 @@ impl FsCore {
         }
     }
 
-    /// The root carries the mount's status as JSON; nothing else has attributes.
-    pub fn getxattr(&self, ino: u64, name: &OsStr) -> FsResult<Vec<u8>> {
-        if ino != INodeNo::ROOT.0 || name != STATUS_XATTR {
-            return Err(FsError::NoSuchAttribute);
+    /// The root carries the mount's status as JSON, a dataset directory the progress
+    /// of its warm job ([`crate::warm`]); nothing else has attributes.
+    pub async fn getxattr(&self, ino: u64, name: &OsStr) -> FsResult<Vec<u8>> {
+        if ino == INodeNo::ROOT.0 && name == STATUS_XATTR {
+            return Ok(serde_json::to_vec(&self.observer.status()).expect("status serializes"));
         }
-        Ok(serde_json::to_vec(&self.observer.status()).expect("status serializes"))
+        if name == WARM_XATTR {
+            return self.warmer.progress(&self.dataset_of_dir(ino).await?);
+        }
+        Err(FsError::NoSuchAttribute)
+    }
+
+    /// Writing a dataset directory's warm attribute starts or stops its warm job; no
+    /// other attribute can be set.
+    pub async fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8]) -> FsResult<()> {
+        if name != WARM_XATTR {
+            return Err(FsError::ReadOnly);
+        }
+        self.warmer.request(&self.dataset_of_dir(ino).await?, value)
+    }
+
+    /// The dataset a directory holds, found as the content of its hint file.
+    async fn dataset_of_dir(&self, ino: u64) -> FsResult<Dataset> {
+        let listing = self.tree.listing(ino).await?;
+        let hints = listing
+            .get(scdl_format::hint::HINT_FILE)
+            .ok_or(FsError::NoSuchAttribute)?;
+        match &file_of(&*self.tree.node(hints)?)?.content {
+            FileContent::Hints(dataset, _) => Ok(dataset.clone()),
+            _ => Err(FsError::NoSuchAttribute),
+        }
     }
 
     /// Extended attribute names, each NUL-terminated.
