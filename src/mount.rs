@@ -16,12 +16,15 @@ use crate::cache::adopt::ListedObject;
 use crate::cache::{CacheOwner, DiskCache};
 use crate::catalog::{DirMode, ObjectRegistry, Tree};
 use crate::fetch::Fetcher;
-use crate::fs::{FsCore, Ownership, ScdlFs};
+use crate::fs::{read_ahead, FsCore, Ownership, ScdlFs};
 use crate::metrics::Metrics;
 use crate::prefetch::{PrefetchConfig, Prefetcher};
 use crate::read::ReadPath;
 use crate::status::{Observer, Status};
 use crate::warm::Warmer;
+
+/// The read-ahead the kernel gives a FUSE mount unless told otherwise.
+const KERNEL_DEFAULT_READ_AHEAD: u64 = 128 << 10;
 
 /// Everything that shapes a mount besides its store.
 #[derive(Clone, Debug)]
@@ -47,6 +50,9 @@ pub struct MountSettings {
     pub read_timeout: Duration,
     /// The most bytes the fetcher holds at once ([`crate::fetch::memory`]).
     pub fetch_memory: u64,
+    /// The kernel's read-ahead for the mount ([`crate::fs::read_ahead`]); `None` leaves
+    /// the kernel's default.
+    pub read_ahead: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -154,6 +160,7 @@ pub fn assemble(
             lookahead_steps: settings.prefetch_lookahead_steps,
             max_ahead_bytes: settings.cache_bytes / 2,
             max_sequential_window: 8 * settings.part_size,
+            kernel_read_ahead: settings.read_ahead.unwrap_or(KERNEL_DEFAULT_READ_AHEAD),
         },
     );
     let tree = Arc::new(Tree::new(store, prefix, settings.view, registry));
@@ -229,6 +236,12 @@ impl Mount {
             runtime,
         };
         mount.wait_until_answering(Duration::from_secs(30))?;
+        if let Some(bytes) = settings.read_ahead {
+            // Before any file is opened: each open takes the value then in force.
+            if let Err(error) = read_ahead::set(&mount.mountpoint, bytes) {
+                tracing::warn!(%error, wanted = bytes, "cannot set the kernel's read-ahead for the mount; it stays at the default, and prefetch margins are larger than needed");
+            }
+        }
         Ok(mount)
     }
 

@@ -138,7 +138,10 @@ impl ReadPath {
     }
 
     /// Checks chunk `chunk`'s row offsets once per mount; later reads reuse the verdict.
+    /// A new verdict wakes the prefetcher, which can then locate the values the offsets
+    /// bound.
     pub async fn check_row_ptr(&self, dataset: &Arc<FlatDataset>, chunk: usize) -> FsResult<()> {
+        let decided_here = std::sync::atomic::AtomicBool::new(false);
         let verdict = dataset
             .row_ptr_check(chunk)
             .get_or_try_init(|| async {
@@ -160,9 +163,13 @@ impl ReadPath {
                 if let Err(reason) = &verdict {
                     tracing::error!(%reason, "corrupt row offsets: reads of this chunk fail with EIO");
                 }
+                decided_here.store(true, std::sync::atomic::Ordering::Relaxed);
                 Ok::<_, FsError>(verdict)
             })
             .await?;
+        if decided_here.into_inner() {
+            self.fetcher.planner_wake().notify_one();
+        }
         verdict.clone()
     }
 

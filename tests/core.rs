@@ -16,6 +16,7 @@ use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use scdl_format::hint::HINT_FILE;
+use scdl_format::layout::CHUNKED_DIR;
 use scdl_format::ArrayKind;
 use scdlfs::error::FsError;
 use scdlfs::fs::FsCore;
@@ -355,25 +356,27 @@ async fn a_sequential_reader_gets_read_ahead_and_a_random_one_does_not() {
     let requested = core.reads.hook().total();
     assert_eq!(requested, 3, "one part per random read, nothing ahead");
 
+    // Reads as the kernel sends them for a sequential reader: its 128 KiB window.
     let sequential = core.core.open(big.ino.0).unwrap().handle;
+    let window = 128u64 << 10;
     for k in 0..4 {
         core.core
-            .read(big.ino.0, sequential, k * 8192, 8192)
+            .read(big.ino.0, sequential, k * window, window as u32)
             .await
             .unwrap();
     }
     assert!(
-        core.wait_for_read("nested/big.bin", part..2 * part).await,
-        "the part after a streak of sequential reads is fetched before it is read"
+        core.wait_for_read("nested/big.bin", 8 * part..9 * part)
+            .await,
+        "the part after a run of sequential reads is fetched before it is read"
     );
     let fetched = core.reads.hook().snapshot();
-    for after_random in [10 * part, 3 * part, 7 * part] {
-        let ahead = Some(after_random..(after_random + part).min(big.size));
-        assert!(
-            !fetched.contains_key(&("nested/big.bin".to_owned(), ahead)),
-            "no read-ahead after a random read: {fetched:?}"
-        );
-    }
+    // The parts after the random reads at 2 and 6 parts are the sequential reader's.
+    let after_random = Some(10 * part..11 * part);
+    assert!(
+        !fetched.contains_key(&("nested/big.bin".to_owned(), after_random)),
+        "no read-ahead after a random read: {fetched:?}"
+    );
 }
 
 proptest::proptest! {
@@ -414,5 +417,108 @@ proptest::proptest! {
                 }
             }
         });
+    }
+}
+
+/// The prefetcher has no timer: it acts when something it depends on changes. These
+/// tests run on a paused clock and never let the runtime idle, so no timer can fire;
+/// whatever they wait for must follow from the event alone.
+mod prefetcher_events {
+    use super::*;
+
+    /// Spins the runtime (never idle, so the paused clock stands still) until `done`,
+    /// within a bound of real time; returns whether it became true.
+    async fn without_timers(mut done: impl FnMut() -> bool) -> bool {
+        let frozen = tokio::time::Instant::now();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            if done() {
+                assert_eq!(tokio::time::Instant::now(), frozen, "the clock moved");
+                return true;
+            }
+            tokio::task::yield_now().await;
+        }
+        false
+    }
+
+    fn fetched(core: &Core, key: &str) -> bool {
+        core.reads.hook().snapshot().keys().any(|(k, _)| k == key)
+    }
+
+    fn data_of(chunk: u32) -> String {
+        format!("ds/chunk_{chunk:05}/{}", ArrayKind::Data.file_name())
+    }
+
+    async fn plan(core: &Core, lines: &str) -> u64 {
+        let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
+        let handle = core.core.open(hints.ino.0).unwrap().handle;
+        core.core.write(handle, lines.as_bytes()).unwrap();
+        handle
+    }
+
+    /// One download at a time (so at most two in flight), and a step of several parts:
+    /// the plan's second step is reached only through downloads ending.
+    #[tokio::test(start_paused = true)]
+    async fn a_download_ending_starts_the_next_prefetch() {
+        let core = core_of(&dataset_files("ds"), |s| {
+            s.max_concurrent_requests = 1;
+            s.prefetch_lookahead_steps = 1;
+        })
+        .await;
+        plan(
+            &core,
+            "scdlfs-hints 1\nplan 0\nwindow 5\nwindow 2\nwindow 7\n",
+        )
+        .await;
+        assert!(
+            without_timers(|| fetched(&core, &data_of(2))).await,
+            "the second step is prefetched: {:?}",
+            core.reads.hook().snapshot()
+        );
+        assert!(!fetched(&core, &data_of(7)), "beyond the lookahead");
+    }
+
+    /// Lookahead 1: the third step is fetched only once reads of the second move the
+    /// reader's position there.
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_moving_on_starts_the_next_steps() {
+        let core = core_of(&dataset_files("ds"), |s| s.prefetch_lookahead_steps = 1).await;
+        plan(
+            &core,
+            "scdlfs-hints 1\nplan 0\nwindow 5\nwindow 2\nwindow 7\n",
+        )
+        .await;
+        assert!(without_timers(|| fetched(&core, &data_of(2))).await);
+        assert!(!fetched(&core, &data_of(7)), "beyond the lookahead");
+        let raw = format!(
+            "ds/{CHUNKED_DIR}/chunk_00002/{}",
+            ArrayKind::Data.file_name()
+        );
+        let attr = core.resolve(&raw).await.unwrap();
+        let handle = core.core.open(attr.ino.0).unwrap().handle;
+        for offset in [0, 4096, 8192] {
+            core.core
+                .read(attr.ino.0, handle, offset, 4096)
+                .await
+                .unwrap();
+        }
+        assert!(
+            without_timers(|| fetched(&core, &data_of(7))).await,
+            "the step after the reader's new one is prefetched"
+        );
+    }
+
+    /// A `rows` step: the prefetcher fetches the chunk's row offsets, checks them once
+    /// they are local, and only then knows which values to fetch.
+    #[tokio::test(start_paused = true)]
+    async fn row_offsets_checked_locate_the_values_to_prefetch() {
+        let core = core_of(&dataset_files("ds"), |_| {}).await;
+        // Rows 1300..1310 lie in chunk 4 (300 rows a chunk).
+        plan(&core, "scdlfs-hints 1\nplan 0\nrows 1300 1310\n").await;
+        assert!(
+            without_timers(|| fetched(&core, &data_of(4))).await,
+            "the values of the rows are prefetched: {:?}",
+            core.reads.hook().snapshot()
+        );
     }
 }

@@ -158,3 +158,30 @@ fn sizes_and_times_are_exact() {
         );
     }
 }
+
+/// The kernel's read-ahead for the mount is what was asked (its device's
+/// `read_ahead_kb`), and the files still read back exactly through the larger window,
+/// sequentially and through a memory map.
+#[test]
+fn the_kernel_read_ahead_is_set_as_asked() {
+    let (src, files) = source();
+    let asked = 4u64 << 20;
+    let mount = TestMount::start(local_store(src.path()), "", |s| s.read_ahead = Some(asked));
+    assert_eq!(scdlfs::fs::read_ahead::get(&mount.path()).unwrap(), asked);
+    check_plain_files(&mount.path(), &files);
+    for (name, want) in &files {
+        let file = File::open(mount.path().join(name)).unwrap();
+        if want.is_empty() {
+            continue;
+        }
+        // SAFETY: the mount's files do not change while mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        assert_eq!(&map[..], &want[..], "{name} mapped");
+    }
+    let other = TestMount::start(local_store(src.path()), "", |_| {});
+    assert_ne!(
+        scdlfs::fs::read_ahead::get(&other.path()).unwrap(),
+        asked,
+        "a mount that asks nothing keeps the kernel's default"
+    );
+}

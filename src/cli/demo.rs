@@ -102,6 +102,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         prefetch_lookahead_steps: 2,
         read_timeout: crate::store::NetworkBounds::default().read_timeout,
         fetch_memory: 64 * part_size,
+        read_ahead: None,
     };
     let mount = Mount::start(store, ObjectPath::default(), &mountpoint, &settings)
         .map_err(anyhow::Error::msg)?;

@@ -177,6 +177,11 @@ pub struct MountArgs {
         help_heading = "Performance"
     )]
     pub fuse_threads: usize,
+    /// The kernel's read-ahead for the mount: the most a memory-map fault or an
+    /// in-order reader asks for at once (the kernel's default is 128KiB). Setting it
+    /// needs root; otherwise the default stays, with a warning.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1MiB", help_heading = "Performance")]
+    pub read_ahead: u64,
 
     /// Mount options in fstab spelling, e.g. `-o allow_other,cache_size=20GiB`: each is
     /// the flag of that name (underscores read as dashes); mount(8)'s own (ro, nodev,

@@ -29,6 +29,7 @@ use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use object_store::{GetOptions, GetRange, ObjectStore};
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use crate::cache::{DiskCache, PartOrigin, PinnedPart};
 use crate::catalog::objects::canonical_etag;
@@ -81,6 +82,9 @@ pub struct Fetcher {
     memory: MemoryBudget,
     in_flight: Mutex<HashMap<PartKey, InFlight>>,
     metrics: Arc<Metrics>,
+    /// Rung whenever a download ends (and by the read path when a chunk's row offsets
+    /// are checked): the prefetcher waits on it for room and for newly local bytes.
+    planner_wake: Arc<Notify>,
     /// Downloads are started from FUSE threads, outside the runtime.
     runtime: tokio::runtime::Handle,
 }
@@ -111,6 +115,7 @@ impl Fetcher {
             )),
             in_flight: Mutex::new(HashMap::new()),
             metrics,
+            planner_wake: Arc::new(Notify::new()),
             runtime: tokio::runtime::Handle::current(),
         })
     }
@@ -170,6 +175,13 @@ impl Fetcher {
 
     pub fn runtime(&self) -> &tokio::runtime::Handle {
         &self.runtime
+    }
+
+    /// What wakes the one planner of prefetches: rung after every download's end, once
+    /// the part is cached and out of the in-flight map. A ring with no one waiting is
+    /// kept for the next wait.
+    pub fn planner_wake(&self) -> &Arc<Notify> {
+        &self.planner_wake
     }
 
     /// The part, waiting (at most `read_timeout`) for a download if it is not cached.
@@ -414,6 +426,7 @@ struct LeaveInFlight {
 impl Drop for LeaveInFlight {
     fn drop(&mut self) {
         self.fetcher.in_flight.lock().remove(&self.key);
+        self.fetcher.planner_wake.notify_one();
     }
 }
 

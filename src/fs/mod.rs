@@ -12,6 +12,7 @@
 
 pub mod fuse;
 pub mod handles;
+pub mod read_ahead;
 
 use std::ffi::OsStr;
 use std::sync::Arc;

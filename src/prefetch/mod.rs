@@ -20,7 +20,6 @@ pub mod sequential;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use scdl_format::hint::HintLine;
@@ -47,10 +46,6 @@ struct StepReads {
 }
 use sequential::SequentialWindow;
 
-/// How far on either side of a touched page the kernel reads a memory-mapped FUSE
-/// file: half its 128 KiB read-ahead window, which it centres on the fault.
-const KERNEL_READ_AROUND: u64 = 64 << 10;
-
 /// How the prefetcher is bounded.
 #[derive(Clone, Copy, Debug)]
 pub struct PrefetchConfig {
@@ -60,6 +55,10 @@ pub struct PrefetchConfig {
     pub max_ahead_bytes: u64,
     /// Largest sequential read-ahead window of a hint-less handle.
     pub max_sequential_window: u64,
+    /// The kernel's read-ahead for the mount ([`crate::fs::read_ahead`]): a fault in a
+    /// memory-mapped file reads this much, centred on the fault, and an in-order reader
+    /// gets as much again ahead. The margins of every step follow it.
+    pub kernel_read_ahead: u64,
 }
 
 struct ActivePlan {
@@ -86,7 +85,8 @@ pub struct Prefetcher {
     advice: Arc<Advice>,
     /// Which dataset chunk each cache group is, for the datasets that have plans.
     chunk_of_group: Mutex<HashMap<GroupId, (Arc<FlatDataset>, usize)>>,
-    wake: Notify,
+    /// Wakes [`drive`]; the fetcher's, which it rings when a download ends.
+    wake: Arc<Notify>,
 }
 
 #[derive(Default)]
@@ -106,6 +106,7 @@ impl Prefetcher {
         read_path: Arc<ReadPath>,
         config: PrefetchConfig,
     ) -> Arc<Prefetcher> {
+        let wake = fetcher.planner_wake().clone();
         let prefetcher = Arc::new(Prefetcher {
             fetcher,
             read_path,
@@ -114,9 +115,9 @@ impl Prefetcher {
             plan_count: AtomicUsize::new(0),
             advice: Arc::default(),
             chunk_of_group: Mutex::new(HashMap::new()),
-            wake: Notify::new(),
+            wake: wake.clone(),
         });
-        tokio::spawn(drive(Arc::downgrade(&prefetcher)));
+        tokio::spawn(drive(Arc::downgrade(&prefetcher), wake));
         prefetcher
     }
 
@@ -235,6 +236,7 @@ impl Prefetcher {
             len,
             self.fetcher.part_size(),
             self.config.max_sequential_window,
+            self.config.kernel_read_ahead,
         );
         if !ahead.is_empty() {
             let read_ahead = plan_read(content, file_size, ahead.start, ahead.end - ahead.start);
@@ -405,8 +407,15 @@ impl Prefetcher {
         }
     }
 
+    /// How far on either side of a touched page the kernel reads a memory-mapped file:
+    /// half its read-ahead window, which it centres on the fault.
+    fn kernel_read_around(&self) -> u64 {
+        self.config.kernel_read_ahead / 2
+    }
+
     /// The byte ranges of objects a step reads.
     fn step_reads(&self, dataset: &Arc<FlatDataset>, step: &Step) -> StepReads {
+        let margin = self.kernel_read_around();
         let mut reads = StepReads {
             complete: true,
             ..StepReads::default()
@@ -421,14 +430,14 @@ impl Prefetcher {
                     }
                     for kind in [ArrayKind::Data, ArrayKind::ColPtr] {
                         if let Some(before) = chunk.checked_sub(1).map(|c| dataset.array(c, kind)) {
-                            let edge = before.size.saturating_sub(KERNEL_READ_AROUND)..before.size;
+                            let edge = before.size.saturating_sub(margin)..before.size;
                             reads.read_around.push((before.clone(), edge));
                         }
                         if chunk + 1 < dataset.chunks.len() {
                             let after = dataset.array(chunk + 1, kind);
                             reads
                                 .read_around
-                                .push((after.clone(), 0..after.size.min(KERNEL_READ_AROUND)));
+                                .push((after.clone(), 0..after.size.min(margin)));
                         }
                     }
                 }
@@ -450,9 +459,9 @@ impl Prefetcher {
                             let width = dataset.layout.width(kind);
                             let (start, end) = (values.start * width, values.end * width);
                             reads.ranges.push((object.clone(), start..end));
-                            let around = start.saturating_sub(KERNEL_READ_AROUND)..start;
+                            let around = start.saturating_sub(margin)..start;
                             reads.read_around.push((object.clone(), around));
-                            let around = end..(end + KERNEL_READ_AROUND).min(object.size);
+                            let around = end..(end + margin).min(object.size);
                             reads.read_around.push((object.clone(), around));
                         }
                     }
@@ -466,6 +475,7 @@ impl Prefetcher {
     /// is its rows. The row offsets bounding each row range come first; the values and
     /// column ids they bound once those offsets are cached.
     fn monolithic_step_reads(&self, dataset: &MonolithicDataset, step: &Step) -> StepReads {
+        let margin = self.kernel_read_around();
         let rows: Vec<std::ops::Range<u64>> = match step {
             Step::Window(chunks) => chunks
                 .iter()
@@ -496,11 +506,11 @@ impl Prefetcher {
                 let width = dataset.width(kind);
                 let (start, end) = (values.start * width, values.end * width);
                 reads.ranges.push((object.clone(), start..end));
-                let around = start.saturating_sub(KERNEL_READ_AROUND)..start;
+                let around = start.saturating_sub(margin)..start;
                 reads.read_around.push((object.clone(), around));
                 // A reader going through the range in order gets the kernel's
                 // asynchronous read-ahead too: a whole window past the end.
-                let around = end..(end + 2 * KERNEL_READ_AROUND).min(object.size);
+                let around = end..(end + 2 * margin).min(object.size);
                 reads.read_around.push((object.clone(), around));
             }
         }
@@ -543,7 +553,8 @@ impl Prefetcher {
             Some(Err(_)) => return None,
             None => {
                 // Check the offsets once they are local, so the values they point at can
-                // be fetched; the check itself then costs no download.
+                // be fetched; the check itself then costs no download. Its verdict wakes
+                // the prefetcher again.
                 if self.fetcher.is_cached(row_ptr) && dataset.start_row_ptr_check(chunk) {
                     let (read_path, dataset) = (self.read_path.clone(), dataset.clone());
                     self.fetcher
@@ -558,9 +569,21 @@ impl Prefetcher {
     }
 }
 
-/// The prefetcher's background loop: tops up after every change and on a short tick
-/// (downloads finishing free room for more), until the prefetcher is dropped.
-async fn drive(prefetcher: Weak<Prefetcher>) {
+impl Drop for Prefetcher {
+    /// Lets [`drive`] see that the prefetcher is gone.
+    fn drop(&mut self) {
+        self.wake.notify_one();
+    }
+}
+
+/// The prefetcher's background loop: tops up the plans' prefetches whenever something
+/// they depend on changed, and sleeps otherwise. What wakes it: a plan written or
+/// dropped, a reader's position moving, a download ending (room for the next, or
+/// row offsets now local), a chunk's row offsets checked. A wake-up that comes while
+/// it works is kept for its next wait, so none is lost; those that come together are
+/// served by one top-up. It holds no strong reference while it waits, and ends once
+/// the prefetcher is dropped.
+async fn drive(prefetcher: Weak<Prefetcher>, wake: Arc<Notify>) {
     loop {
         let Some(this) = prefetcher.upgrade() else {
             return;
@@ -568,7 +591,7 @@ async fn drive(prefetcher: Weak<Prefetcher>) {
         if this.plan_count.load(Ordering::Relaxed) > 0 {
             this.top_up();
         }
-        let wake = async { this.wake.notified().await };
-        let _ = tokio::time::timeout(Duration::from_millis(20), wake).await;
+        drop(this);
+        wake.notified().await;
     }
 }

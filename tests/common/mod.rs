@@ -38,6 +38,7 @@ pub fn settings(cache_dir: &Path) -> MountSettings {
         prefetch_lookahead_steps: 2,
         read_timeout: scdlfs::store::NetworkBounds::default().read_timeout,
         fetch_memory: 64 << 20,
+        read_ahead: None,
     }
 }
 
