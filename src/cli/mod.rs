@@ -180,7 +180,7 @@ pub struct MountArgs {
     /// The kernel's read-ahead for the mount: the most a memory-map fault or an
     /// in-order reader asks for at once (the kernel's default is 128KiB). Setting it
     /// needs root; otherwise the default stays, with a warning.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1MiB", help_heading = "Performance")]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "4MiB", help_heading = "Performance")]
     pub read_ahead: u64,
 
     /// Mount options in fstab spelling, e.g. `-o allow_other,cache_size=20GiB`: each is
