@@ -178,10 +178,13 @@ pub struct MountArgs {
     )]
     pub fuse_threads: usize,
     /// The kernel's read-ahead for the mount: the most a memory-map fault or an
-    /// in-order reader asks for at once (the kernel's default is 128KiB). Setting it
-    /// needs root; otherwise the default stays, with a warning.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "4MiB", help_heading = "Performance")]
-    pub read_ahead: u64,
+    /// in-order reader asks for at once (unset: the kernel's 128KiB). A larger window
+    /// speeds readers that take whole chunks in order, but every random fault in a map
+    /// then reads half of it on either side: ranks reading interleaved shares fetch
+    /// bytes of each other's rows. Setting it needs root; otherwise the default stays,
+    /// with a warning.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Performance")]
+    pub read_ahead: Option<u64>,
 
     /// Mount options in fstab spelling, e.g. `-o allow_other,cache_size=20GiB`: each is
     /// the flag of that name (underscores read as dashes); mount(8)'s own (ro, nodev,

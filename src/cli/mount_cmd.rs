@@ -96,7 +96,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
         prefetch_lookahead_steps: args.prefetch_lookahead,
         read_timeout: args.store.read_timeout,
         fetch_memory: args.max_fetch_memory,
-        read_ahead: Some(args.read_ahead),
+        read_ahead: args.read_ahead,
     };
     // Each resident part keeps its file open while the limit allows; the rest are
     // reopened when read, which a higher limit spares.
