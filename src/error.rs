@@ -26,7 +26,7 @@ pub enum FsError {
     #[error("not a terminal")]
     NotATerminal,
     #[error("invalid hint: {0}")]
-    InvalidHint(String),
+    InvalidHint(#[from] HintRefused),
     /// A control request (an extended attribute written) that is not one.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
@@ -61,6 +61,16 @@ pub enum FsError {
     /// dropped; reading it again fetches it.
     #[error("{0}")]
     CacheCorrupt(String),
+}
+
+/// Why a write to a hint file is refused: lines the protocol does not allow, or a plan
+/// the dataset or the daemon's bounds do not allow.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum HintRefused {
+    #[error(transparent)]
+    Malformed(#[from] scdl_format::hint::HintError),
+    #[error(transparent)]
+    Plan(#[from] crate::prefetch::plan::PlanError),
 }
 
 impl FsError {

@@ -51,6 +51,8 @@ counters! {
     demand_reads_waited,
     /// Total time those reads waited, in microseconds.
     demand_wait_micros,
+    /// Part downloads a reader started: parts neither cached nor on their way when needed, which no prefetch foresaw.
+    demand_downloads,
     /// Reads that found a part already fetched by the prefetcher.
     prefetch_hits,
     /// Parts the prefetcher asked for.

@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,9 +18,7 @@ use scdlfs::store::wrapper::HookedStore;
 /// the read reaches the daemon even though the file was opened with FOPEN_KEEP_CACHE.
 fn read_uncached(path: &Path) -> Vec<u8> {
     let file = std::fs::File::open(path).unwrap();
-    // SAFETY: an advisory call on a descriptor we own.
-    let advised = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(advised, 0, "posix_fadvise");
+    forget_cached_pages(&file);
     let mut out = Vec::new();
     std::io::Read::read_to_end(&mut &file, &mut out).unwrap();
     out

@@ -24,6 +24,7 @@ use scdlfs::mount::{assemble, MountSettings};
 use scdlfs::status::Observer;
 use scdlfs::store::counting::CountReads;
 use scdlfs::store::wrapper::HookedStore;
+use scdlfs::synthetic::SyntheticDataset;
 
 const ROOT: u64 = 1;
 
@@ -377,6 +378,137 @@ async fn a_sequential_reader_gets_read_ahead_and_a_random_one_does_not() {
         !fetched.contains_key(&("nested/big.bin".to_owned(), after_random)),
         "no read-ahead after a random read: {fetched:?}"
     );
+}
+
+/// The files of a monolithic archive of `spec` under `ds/`.
+fn monolithic_files(spec: &SyntheticDataset) -> BTreeMap<String, Vec<u8>> {
+    let dir = tempfile::tempdir().unwrap();
+    write_monolithic(spec, dir.path());
+    snapshot(dir.path())
+        .into_iter()
+        .map(|(name, bytes)| (format!("ds/{name}"), bytes))
+        .collect()
+}
+
+/// Little-endian unsigned entry `index` of an array of `width`-byte entries.
+fn entry(array: &[u8], width: usize, index: u64) -> u64 {
+    let at = index as usize * width;
+    let mut bytes = [0u8; 8];
+    bytes[..width].copy_from_slice(&array[at..at + width]);
+    u64::from_le_bytes(bytes)
+}
+
+/// A reader that goes through a monolithic dataset larger than its cache in
+/// the same order every epoch, one virtual chunk a step. Least-recently-used eviction
+/// throws out each virtual chunk just before the reader comes back to it, and fetches
+/// the whole dataset again every epoch. The plan ranks the parts of the steps it has
+/// located: the second epoch fetches about what the cache cannot hold, and nothing
+/// the plan needs is evicted between its prefetch and its read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_keeps_what_a_monolithic_reader_needs_next_in_a_cache_smaller_than_the_dataset() {
+    let chunk_rows = scdlfs::catalog::monolithic::DEFAULT_VIRTUAL_CHUNK_ROWS;
+    let chunks = 24u64;
+    let spec = SyntheticDataset {
+        rows: chunks * chunk_rows,
+        genes: 300,
+        chunk_rows: 1024, // unused: the archive is monolithic
+        mean_values: 40,
+        seed: 5,
+    };
+    let mono = Monolithic::of(&spec);
+    let dataset_bytes = ArrayKind::ALL
+        .iter()
+        .map(|&k| mono.array(k).len() as u64)
+        .sum::<u64>();
+    let cache_bytes = dataset_bytes * 3 / 4;
+    let core = core_of(&monolithic_files(&spec), |s| {
+        s.part_size = 64 << 10;
+        s.cache_bytes = cache_bytes;
+        s.prefetch_lookahead_steps = 2;
+        // No kernel reads around pages here: small margins for it.
+        s.read_ahead = Some(16 << 10);
+    })
+    .await;
+    let mut arrays = Vec::new();
+    for kind in ArrayKind::ALL {
+        let attr = core
+            .resolve(&format!("ds/{}", kind.file_name()))
+            .await
+            .unwrap();
+        arrays.push((attr.ino.0, core.core.open(attr.ino.0).unwrap().handle));
+    }
+    let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
+    let hints = core.core.open(hints.ino.0).unwrap().handle;
+    let row_width = mono.row_ptr.len() / (spec.rows as usize + 1);
+    let col_width = mono.col_ptr.len() / (mono.data.len() / 4);
+    let windows: String = (0..chunks).map(|c| format!("window {c}\n")).collect();
+    let mut fetched = Vec::new();
+    let mut twice = Vec::new();
+    for epoch in 0..2 {
+        let greeting = match epoch {
+            0 => format!("scdlfs-hints 2\nchunk-rows {chunk_rows}\n"),
+            _ => String::new(),
+        };
+        let lines = format!("{greeting}plan {epoch}\n{windows}");
+        let (bytes_before, requests_before) = (
+            core.observer.status().counters.bytes_fetched,
+            core.reads.hook().snapshot(),
+        );
+        core.core.write(hints, lines.as_bytes()).unwrap();
+        for chunk in 0..chunks {
+            // The rows' offsets, then their values and column ids, in 4 KiB reads.
+            let rows = chunk * chunk_rows..(chunk + 1) * chunk_rows;
+            let (start, end) = (
+                entry(&mono.row_ptr, row_width, rows.start),
+                entry(&mono.row_ptr, row_width, rows.end),
+            );
+            let widths = [4, row_width as u64, col_width as u64];
+            for (k, kind) in ArrayKind::ALL.into_iter().enumerate() {
+                let bytes = match kind {
+                    ArrayKind::RowPtr => rows.start * widths[k]..(rows.end + 1) * widths[k],
+                    _ => start * widths[k]..end * widths[k],
+                };
+                let (ino, handle) = arrays[k];
+                for offset in bytes.clone().step_by(4096) {
+                    let len = (bytes.end - offset).min(4096);
+                    let got = core
+                        .core
+                        .read(ino, handle, offset, len as u32)
+                        .await
+                        .unwrap();
+                    let want = &mono.array(kind)[offset as usize..(offset + len) as usize];
+                    assert!(got == want, "{kind:?} at {offset} in epoch {epoch}");
+                }
+            }
+        }
+        fetched.push(core.observer.status().counters.bytes_fetched - bytes_before);
+        let mut again: Vec<_> = core
+            .reads
+            .hook()
+            .snapshot()
+            .into_iter()
+            .filter(|(read, n)| *n - requests_before.get(read).copied().unwrap_or(0) > 1)
+            .collect();
+        again.sort_by_key(|((key, range), _)| (key.clone(), range.as_ref().map(|r| r.start)));
+        twice.push(again);
+    }
+    // What no cache of this size can keep. The prefetcher makes room for the first
+    // steps before any step is done, which costs a few steps more.
+    let floor = dataset_bytes - cache_bytes;
+    eprintln!(
+        "in-process, same order twice: {dataset_bytes} bytes, cache {cache_bytes}; fetched \
+         {} in the first epoch, {} in the second (floor {floor})",
+        fetched[0], fetched[1]
+    );
+    assert!(
+        fetched[0] <= dataset_bytes * 11 / 10,
+        "the first epoch fetches each byte about once"
+    );
+    assert!(
+        fetched[1] <= floor + cache_bytes / 2,
+        "the second epoch reuses most of what the cache holds"
+    );
+    assert_eq!(twice, [vec![], vec![]], "parts fetched twice in one epoch");
 }
 
 proptest::proptest! {

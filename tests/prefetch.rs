@@ -12,8 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use memmap2::Mmap;
-use scdl_format::{ArrayKind, Header};
 use scdl_sampler::{
     BlockOrder, ChunkWindowOrder, DatasetLayout, Order, Sampler, Shard, Workers,
     DEFAULT_VIRTUAL_CHUNK_SIZE,
@@ -74,7 +72,7 @@ fn run_epoch(order: Order, hints: bool, cache_bytes: u64, part_size: u64) -> Epo
         .unwrap();
     }
     assert_eq!(sampler.hints_active(), hints);
-    let reader = FlatReader::open(&dir);
+    let reader = MappedRows::open(&dir);
     let mut rows = sampler.epoch(0);
     let first_step_rows = rows.share()[0].rows;
     let steps = rows.share().len();
@@ -96,42 +94,6 @@ fn run_epoch(order: Order, hints: bool, cache_bytes: u64, part_size: u64) -> Epo
         after_first_step: after_first_step.unwrap(),
         at_end: mount.status().counters,
         steps,
-    }
-}
-
-/// Reads rows through the flat view's memory maps, as the released reader does.
-struct FlatReader {
-    data: Mmap,
-    row_ptr: Mmap,
-    col_ptr: Mmap,
-    header: Header,
-}
-
-impl FlatReader {
-    fn open(dir: &Path) -> FlatReader {
-        let map = |kind: ArrayKind| unsafe {
-            Mmap::map(&File::open(dir.join(kind.file_name())).unwrap()).unwrap()
-        };
-        FlatReader {
-            data: map(ArrayKind::Data),
-            row_ptr: map(ArrayKind::RowPtr),
-            col_ptr: map(ArrayKind::ColPtr),
-            header: Header::decode(&std::fs::read(dir.join("header.sch")).unwrap()).unwrap(),
-        }
-    }
-
-    fn row(&self, row: u64) -> scdlfs::synthetic::Row {
-        let [_, rows, cols] = self.header.csr_arrays().unwrap();
-        let start = rows.dtype.read_uint(&self.row_ptr, row as usize) as usize;
-        let end = rows.dtype.read_uint(&self.row_ptr, row as usize + 1) as usize;
-        scdlfs::synthetic::Row {
-            columns: (start..end)
-                .map(|i| cols.dtype.read_uint(&self.col_ptr, i) as u32)
-                .collect(),
-            values: (start..end)
-                .map(|i| f32::from_le_bytes(self.data[i * 4..i * 4 + 4].try_into().unwrap()))
-                .collect(),
-        }
     }
 }
 

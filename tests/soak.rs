@@ -12,14 +12,13 @@
 mod common;
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::faulty_mount::{judged_read, setup};
 use common::proxy::{Fault, Outcomes};
-use common::Rng;
+use common::{forget_cached_pages, Rng};
 
 const READERS: u64 = 16;
 const PART: u64 = 64 << 10;
@@ -84,10 +83,7 @@ fn sixteen_readers_under_random_faults() {
                     let len = 1 + rng.below(192 << 10) as usize;
                     outcomes.add(judged_read(&file, want, offset, len));
                     // Out of the page cache, so that the next read reaches the daemon.
-                    // SAFETY: advice on a descriptor we own; no memory is involved.
-                    unsafe {
-                        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
-                    }
+                    forget_cached_pages(&file);
                 }
                 outcomes
             })

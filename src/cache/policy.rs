@@ -4,7 +4,8 @@
 //! The policy unit is either a *group* of parts that live and die together (an SCDL
 //! chunk: the parts of its three arrays) or a lone part. Units are kept in LRU order;
 //! eviction takes the least recently used unit that has no pinned part, unless an
-//! [`EvictionAdvisor`] ranks units first. Two budgets bound the cache: bytes (always)
+//! [`EvictionAdvisor`] ranks units (groups, or lone parts such as a monolithic dataset's)
+//! first. Two budgets bound the cache: bytes (always)
 //! and resident groups (optional, the loader's old `max_cached_chunks`). The invariant
 //! `used + reserved <= budget` holds after every operation, which is what keeps the
 //! cache directory within its budget: a download reserves its bytes before it writes.
@@ -31,13 +32,13 @@ impl Unit {
 
 /// Lets a planner that knows the future order rank eviction candidates.
 pub trait EvictionAdvisor: Send + Sync {
-    /// How soon a group is needed again: `None` if never (evict first); otherwise
-    /// larger means later (evict earlier). Groups the advisor knows nothing of rank
-    /// after every group it has ranked and are taken in LRU order.
-    fn next_use(&self, group: GroupId) -> Option<NextUse>;
+    /// How soon a unit is needed again: `None` if no plan needs it; otherwise larger
+    /// means later. Units nobody needs go first (groups, then lone parts, each in LRU
+    /// order), then those needed furthest ahead.
+    fn next_use(&self, unit: Unit) -> Option<NextUse>;
 }
 
-/// A group's rank in the planners' view of the future.
+/// A unit's rank in the planners' view of the future.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum NextUse {
     /// Needed now, by the step being read: never evicted.
@@ -239,13 +240,8 @@ impl Policy {
         keep: Unit,
         advisor: Option<&dyn EvictionAdvisor>,
     ) -> bool {
-        let protected = match unit {
-            Unit::Group(group) => {
-                self.incoming_groups.contains_key(&group)
-                    || advisor.is_some_and(|a| a.next_use(group) == Some(NextUse::Current))
-            }
-            Unit::Part(_) => false,
-        };
+        let protected = matches!(unit, Unit::Group(group) if self.incoming_groups.contains_key(&group))
+            || advisor.is_some_and(|a| a.next_use(unit) == Some(NextUse::Current));
         unit != keep && state.pins == 0 && !protected
     }
 
@@ -390,16 +386,14 @@ impl Policy {
         let Some(advisor) = advisor else {
             return candidates.into_iter().next();
         };
-        // Groups no plan needs, in LRU order; then lone parts, in LRU order; then the
-        // groups needed furthest ahead.
+        // Groups no plan needs, in LRU order; then lone parts no plan needs, in LRU
+        // order; then the units needed furthest ahead.
         candidates
             .enumerate()
-            .min_by_key(|(position, unit)| match unit {
-                Unit::Group(group) => match advisor.next_use(*group) {
-                    Some(NextUse::Ahead(steps)) => (2, u64::MAX - steps),
-                    _ => (0, *position as u64),
-                },
-                Unit::Part(_) => (1, *position as u64),
+            .min_by_key(|(position, unit)| match (advisor.next_use(*unit), unit) {
+                (Some(NextUse::Ahead(steps)), _) => (2, u64::MAX - steps),
+                (_, Unit::Group(_)) => (0, *position as u64),
+                (_, Unit::Part(_)) => (1, *position as u64),
             })
             .map(|(_, unit)| unit)
     }
@@ -505,10 +499,10 @@ mod tests {
         assert_eq!(p.resident_groups(), 2);
     }
 
-    struct Plan(HashMap<GroupId, NextUse>);
+    struct Plan(HashMap<Unit, NextUse>);
     impl EvictionAdvisor for Plan {
-        fn next_use(&self, group: GroupId) -> Option<NextUse> {
-            self.0.get(&group).copied()
+        fn next_use(&self, unit: Unit) -> Option<NextUse> {
+            self.0.get(&unit).copied()
         }
     }
 
@@ -519,9 +513,9 @@ mod tests {
             fill(&mut p, part(g, 0), Some(GroupId(g)), 100);
         }
         let plan = Plan(HashMap::from([
-            (GroupId(1), NextUse::Current),
-            (GroupId(2), NextUse::Ahead(1)),
-            (GroupId(3), NextUse::Ahead(5)),
+            (Unit::Group(GroupId(1)), NextUse::Current),
+            (Unit::Group(GroupId(2)), NextUse::Ahead(1)),
+            (Unit::Group(GroupId(3)), NextUse::Ahead(5)),
         ]));
         // New data of the current step (group 1) displaces the plan's later chunks.
         let current = Unit::Group(GroupId(1));
@@ -536,6 +530,35 @@ mod tests {
             (None, vec![]),
             "the current step's data stays"
         );
+    }
+
+    #[test]
+    fn lone_parts_a_plan_ranks_go_after_those_it_does_not_and_the_current_ones_stay() {
+        let mut p = Policy::new(400, None);
+        for object in 1..=4 {
+            fill(&mut p, part(object, 0), None, 100);
+        }
+        // Least recent first: 1, 2, 3, 4. A plan needs 1 now, then 2, 5, 6 and 3.
+        let plan = Plan(HashMap::from([
+            (Unit::Part(part(1, 0)), NextUse::Current),
+            (Unit::Part(part(2, 0)), NextUse::Ahead(1)),
+            (Unit::Part(part(5, 0)), NextUse::Ahead(2)),
+            (Unit::Part(part(6, 0)), NextUse::Ahead(3)),
+            (Unit::Part(part(3, 0)), NextUse::Ahead(4)),
+        ]));
+        let mut victims = Vec::new();
+        for object in 5..=7 {
+            let key = part(object, 0);
+            let (r, evicted) = p.reserve(100, Unit::Part(key), Some(&plan));
+            assert!(p.commit(r.expect("room"), key, None));
+            victims.extend(evicted);
+        }
+        assert_eq!(
+            victims,
+            vec![part(4, 0), part(3, 0), part(6, 0)],
+            "the one no plan needs, then those needed furthest ahead"
+        );
+        assert!(p.contains(part(1, 0)) && p.contains(part(2, 0)) && p.contains(part(5, 0)));
     }
 
     #[derive(Debug, Clone)]

@@ -5,7 +5,10 @@
 //! grouped into *virtual chunks* of a fixed row count (the hint protocol's `chunk-rows`,
 //! which the hint file announces), which `window` steps name. Which bytes a virtual
 //! chunk or a row range reads is known only from the row offsets in `row_ptr.npy`; the
-//! prefetcher reads the few entries it needs from there ([`MonolithicDataset::value_range`]).
+//! prefetcher reads the few entries it needs from there ([`MonolithicDataset::value_range`]),
+//! and the dataset remembers those at virtual chunk boundaries, so that a virtual chunk's
+//! bytes stay known for eviction once they were located
+//! ([`MonolithicDataset::chunk_values`]).
 //!
 //! The dataset is checked from sizes alone on discovery: the three arrays exist, hold
 //! whole elements, and their lengths agree with the header's.
@@ -17,6 +20,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use object_store::path::Path as ObjectPath;
+use parking_lot::Mutex;
+use scdl_format::flat::{check_row_range_offsets, RowOffsetError};
 use scdl_format::{ArrayKind, ChunkGeometry, Dtype, Header, HeaderError};
 
 use super::dataset::FlatDataset;
@@ -51,14 +56,10 @@ pub enum InconsistentMonolithic {
 
 /// Row offsets of a monolithic dataset that cannot be right.
 #[derive(Debug, thiserror::Error)]
-#[error("{key}: row offsets {start_row} ({start}) and {end_row} ({end}) do not bound rows of {total_nnz} values")]
+#[error("{key}: {source}")]
 pub struct CorruptRowOffsets {
     pub key: ObjectPath,
-    pub start_row: u64,
-    pub start: u64,
-    pub end_row: u64,
-    pub end: u64,
-    pub total_nnz: u64,
+    pub source: RowOffsetError,
 }
 
 /// A monolithic dataset, served as stored, with virtual chunks for its plans.
@@ -71,6 +72,9 @@ pub struct MonolithicDataset {
     pub total_nnz: u64,
     /// Whether corrupt row offsets were reported already (once per mount is enough).
     corruption_reported: AtomicBool,
+    /// The row offsets read so far at virtual chunk boundaries, by boundary (`k`: the
+    /// first row of chunk `k`, or the end of the rows).
+    boundaries: Mutex<HashMap<u64, u64>>,
 }
 
 impl MonolithicDataset {
@@ -126,6 +130,7 @@ impl MonolithicDataset {
             geometry,
             total_nnz: infos[0].length,
             corruption_reported: AtomicBool::new(false),
+            boundaries: Mutex::default(),
         })
     }
 
@@ -148,28 +153,50 @@ impl MonolithicDataset {
     /// The values `[row_ptr[rows.start], row_ptr[rows.end])` of `rows`, from the two
     /// entries as read by `entry` (`None` while an entry is not local). Offsets that
     /// cannot be right (decreasing, past the value count) are an error, which is
-    /// logged once per mount.
+    /// logged once per mount; right ones at virtual chunk boundaries are remembered.
     pub fn value_range(
         &self,
         rows: &Range<u64>,
         entry: impl Fn(u64) -> Option<u64>,
     ) -> Option<Result<Range<u64>, CorruptRowOffsets>> {
         let (start, end) = (entry(rows.start)?, entry(rows.end)?);
-        if start <= end && end <= self.total_nnz {
+        let Err(source) = check_row_range_offsets(rows.clone(), start, end, self.total_nnz) else {
+            let mut boundaries = self.boundaries.lock();
+            for (row, offset) in [(rows.start, start), (rows.end, end)] {
+                if let Some(boundary) = self.boundary_at(row) {
+                    boundaries.insert(boundary, offset);
+                }
+            }
             return Some(Ok(start..end));
-        }
+        };
         let error = CorruptRowOffsets {
             key: self.array(ArrayKind::RowPtr).key.clone(),
-            start_row: rows.start,
-            start,
-            end_row: rows.end,
-            end,
-            total_nnz: self.total_nnz,
+            source,
         };
         if !self.corruption_reported.swap(true, Ordering::Relaxed) {
             tracing::error!(dataset = %self.prefix, %error, "corrupt row offsets; no prefetch of the rows they bound");
         }
         Some(Err(error))
+    }
+
+    /// The values of virtual chunk `chunk`, if the row offsets at both its ends were
+    /// read (by [`MonolithicDataset::value_range`]) and agree with each other.
+    pub fn chunk_values(&self, chunk: u64) -> Option<Range<u64>> {
+        let rows = self.geometry.chunk_rows(chunk);
+        let boundaries = self.boundaries.lock();
+        let (start, end) = (*boundaries.get(&chunk)?, *boundaries.get(&(chunk + 1))?);
+        check_row_range_offsets(rows, start, end, self.total_nnz).ok()?;
+        Some(start..end)
+    }
+
+    /// Which virtual chunk boundary row `row` is, if it is one.
+    fn boundary_at(&self, row: u64) -> Option<u64> {
+        let size = self.geometry.chunk_size;
+        if row.is_multiple_of(size) {
+            Some(row / size)
+        } else {
+            (row == self.geometry.total_rows).then(|| self.geometry.num_chunks())
+        }
     }
 
     pub fn mtime(&self) -> SystemTime {

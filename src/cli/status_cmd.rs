@@ -42,7 +42,7 @@ fn render(s: &Status) -> String {
     let mut out = format!(
         "source            {}\nuptime            {:.0} s\n\
          reads             {} ({} returned, {:.1}% from cache without waiting)\n\
-         waited on network {} reads, {:.1} ms mean wait\n\
+         waited on network {} reads, {:.1} ms mean wait; {} parts no prefetch foresaw\n\
          fetched           {} in {} parts ({} errors), {} in flight\n\
          network           {}/s over the last {:.0} s, {}/s since the start\n\
          readers got       {}/s over the last {:.0} s, {}/s since the start\n\
@@ -55,6 +55,7 @@ fn render(s: &Status) -> String {
         100.0 * r.cache_hit_ratio,
         c.demand_reads_waited,
         c.demand_wait_micros as f64 / 1000.0 / waits as f64,
+        c.demand_downloads,
         format_size(c.bytes_fetched),
         c.parts_fetched,
         c.fetch_errors,

@@ -267,6 +267,9 @@ impl Fetcher {
         if self.cache.contains(key) {
             return None;
         }
+        if urgency.is_demand() {
+            Metrics::add(&self.metrics.demand_downloads, 1);
+        }
         let task = self.runtime.spawn({
             let (this, object, urgency) = (self.clone(), object.clone(), urgency.clone());
             async move {

@@ -22,7 +22,7 @@ use scdl_format::hint::{HintDecoder, HintLine};
 
 use crate::catalog::tree::{FileNode, Listing};
 use crate::catalog::{Dataset, FileContent, Node, NodeKind, Tree};
-use crate::error::{FsError, FsResult};
+use crate::error::{FsError, FsResult, HintRefused};
 use crate::metrics::Metrics;
 use crate::prefetch::sequential::SequentialWindow;
 use crate::prefetch::Prefetcher;
@@ -213,10 +213,10 @@ impl FsCore {
         let mut trial = decoder.clone();
         let lines: Vec<HintLine> = trial
             .feed(data)
-            .map_err(|e| refuse_hint(dataset, e.to_string()))?;
+            .map_err(|e| refuse_hint(dataset, e.into()))?;
         self.prefetcher
             .apply(handle, dataset, &lines)
-            .map_err(|reason| refuse_hint(dataset, reason))?;
+            .map_err(|e| refuse_hint(dataset, e.into()))?;
         *decoder = trial;
         Ok(data.len() as u32)
     }
@@ -358,7 +358,7 @@ fn file_of(node: &Node) -> FsResult<&FileNode> {
     }
 }
 
-fn refuse_hint(dataset: &Dataset, reason: String) -> FsError {
+fn refuse_hint(dataset: &Dataset, reason: HintRefused) -> FsError {
     tracing::warn!(dataset = %dataset.prefix(), %reason, "hint write refused with EINVAL");
     FsError::InvalidHint(reason)
 }

@@ -10,7 +10,8 @@
 //!
 //! A monolithic dataset's plan names virtual chunks and rows, whose bytes the row
 //! offsets locate: the prefetcher fetches the parts of `row_ptr.npy` a step needs, then
-//! the values they bound. Its parts have no cache group, so its eviction is LRU.
+//! the values they bound. Its parts have no cache group: each is ranked as the virtual
+//! chunks it holds bytes of are, once the offsets of their ends were read.
 //!
 //! Prefetches use the fetcher's low priority, which never delays a demand read.
 
@@ -27,17 +28,18 @@ use scdl_format::ArrayKind;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use crate::cache::{EvictionAdvisor, NextUse};
+use crate::cache::{EvictionAdvisor, NextUse, Unit};
 use crate::catalog::{Dataset, FileContent, FlatDataset, MonolithicDataset, ObjectInfo};
 use crate::fetch::Fetcher;
 use crate::parts::{GroupId, PartKey};
 use crate::read::ReadPath;
 use crate::view::{plan_read, Piece, ReadPlan};
-use plan::{Plan, Step, Touched, MAX_PLANNED_ENTRIES};
+use plan::{Plan, PlanError, Step, Touched, MAX_PLANNED_ENTRIES};
 
-/// What a step reads: its own byte ranges, the margins the kernel reads around them
-/// in memory-mapped flat arrays, and whether the ranges are all known yet (a row step
-/// needs its chunks' row offsets first).
+/// What a step reads: its own byte ranges, the bytes it needs that serve other steps
+/// too (the margins the kernel reads around its ranges in memory-mapped arrays, a
+/// monolithic dataset's row offsets), and whether the ranges are all known yet (a row
+/// step needs its chunks' row offsets first).
 #[derive(Default)]
 struct StepReads {
     ranges: Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)>,
@@ -81,7 +83,8 @@ pub struct Prefetcher {
     config: PrefetchConfig,
     plans: Mutex<HashMap<u64, ActivePlan>>,
     plan_count: AtomicUsize,
-    /// Group ranks derived from the plans, read by the cache on eviction.
+    /// Ranks of groups and lone parts derived from the plans, read by the cache on
+    /// eviction.
     advice: Arc<Advice>,
     /// Which dataset chunk each cache group is, for the datasets that have plans.
     chunk_of_group: Mutex<HashMap<GroupId, (Arc<FlatDataset>, usize)>>,
@@ -91,12 +94,12 @@ pub struct Prefetcher {
 
 #[derive(Default)]
 struct Advice {
-    ranks: RwLock<HashMap<GroupId, NextUse>>,
+    ranks: RwLock<HashMap<Unit, NextUse>>,
 }
 
 impl EvictionAdvisor for Advice {
-    fn next_use(&self, group: GroupId) -> Option<NextUse> {
-        self.ranks.read().get(&group).copied()
+    fn next_use(&self, unit: Unit) -> Option<NextUse> {
+        self.ranks.read().get(&unit).copied()
     }
 }
 
@@ -122,7 +125,12 @@ impl Prefetcher {
     }
 
     /// Applies hint lines written on handle `handle`. All or nothing.
-    pub fn apply(&self, handle: u64, dataset: &Dataset, lines: &[HintLine]) -> Result<(), String> {
+    pub fn apply(
+        &self,
+        handle: u64,
+        dataset: &Dataset,
+        lines: &[HintLine],
+    ) -> Result<(), PlanError> {
         let geometry = dataset.geometry();
         let mut plans = self.plans.lock();
         let others: usize = plans
@@ -186,22 +194,17 @@ impl Prefetcher {
 
     fn after_plans_changed(&self, plans: &HashMap<u64, ActivePlan>) {
         self.plan_count.store(plans.len(), Ordering::Relaxed);
-        let mut ranks: HashMap<GroupId, NextUse> = HashMap::new();
+        let mut ranks: HashMap<Unit, NextUse> = HashMap::new();
         for active in plans.values() {
-            let Dataset::Chunked(dataset) = &active.dataset else {
-                continue;
-            };
-            for (chunk, distance) in active.plan.chunks_ahead(&dataset.geometry()) {
+            for (chunk, distance) in active.plan.chunks_ahead(&active.dataset.geometry()) {
                 let rank = if distance == 0 {
                     NextUse::Current
                 } else {
                     NextUse::Ahead(distance)
                 };
-                for object in &dataset.chunks[chunk] {
-                    if let Some(group) = object.group {
-                        let entry = ranks.entry(group).or_insert(rank);
-                        *entry = (*entry).min(rank);
-                    }
+                for unit in self.units_of_chunk(&active.dataset, chunk) {
+                    let entry = ranks.entry(unit).or_insert(rank);
+                    *entry = (*entry).min(rank);
                 }
             }
         }
@@ -212,6 +215,32 @@ impl Prefetcher {
             Some(self.advice.clone())
         };
         self.fetcher.cache().set_advisor(advisor);
+    }
+
+    /// The cache units that hold a chunk's bytes: a chunked dataset's chunk is its
+    /// group; a virtual chunk of a monolithic one is the parts of its row offsets and
+    /// values (with the kernel's read-around), once the offsets at its ends were read.
+    fn units_of_chunk(&self, dataset: &Dataset, chunk: usize) -> Vec<Unit> {
+        match dataset {
+            Dataset::Chunked(dataset) => dataset.chunks[chunk]
+                .iter()
+                .filter_map(|object| object.group.map(Unit::Group))
+                .collect(),
+            Dataset::Monolithic(dataset) => {
+                let rows = dataset.geometry.chunk_rows(chunk as u64);
+                let values = dataset.chunk_values(chunk as u64);
+                let mut reads = StepReads::default();
+                self.monolithic_row_reads(dataset, &rows, values, &mut reads);
+                let ranges = reads.ranges.iter().chain(&reads.read_around);
+                ranges
+                    .flat_map(|(object, range)| {
+                        self.fetcher
+                            .parts_of(range)
+                            .map(|index| Unit::Part(Fetcher::key(object, index)))
+                    })
+                    .collect()
+            }
+        }
     }
 
     /// Called for every read served: moves plan positions, and reads ahead for a
@@ -475,7 +504,6 @@ impl Prefetcher {
     /// is its rows. The row offsets bounding each row range come first; the values and
     /// column ids they bound once those offsets are cached.
     fn monolithic_step_reads(&self, dataset: &MonolithicDataset, step: &Step) -> StepReads {
-        let margin = self.kernel_read_around();
         let rows: Vec<std::ops::Range<u64>> = match step {
             Step::Window(chunks) => chunks
                 .iter()
@@ -489,18 +517,30 @@ impl Prefetcher {
         };
         let row_ptr = dataset.array(ArrayKind::RowPtr);
         for rows in rows {
-            reads
-                .read_around
-                .push((row_ptr.clone(), dataset.row_ptr_bytes(&rows)));
             let entry = |row: u64| self.cached_entry(row_ptr, dataset.dtypes[1], row);
-            let values = match dataset.value_range(&rows, entry) {
-                Some(Ok(values)) => values,
-                Some(Err(_)) => continue,
-                None => {
-                    reads.complete = false;
-                    continue;
-                }
-            };
+            let values = dataset.value_range(&rows, entry);
+            reads.complete &= values.is_some();
+            self.monolithic_row_reads(dataset, &rows, values.and_then(Result::ok), &mut reads);
+        }
+        reads
+    }
+
+    /// Adds what reading `rows` of a monolithic dataset takes: their row offsets, and
+    /// once those are known (`values`) the values and column ids they bound, with the
+    /// kernel's read-around.
+    fn monolithic_row_reads(
+        &self,
+        dataset: &MonolithicDataset,
+        rows: &std::ops::Range<u64>,
+        values: Option<std::ops::Range<u64>>,
+        reads: &mut StepReads,
+    ) {
+        let margin = self.kernel_read_around();
+        let row_ptr = dataset.array(ArrayKind::RowPtr);
+        reads
+            .read_around
+            .push((row_ptr.clone(), dataset.row_ptr_bytes(rows)));
+        if let Some(values) = values {
             for kind in [ArrayKind::Data, ArrayKind::ColPtr] {
                 let object = dataset.array(kind);
                 let width = dataset.width(kind);
@@ -514,7 +554,6 @@ impl Prefetcher {
                 reads.read_around.push((object.clone(), around));
             }
         }
-        reads
     }
 
     /// Entry `index` of a row-offset array of type `dtype`, if its part is cached.

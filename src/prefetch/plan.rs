@@ -33,6 +33,21 @@ const READS_TO_ADVANCE: u32 = 3;
 /// needs more evidence than strays give.
 const READS_TO_GO_BACK: u32 = 12;
 
+/// Why a batch of hint lines is refused (EINVAL); the plan is then unchanged.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("the writer assumes chunks of {writer} rows, but the dataset's chunks have {dataset}")]
+    ChunkRows { writer: u64, dataset: u64 },
+    #[error("window names chunk {chunk}, but the dataset has {chunks} chunks")]
+    NoSuchChunk { chunk: u32, chunks: u64 },
+    #[error("rows {start}..{end} end past the dataset's {rows} rows")]
+    RowsPastEnd { start: u64, end: u64, rows: u64 },
+    #[error("plan longer than {MAX_PLAN_STEPS} steps")]
+    TooManySteps,
+    #[error("the plans of all open hint files would name more than {MAX_PLANNED_ENTRIES} chunks and row ranges")]
+    TooManyEntries,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Chunks read together, in any order.
@@ -113,7 +128,7 @@ impl Plan {
         lines: &[HintLine],
         layout: &ChunkGeometry,
         max_entries: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), PlanError> {
         let mut next = Plan {
             epoch: self.epoch,
             steps: Vec::new(),
@@ -127,10 +142,10 @@ impl Plan {
             match line {
                 HintLine::Greeting { .. } => {}
                 HintLine::ChunkRows { rows } if *rows != layout.chunk_size => {
-                    return Err(format!(
-                        "the writer assumes chunks of {rows} rows, but the dataset's chunks have {}",
-                        layout.chunk_size
-                    ));
+                    return Err(PlanError::ChunkRows {
+                        writer: *rows,
+                        dataset: layout.chunk_size,
+                    });
                 }
                 HintLine::ChunkRows { .. } => {}
                 HintLine::Plan { epoch } => {
@@ -140,20 +155,22 @@ impl Plan {
                     appended.clear();
                 }
                 HintLine::Window { chunks } => {
-                    if let Some(bad) = chunks.iter().find(|&&c| c as u64 >= layout.num_chunks()) {
-                        return Err(format!(
-                            "window names chunk {bad}, but the dataset has {} chunks",
-                            layout.num_chunks()
-                        ));
+                    if let Some(&chunk) = chunks.iter().find(|&&c| c as u64 >= layout.num_chunks())
+                    {
+                        return Err(PlanError::NoSuchChunk {
+                            chunk,
+                            chunks: layout.num_chunks(),
+                        });
                     }
                     appended.push(Step::Window(chunks.clone()));
                 }
                 HintLine::Rows { ranges } => {
                     if let Some(bad) = ranges.iter().find(|r| r.end > layout.total_rows) {
-                        return Err(format!(
-                            "rows {}..{} end past the dataset's {} rows",
-                            bad.start, bad.end, layout.total_rows
-                        ));
+                        return Err(PlanError::RowsPastEnd {
+                            start: bad.start,
+                            end: bad.end,
+                            rows: layout.total_rows,
+                        });
                     }
                     appended.push(Step::Rows(ranges.clone()));
                 }
@@ -167,7 +184,7 @@ impl Plan {
             self.steps.len() - self.position
         };
         if kept + appended.len() > MAX_PLAN_STEPS {
-            return Err(format!("plan longer than {MAX_PLAN_STEPS} steps"));
+            return Err(PlanError::TooManySteps);
         }
         let entries = self.steps[self.steps.len() - kept..]
             .iter()
@@ -175,9 +192,7 @@ impl Plan {
             .map(Step::entries)
             .sum::<usize>();
         if entries > max_entries {
-            return Err(format!(
-                "the plans of all open hint files would name more than {MAX_PLANNED_ENTRIES} chunks and row ranges"
-            ));
+            return Err(PlanError::TooManyEntries);
         }
         if replaced {
             self.steps.clear();
@@ -291,7 +306,7 @@ mod tests {
             .unwrap();
         assert_eq!(plan.entries(), 3);
         let error = plan.apply(&[window(&[3, 4, 5])], &l, 5).unwrap_err();
-        assert!(error.contains("more than"), "{error}");
+        assert_eq!(error, PlanError::TooManyEntries);
         assert_eq!(plan.steps, vec![Step::Window(vec![0, 1, 2])]);
         plan.apply(&[window(&[3, 4])], &l, 5).unwrap();
         assert_eq!(plan.entries(), 5);
@@ -308,7 +323,13 @@ mod tests {
                 usize::MAX,
             )
             .unwrap_err();
-        assert!(error.contains("chunks of 11 rows"), "{error}");
+        assert_eq!(
+            error,
+            PlanError::ChunkRows {
+                writer: 11,
+                dataset: 10
+            }
+        );
         assert!(plan.steps.is_empty());
         plan.apply(
             &[HintLine::ChunkRows { rows: 10 }, window(&[0])],

@@ -9,13 +9,16 @@ pub mod proxy;
 pub mod s3;
 
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use memmap2::Mmap;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
-use scdl_format::ArrayKind;
+use scdl_format::{ArrayKind, Header};
 use scdlfs::catalog::DirMode;
 use scdlfs::mount::{Mount, MountSettings};
 use scdlfs::synthetic::SyntheticDataset;
@@ -196,6 +199,62 @@ impl Monolithic {
             ArrayKind::ColPtr => &self.col_ptr,
         }
     }
+}
+
+/// Writes `spec` as a monolithic archive at `dir`: the three arrays and the header.
+pub fn write_monolithic(spec: &SyntheticDataset, dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let arrays = Monolithic::of(spec);
+    for kind in ArrayKind::ALL {
+        std::fs::write(dir.join(kind.file_name()), arrays.array(kind)).unwrap();
+    }
+    std::fs::write(dir.join("header.sch"), spec.monolithic_header().encode()).unwrap();
+}
+
+/// Reads rows through memory maps of a dataset directory's three arrays (the flat view
+/// of a chunked dataset, or a monolithic archive), as the released reader does.
+pub struct MappedRows {
+    data: Mmap,
+    row_ptr: Mmap,
+    col_ptr: Mmap,
+    header: Header,
+}
+
+impl MappedRows {
+    pub fn open(dir: &Path) -> MappedRows {
+        let map = |kind: ArrayKind| unsafe {
+            Mmap::map(&File::open(dir.join(kind.file_name())).unwrap()).unwrap()
+        };
+        MappedRows {
+            data: map(ArrayKind::Data),
+            row_ptr: map(ArrayKind::RowPtr),
+            col_ptr: map(ArrayKind::ColPtr),
+            header: Header::decode(&std::fs::read(dir.join("header.sch")).unwrap()).unwrap(),
+        }
+    }
+
+    pub fn row(&self, row: u64) -> scdlfs::synthetic::Row {
+        let [_, rows, cols] = self.header.csr_arrays().unwrap();
+        let start = rows.dtype.read_uint(&self.row_ptr, row as usize) as usize;
+        let end = rows.dtype.read_uint(&self.row_ptr, row as usize + 1) as usize;
+        scdlfs::synthetic::Row {
+            columns: (start..end)
+                .map(|i| cols.dtype.read_uint(&self.col_ptr, i) as u32)
+                .collect(),
+            values: (start..end)
+                .map(|i| f32::from_le_bytes(self.data[i * 4..i * 4 + 4].try_into().unwrap()))
+                .collect(),
+        }
+    }
+}
+
+/// Makes the kernel forget the pages it caches of a mounted file (kept across opens:
+/// FOPEN_KEEP_CACHE), so that the next reads reach the daemon. Pages a live memory map
+/// holds stay: unmap first.
+pub fn forget_cached_pages(file: &File) {
+    // SAFETY: an advisory call on a descriptor the caller holds.
+    let advised = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(advised, 0, "posix_fadvise");
 }
 
 /// Bytes per value of the smallest unsigned integer holding `max`, as numpy would

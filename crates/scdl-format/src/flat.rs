@@ -1,7 +1,9 @@
 //! A chunked archive read as the monolithic one it stands for: how byte ranges of the
 //! virtual monolithic arrays map to byte ranges of the chunks' arrays ([`FlatLayout`]),
-//! and the two rules for a chunk's row offsets, their check ([`check_chunk_row_offsets`])
-//! and their shift ([`rebase_row_offsets`]). Pure arithmetic, no I/O, property-tested.
+//! and the rules for row offsets: a chunk's check ([`check_chunk_row_offsets`]), the
+//! check of the two that bound a range of rows ([`check_row_range_offsets`], all a
+//! monolithic dataset's rows are located by), and the shift ([`rebase_row_offsets`]).
+//! Pure arithmetic, no I/O, property-tested.
 //!
 //! `data.npy` and `col_ptr.npy` are the chunks' arrays one after the other. `row_ptr.npy`
 //! is the global index: for each chunk, its first `rows` entries shifted by the values
@@ -185,12 +187,15 @@ impl FlatLayout {
 pub enum RowOffsetError {
     #[error("first entry is {0}, not 0")]
     NonZeroStart(u64),
-    #[error("entry {index} ({value}) is below entry {} ({previous})", index - 1)]
+    #[error("entry {index} ({value}) is below entry {previous_index} ({previous})")]
     Decreasing {
-        index: usize,
+        index: u64,
         value: u64,
+        previous_index: u64,
         previous: u64,
     },
+    #[error("entry {index} ({value}) points past the {nnz} values")]
+    PastValueCount { index: u64, value: u64, nnz: u64 },
     #[error("last entry is {last}, but the chunk holds {nnz} values")]
     WrongEnd { last: u64, nnz: u64 },
     #[error("a row offset shifted by {add} overflows {dtype}")]
@@ -207,19 +212,50 @@ pub fn check_chunk_row_offsets(bytes: &[u8], dtype: Dtype, nnz: u64) -> Result<(
         if index == 0 && value != 0 {
             return Err(RowOffsetError::NonZeroStart(value));
         }
-        if value < previous {
-            return Err(RowOffsetError::Decreasing {
-                index,
-                value,
-                previous,
-            });
-        }
+        let index = index as u64;
+        in_order((index.saturating_sub(1), previous), (index, value))?;
         previous = value;
     }
     if previous != nnz {
         return Err(RowOffsetError::WrongEnd {
             last: previous,
             nnz,
+        });
+    }
+    Ok(())
+}
+
+/// Checks the row offsets `start` and `end` that bound rows `rows` of an array of `nnz`
+/// values: `end` is not below `start` and does not point past the values.
+pub fn check_row_range_offsets(
+    rows: Range<u64>,
+    start: u64,
+    end: u64,
+    nnz: u64,
+) -> Result<(), RowOffsetError> {
+    in_order((rows.start, start), (rows.end, end))?;
+    if end > nnz {
+        return Err(RowOffsetError::PastValueCount {
+            index: rows.end,
+            value: end,
+            nnz,
+        });
+    }
+    Ok(())
+}
+
+/// Row offsets never decrease: entry `index` holds `value`, a later one than
+/// `previous_index`, which holds `previous`.
+fn in_order(
+    (previous_index, previous): (u64, u64),
+    (index, value): (u64, u64),
+) -> Result<(), RowOffsetError> {
+    if value < previous {
+        return Err(RowOffsetError::Decreasing {
+            index,
+            value,
+            previous_index,
+            previous,
         });
     }
     Ok(())
@@ -349,12 +385,34 @@ mod tests {
             Err(RowOffsetError::Decreasing {
                 index: 2,
                 value: 2,
+                previous_index: 1,
                 previous: 3
             })
         );
         assert_eq!(
             check(&[0, 2, 4], 5),
             Err(RowOffsetError::WrongEnd { last: 4, nnz: 5 })
+        );
+    }
+
+    #[test]
+    fn the_offsets_bounding_a_row_range_are_in_order_and_within_the_values() {
+        assert_eq!(check_row_range_offsets(4..9, 10, 10, 30), Ok(()));
+        assert_eq!(check_row_range_offsets(4..9, 10, 30, 30), Ok(()));
+        assert_eq!(
+            check_row_range_offsets(4..9, 11, 10, 30),
+            Err(RowOffsetError::Decreasing {
+                index: 9,
+                value: 10,
+                previous_index: 4,
+                previous: 11
+            })
+        );
+        let past = check_row_range_offsets(4..9, 10, 31, 30).unwrap_err();
+        assert_eq!(
+            past.to_string(),
+            "entry 9 (31) points past the 30 values",
+            "{past:?}"
         );
     }
 
@@ -373,6 +431,16 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn offsets_bound_a_row_range_exactly_when_ordered_and_within_the_values(
+            start in 0u64..50,
+            end in 0u64..50,
+            nnz in 0u64..50,
+        ) {
+            let verdict = check_row_range_offsets(3..7, start, end, nnz);
+            prop_assert_eq!(verdict.is_ok(), start <= end && end <= nnz, "{:?}", verdict);
+        }
+
         #[test]
         fn every_byte_range_equals_the_monolithic_arrays(
             (chunks, row_dtype) in layout_strategy(),
