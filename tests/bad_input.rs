@@ -15,7 +15,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -83,27 +82,6 @@ fn assert_logged_error(needles: &[&str]) {
 
 fn errno<T>(result: io::Result<T>) -> Option<i32> {
     result.err().and_then(|e| e.raw_os_error())
-}
-
-#[track_caller]
-fn assert_eio<T: std::fmt::Debug>(result: io::Result<T>, what: &str) {
-    match result {
-        Ok(value) => panic!(
-            "{what}: expected EIO, got data {:.200}",
-            format!("{value:?}")
-        ),
-        Err(error) => assert_eq!(error.raw_os_error(), Some(libc::EIO), "{what}: {error}"),
-    }
-}
-
-/// Opens a file for reads of exactly the pages asked for: no kernel read-ahead, so a
-/// read of one chunk's bytes never drags in the bytes of the chunk next to it.
-fn open_random(path: &Path) -> File {
-    let file = File::open(path).unwrap();
-    // SAFETY: a valid descriptor; advice changes nothing but read-ahead.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
-    assert_eq!(rc, 0, "posix_fadvise");
-    file
 }
 
 /// `want[offset..offset + len]`, clamped to its end.

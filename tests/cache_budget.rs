@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::files::dir_bytes;
 use common::*;
 use scdl_format::ArrayKind;
 use scdlfs::synthetic::SyntheticDataset;

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::process::scdlfs_command;
 use common::s3::{moto, unique_bucket};
 use common::{local_store, small_dataset, snapshot, Monolithic, TestMount};
 use futures::TryStreamExt;
@@ -23,8 +24,6 @@ use scdlfs::store::faulty::{Fault, InjectFaults};
 use scdlfs::store::wrapper::HookedStore;
 use scdlfs::synthetic::SyntheticDataset;
 use tokio_util::sync::CancellationToken;
-
-const SCDLFS: &str = env!("CARGO_BIN_EXE_scdlfs");
 
 /// A bigger dataset than `small_dataset`, in many chunks, so a job can be cut midway.
 fn many_chunks() -> SyntheticDataset {
@@ -118,16 +117,14 @@ fn keys(store: &Arc<dyn ObjectStore>, prefix: &str) -> std::collections::BTreeSe
 }
 
 fn chunk_command(source: &Path, target: &str, chunk_rows: u32) -> Command {
-    let mut command = Command::new(SCDLFS);
+    let mut command = scdlfs_command(["chunk", "--chunk-rows", &chunk_rows.to_string()]);
     command
-        .args(["chunk", "--chunk-rows", &chunk_rows.to_string()])
         .arg(source)
         .arg(target)
         .args(["--endpoint-url", &moto().endpoint])
         .env("AWS_ACCESS_KEY_ID", "test")
         .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_EC2_METADATA_DISABLED", "true");
+        .env("AWS_REGION", "us-east-1");
     command
 }
 

@@ -4,18 +4,21 @@
 //! and cleaned up, `--foreground` unmounts cleanly on SIGINT and SIGTERM, `status`
 //! reports JSON counters, and `chunk` refuses what is not an archive.
 //!
-//! Every test cleans up after itself, even when it fails: a guard lazily unmounts its
-//! mountpoints and kills the processes it started.
+//! Every test cleans up after itself, even when it fails: a guard
+//! ([`common::process::Cleanup`]) lazily unmounts its mountpoints and kills the
+//! processes it started.
 
 mod common;
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::process::{is_mount_point, SCDLFS};
+use common::process::{
+    exit_of, is_mount_point, scdlfs_command, wait_until_mounted, wait_within, Cleanup,
+};
 use common::s3::{moto, unique_bucket};
 use common::*;
 use scdl_format::ArrayKind;
@@ -75,61 +78,12 @@ impl Outcome {
     }
 }
 
-/// Cleans up whatever a test left, even when it panics: lazily unmounts its mountpoints,
-/// then kills the processes it started or found, and reaps them.
-#[derive(Default)]
-struct Cleanup {
-    mountpoints: Vec<PathBuf>,
-    pids: Vec<i32>,
-    children: Vec<Child>,
-}
-
-impl Cleanup {
-    fn unmounting(mountpoint: PathBuf) -> Cleanup {
-        let mut cleanup = Cleanup::default();
-        cleanup.mountpoints.push(mountpoint);
-        cleanup
-    }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for mountpoint in &self.mountpoints {
-            common::process::detach(mountpoint);
-        }
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        for &pid in &self.pids {
-            // SAFETY: signalling and reaping a process this test started (a daemon
-            // reparented to us); ECHILD/ESRCH when it is gone already.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, std::ptr::null_mut(), 0);
-            }
-        }
-    }
-}
-
 /// Makes this test process the reaper of the daemons its `scdlfs mount` children
 /// detach, so that a test can wait for a daemon and see how it exited.
 fn adopt_orphans() {
     // SAFETY: sets a flag of this process.
     let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     assert_eq!(rc, 0, "PR_SET_CHILD_SUBREAPER");
-}
-
-fn command(args: &[&OsStr]) -> Command {
-    let mut command = Command::new(SCDLFS);
-    command
-        .args(args)
-        .stdin(Stdio::null())
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-        .env_remove("AWS_PROFILE")
-        .env_remove("RUST_LOG");
-    command
 }
 
 /// Runs a command to its end, or kills it and fails the test after `limit`.
@@ -140,19 +94,8 @@ fn run_with_limit(mut command: Command, limit: Duration, cleanup: &mut Cleanup) 
         .stdout(std::fs::File::create(&stdout).unwrap())
         .stderr(std::fs::File::create(&stderr).unwrap());
     let started = Instant::now();
-    let child = command.spawn().expect("spawn scdlfs");
-    cleanup.children.push(child);
-    let child = cleanup.children.last_mut().unwrap();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < limit,
-            "{command:?} still runs after {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let what = format!("{command:?} to end");
+    let status = exit_of(cleanup.spawn(&mut command), &what, limit);
     Outcome {
         status,
         stdout: std::fs::read_to_string(stdout).unwrap(),
@@ -162,7 +105,7 @@ fn run_with_limit(mut command: Command, limit: Duration, cleanup: &mut Cleanup) 
 }
 
 fn scdlfs(args: &[&OsStr], cleanup: &mut Cleanup) -> Outcome {
-    run_with_limit(command(args), Duration::from_secs(90), cleanup)
+    run_with_limit(scdlfs_command(args), Duration::from_secs(90), cleanup)
 }
 
 fn os<S: AsRef<OsStr> + ?Sized>(s: &S) -> &OsStr {
@@ -256,36 +199,18 @@ fn daemon_of(mountpoint: &Path) -> i32 {
 /// How a process exited: waits for it (it must be our child, or an orphan we adopted).
 fn wait_for_exit(pid: i32, limit: Duration) -> ExitStatus {
     use std::os::unix::process::ExitStatusExt;
-    let started = Instant::now();
-    loop {
-        let mut status = 0;
+    let mut status = 0;
+    wait_within(&format!("process {pid} to exit"), limit, || {
         // SAFETY: waitpid on a process of ours with a valid status pointer.
         let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if rc == pid {
-            return ExitStatus::from_raw(status);
-        }
-        assert_eq!(rc, 0, "waitpid({pid}): {}", std::io::Error::last_os_error());
         assert!(
-            started.elapsed() < limit,
-            "process {pid} still runs after {limit:?}"
+            rc >= 0,
+            "waitpid({pid}): {}",
+            std::io::Error::last_os_error()
         );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits until the mount at `mountpoint` answers, failing if `child` exits first.
-fn wait_until_mounted(mountpoint: &Path, child: &mut Child) {
-    let started = Instant::now();
-    while !(is_mount_point(mountpoint) && std::fs::read_dir(mountpoint).is_ok()) {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("the daemon exited ({status}) before mounting");
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "not mounted after 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        rc == pid
+    });
+    ExitStatus::from_raw(status)
 }
 
 /// Every file reads back exactly through the mount.
@@ -306,15 +231,9 @@ fn assert_nothing_left(mountpoint: &Path) {
         "{} is mounted",
         mountpoint.display()
     );
-    let started = Instant::now();
-    while !daemons_of(mountpoint).is_empty() {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "a daemon is left: {:?}",
-            daemons_of(mountpoint)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_within("the daemon to go", Duration::from_secs(10), || {
+        daemons_of(mountpoint).is_empty()
+    });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -440,7 +359,7 @@ fn an_unreachable_endpoint_fails_the_mount_quickly_and_clearly() {
         if foreground {
             args.push(os("--foreground"));
         }
-        let mut command = command(&args);
+        let mut command = scdlfs_command(&args);
         s3_env(&mut command);
         let outcome = run_with_limit(command, Duration::from_secs(120), &mut cleanup);
         eprintln!(
@@ -480,7 +399,7 @@ fn a_missing_bucket_fails_the_mount_clearly() {
         os("--cache-dir"),
         cache.as_os_str(),
     ];
-    let mut command = command(&args);
+    let mut command = scdlfs_command(args);
     s3_env(&mut command);
     let outcome = run_with_limit(command, Duration::from_secs(120), &mut cleanup);
     outcome.assert_failure_saying("a missing bucket", &[&bucket]);
@@ -564,29 +483,19 @@ fn foreground_mount_ends_cleanly_on(signal: i32) {
     let setup = Setup::new();
     let mut cleanup = Cleanup::unmounting(setup.mnt());
     let paths = setup.paths();
-    let mut command = command(&setup.mount_args(&paths, &["--foreground"]));
+    let mut command = scdlfs_command(setup.mount_args(&paths, &["--foreground"]));
     let log = setup.dir.path().join("foreground.log");
     command
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
-    cleanup.children.push(command.spawn().unwrap());
-    let child = cleanup.children.last_mut().unwrap();
+    let child = cleanup.spawn(&mut command);
     wait_until_mounted(&setup.mnt(), child);
     assert_serves(&setup.mnt());
 
     // SAFETY: signalling the child this test started.
     assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "still running 20 s after signal {signal}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let what = format!("the daemon to exit after signal {signal}");
+    let status = exit_of(child, &what, Duration::from_secs(20));
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(
         status.success(),
@@ -616,24 +525,17 @@ fn a_foreground_mount_exits_when_unmounted_from_outside() {
     let setup = Setup::new();
     let mut cleanup = Cleanup::unmounting(setup.mnt());
     let paths = setup.paths();
-    let mut command = command(&setup.mount_args(&paths, &["--foreground"]));
+    let mut command = scdlfs_command(setup.mount_args(&paths, &["--foreground"]));
     command.stdout(Stdio::null()).stderr(Stdio::null());
-    cleanup.children.push(command.spawn().unwrap());
-    wait_until_mounted(&setup.mnt(), cleanup.children.last_mut().unwrap());
+    wait_until_mounted(&setup.mnt(), cleanup.spawn(&mut command));
     let outcome = scdlfs(&[os("unmount"), setup.mnt().as_os_str()], &mut cleanup);
     outcome.assert_success("scdlfs unmount");
     let child = cleanup.children.first_mut().unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "still running 20 s after the unmount"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = exit_of(
+        child,
+        "the daemon to exit after the unmount",
+        Duration::from_secs(20),
+    );
     assert!(status.success(), "{status}");
 }
 

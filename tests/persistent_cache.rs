@@ -8,16 +8,18 @@ mod common;
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::files::{dir_bytes, flip_bit};
+use common::process::{
+    exit_of, foreground_mount, status_json, unmount, wait_until_mounted, wait_within, Cleanup,
+    PATIENCE,
+};
 use common::*;
 use scdlfs::cache::part_file::PartHeader;
 use scdlfs::store::counting::CountReads;
 use scdlfs::store::wrapper::HookedStore;
-
-const SCDLFS: &str = env!("CARGO_BIN_EXE_scdlfs");
 
 /// A source folder, and a cache directory that outlives the mounts of it.
 struct Setup {
@@ -54,14 +56,9 @@ impl Setup {
             s.cache_dir = cache_dir;
             s.cache_bytes = cache_bytes;
         });
-        let started = Instant::now();
-        while !mount.status().cache.adoption_done {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "adoption never ended"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_within("adoption to end", Duration::from_secs(20), || {
+            mount.status().cache.adoption_done
+        });
         (mount, counted)
     }
 
@@ -151,7 +148,7 @@ fn damaged_part_files_are_never_served_after_a_remount() {
             0 => 17,
             _ => header.encoded_len() as u64 + header.data_len / 2,
         };
-        flip(path, at);
+        flip_bit(path, at);
         damaged += 1;
     }
     assert!(damaged >= 5, "{damaged} damaged");
@@ -189,31 +186,15 @@ fn a_smaller_budget_on_remount_shrinks_the_directory_at_once() {
 fn a_daemon_killed_while_downloading_leaves_a_cache_the_next_mount_can_trust() {
     let setup = Setup::new();
     let mountpoint = tempfile::tempdir().unwrap();
-    let mut command = Command::new(SCDLFS);
-    command
-        .arg("mount")
-        .arg(setup.src.path())
-        .arg(mountpoint.path())
-        .arg("--foreground")
-        .arg("--cache-dir")
-        .arg(setup.cache.path())
-        .args(["--cache-size", "256MiB", "--read-part-size", "64KiB"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: prctl before exec: the daemon dies with the test even if no guard runs.
-    unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    let mut daemon = command.spawn().unwrap();
-    let started = Instant::now();
-    while std::fs::read_dir(mountpoint.path()).map_or(true, |mut d| d.next().is_none()) {
-        assert!(started.elapsed() < Duration::from_secs(30), "never mounted");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut guard = Cleanup::unmounting(mountpoint.path().to_owned());
+    let mut command = foreground_mount(
+        setup.src.path(),
+        mountpoint.path(),
+        setup.cache.path(),
+        &["--cache-size", "256MiB", "--read-part-size", "64KiB"],
+    );
+    let daemon = guard.spawn(&mut command);
+    wait_until_mounted(mountpoint.path(), daemon);
     // Readers of every file at once; the daemon dies under them.
     let readers: Vec<_> = setup
         .want
@@ -231,12 +212,7 @@ fn a_daemon_killed_while_downloading_leaves_a_cache_the_next_mount_can_trust() {
     for reader in readers {
         reader.join().unwrap();
     }
-    let unmounted = Command::new(SCDLFS)
-        .arg("unmount")
-        .arg(mountpoint.path())
-        .status()
-        .unwrap();
-    assert!(unmounted.success());
+    unmount(mountpoint.path());
     let left = std::fs::read_dir(setup.parts_dir()).unwrap().count();
 
     let (mount, counted) = setup.mount(256 << 20);
@@ -266,18 +242,6 @@ fn has_temporaries(dir: &Path) -> bool {
         .any(|e| e.unwrap().path().extension().is_some_and(|x| x == "tmp"))
 }
 
-fn flip(path: &Path, at: u64) {
-    use std::os::unix::fs::FileExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    let mut byte = [0u8];
-    file.read_exact_at(&mut byte, at).unwrap();
-    file.write_all_at(&[byte[0] ^ 0x04], at).unwrap();
-}
-
 /// A daemon whose open-file limit is far below its cached parts (first mount and
 /// remount, adopted parts included) closes and reopens part files: every read right.
 #[test]
@@ -286,23 +250,17 @@ fn more_cached_parts_than_open_files_allowed_still_read_right() {
     let all = names(&setup.want);
     for round in 0..2 {
         let mountpoint = tempfile::tempdir().unwrap();
-        let mut command = Command::new(SCDLFS);
-        command
-            .arg("mount")
-            .arg(setup.src.path())
-            .arg(mountpoint.path())
-            .arg("--foreground")
-            .arg("--cache-dir")
-            .arg(setup.cache.path())
-            .args(["--cache-size", "256MiB", "--read-part-size", "4KiB"])
-            .args(["--fuse-threads", "1", "--max-concurrent-requests", "2"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // SAFETY: prctl and setrlimit before exec, on the child's own limits.
+        let mut guard = Cleanup::unmounting(mountpoint.path().to_owned());
+        let mut command = foreground_mount(
+            setup.src.path(),
+            mountpoint.path(),
+            setup.cache.path(),
+            &["--cache-size", "256MiB", "--read-part-size", "4KiB"],
+        );
+        command.args(["--fuse-threads", "1", "--max-concurrent-requests", "2"]);
+        // SAFETY: setrlimit before exec, on the child's own limits.
         unsafe {
             command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                 let limit = libc::rlimit {
                     rlim_cur: 128,
                     rlim_max: 128,
@@ -313,12 +271,7 @@ fn more_cached_parts_than_open_files_allowed_still_read_right() {
                 Ok(())
             });
         }
-        let mut daemon = command.spawn().unwrap();
-        let started = Instant::now();
-        while std::fs::read_dir(mountpoint.path()).map_or(true, |mut d| d.next().is_none()) {
-            assert!(started.elapsed() < Duration::from_secs(30), "never mounted");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until_mounted(mountpoint.path(), guard.spawn(&mut command));
         // Twice: the second pass reads parts whose files were closed for the limit.
         for _ in 0..2 {
             for name in &all {
@@ -330,11 +283,11 @@ fn more_cached_parts_than_open_files_allowed_still_read_right() {
             }
             // Past the kernel's page cache: drop it for the mount.
             for name in &all {
-                let file = std::fs::File::open(mountpoint.path().join(name)).unwrap();
-                rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+                forget_cached_pages(&std::fs::File::open(mountpoint.path().join(name)).unwrap());
             }
         }
-        let status = status_of(mountpoint.path());
+        let status: scdlfs::status::Status =
+            serde_json::from_value(status_json(mountpoint.path())).unwrap();
         assert!(
             status.cache.cached_parts > 128,
             "round {round}: {} parts cached, not more than the limit",
@@ -348,22 +301,7 @@ fn more_cached_parts_than_open_files_allowed_still_read_right() {
         if round == 1 {
             assert!(status.cache.adopted_parts > 0, "{:?}", status.cache);
         }
-        let unmounted = Command::new(SCDLFS)
-            .arg("unmount")
-            .arg(mountpoint.path())
-            .status()
-            .unwrap();
-        assert!(unmounted.success());
-        daemon.wait().unwrap();
+        unmount(mountpoint.path());
+        exit_of(&mut guard.children[0], "the daemon to exit", PATIENCE);
     }
-}
-
-fn status_of(mountpoint: &Path) -> scdlfs::status::Status {
-    let output = Command::new(SCDLFS)
-        .args(["status", "--json"])
-        .arg(mountpoint)
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    serde_json::from_slice(&output.stdout).unwrap()
 }

@@ -13,10 +13,12 @@ use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, ExitStatus};
 
-use common::process::{dies_with_test, is_mount_point, wait_for, Unmounting, PATIENCE, SCDLFS};
+use common::process::{
+    exit_of, foreground_mount, is_mount_point, status_json, unmount, wait_for, wait_until_mounted,
+    Cleanup, PATIENCE, SCDLFS,
+};
 
 const HELLO: &[u8] = b"hello through the mount\n";
 
@@ -60,9 +62,8 @@ fn data_bytes() -> Vec<u8> {
 /// `scdlfs mount --foreground`, killed and unmounted when dropped; its log is printed
 /// if the test failed.
 struct Daemon {
-    child: Child,
     log: PathBuf,
-    _mount: Unmounting,
+    guard: Cleanup,
 }
 
 impl Daemon {
@@ -75,56 +76,46 @@ impl Daemon {
         notify_socket: Option<&Path>,
         log: &Path,
     ) -> Daemon {
-        let mut command = Command::new(SCDLFS);
+        let (source, mountpoint) = (folders.source(), folders.mountpoint());
+        let mut command = foreground_mount(
+            &source,
+            &mountpoint,
+            &folders.cache(),
+            &["--cache-size", "64MiB"],
+        );
         command
-            .arg("mount")
-            .arg(folders.source())
-            .arg(folders.mountpoint())
-            .arg("--foreground")
-            .arg("--cache-dir")
-            .arg(folders.cache())
-            .args(["--cache-size", "64MiB"])
             .args(extra)
             .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
             .stderr(std::fs::File::create(log).unwrap());
         if let Some(socket) = notify_socket {
             command.env("NOTIFY_SOCKET", socket);
         }
-        // The daemon dies with the test even if no guard runs.
-        dies_with_test(&mut command);
+        let mut guard = Cleanup::unmounting(mountpoint);
+        guard.spawn(&mut command);
         Daemon {
-            child: command.spawn().unwrap(),
             log: log.to_owned(),
-            _mount: Unmounting(folders.mountpoint()),
+            guard,
         }
+    }
+
+    fn child(&mut self) -> &mut Child {
+        &mut self.guard.children[0]
     }
 
     /// Waits until the mountpoint lists (for tests that do not listen to systemd's
     /// socket).
     fn wait_until_mounted(&mut self, folders: &Folders) {
-        let mountpoint = folders.mountpoint();
-        wait_for("the mount to answer", || {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("the daemon exited ({status}) before mounting");
-            }
-            is_mount_point(&mountpoint) && std::fs::read_dir(&mountpoint).is_ok()
-        });
+        wait_until_mounted(&folders.mountpoint(), self.child());
     }
 
-    fn signal(&self, signal: libc::c_int) {
+    fn signal(&mut self, signal: libc::c_int) {
+        let pid = self.child().id() as i32;
         // SAFETY: kill on the pid of a child we have not reaped.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0);
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
     }
 
     fn wait_for_exit(&mut self) -> ExitStatus {
-        let mut status = None;
-        wait_for("the daemon to exit", || {
-            status = self.child.try_wait().unwrap();
-            status.is_some()
-        });
-        status.unwrap()
+        exit_of(self.child(), "the daemon to exit", PATIENCE)
     }
 }
 
@@ -133,10 +124,6 @@ impl Drop for Daemon {
         if std::thread::panicking() {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
             eprintln!("--- the daemon's log ---\n{log}--- end of the daemon's log ---");
-        }
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
         }
     }
 }
@@ -157,41 +144,20 @@ fn receive(socket: &UnixDatagram) -> String {
     String::from_utf8(buf[..len].to_vec()).unwrap()
 }
 
-fn status_json(mountpoint: &Path) -> serde_json::Value {
-    let output = Command::new(SCDLFS)
-        .arg("status")
-        .arg(mountpoint)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
-}
-
 /// The port the daemon logged it serves metrics on (it was given port 0: the kernel
 /// picks a free one, so no other process can take it in between).
 fn logged_metrics_port(log: &Path) -> u16 {
-    let started = Instant::now();
-    loop {
+    let mut port = None;
+    wait_for("a metrics address in the log", || {
         let text = std::fs::read_to_string(log).unwrap_or_default();
-        let port = text
+        port = text
             .split("http://127.0.0.1:")
             .nth(1)
             .and_then(|rest| rest.split('/').next())
             .and_then(|port| port.parse().ok());
-        if let Some(port) = port {
-            return port;
-        }
-        assert!(
-            started.elapsed() < PATIENCE,
-            "no metrics address in the log: {text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        port.is_some()
+    });
+    port.unwrap()
 }
 
 /// One raw HTTP/1.1 exchange: (status line, headers and body as one string).
@@ -335,7 +301,7 @@ fn prometheus_counters_are_served_and_move_with_reads() {
 #[test]
 fn the_fstab_helper_mounts_with_mount_options_turned_into_flags() {
     let folders = Folders::new();
-    let _mount = Unmounting(folders.mountpoint());
+    let _mount = Cleanup::unmounting(folders.mountpoint());
     let cache_dir = format!("cache-dir={}", folders.cache().display());
     let options = [
         "rw",
@@ -370,12 +336,7 @@ fn the_fstab_helper_mounts_with_mount_options_turned_into_flags() {
     assert_eq!(status["cache"]["budget_bytes"], 64 << 20);
     // The detached daemon logs into its cache directory: cache-dir was passed on.
     assert!(folders.cache().join("scdlfs.log").exists());
-    let unmounted = Command::new(SCDLFS)
-        .arg("unmount")
-        .arg(folders.mountpoint())
-        .status()
-        .unwrap();
-    assert!(unmounted.success());
+    unmount(&folders.mountpoint());
 }
 
 #[test]

@@ -21,10 +21,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -36,9 +34,8 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutPayload};
 use scdl_format::{ArrayKind, Dtype};
 
+use common::process::{is_mount_point, scdlfs_command, wait_within, Cleanup};
 use common::*;
-
-const SCDLFS: &str = env!("CARGO_BIN_EXE_scdlfs");
 
 /// The chunk of `small_dataset()` (rows 900..1200) that the tests replace.
 const REPLACED_CHUNK: &str = "ds/chunk_00003/data.npy";
@@ -204,8 +201,9 @@ fn emulator_service_account(dir: &Path, server: &Server) -> PathBuf {
 
 /// `scdlfs mount SOURCE MNT --foreground ...`, its log in a file, unmounted on drop.
 struct CliMount {
+    // Declared first: unmounted and killed before the directory goes.
+    _guard: Cleanup,
     dir: tempfile::TempDir,
-    child: Child,
 }
 
 impl CliMount {
@@ -215,23 +213,19 @@ impl CliMount {
         let mut command = mount_command(source, dir.path(), extra, env);
         command.arg("--foreground");
         command.stderr(File::create(dir.path().join("log")).unwrap());
-        let mut child = command.spawn().expect("spawn scdlfs");
         let mnt = dir.path().join("mnt");
-        let started = Instant::now();
-        while !is_mounted(&mnt) {
+        let mut guard = Cleanup::unmounting(mnt.clone());
+        let child = guard.spawn(&mut command);
+        wait_within("the mount", Duration::from_secs(60), || {
             if let Some(status) = child.try_wait().unwrap() {
                 panic!(
                     "scdlfs mount {source} exited ({status}) before mounting:\n{}",
                     std::fs::read_to_string(dir.path().join("log")).unwrap()
                 );
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "not mounted after 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        CliMount { dir, child }
+            is_mount_point(&mnt)
+        });
+        CliMount { _guard: guard, dir }
     }
 
     fn path(&self) -> PathBuf {
@@ -249,50 +243,20 @@ impl CliMount {
     }
 }
 
-impl Drop for CliMount {
-    fn drop(&mut self) {
-        let path = std::ffi::CString::new(self.path().as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid C string; failing (not mounted) is fine.
-        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The mount command with a clean environment: no AWS or Google settings of the
-/// machine leak in, and no cloud credential chain is consulted.
+/// The mount command, with the machine's cloud settings kept out and `env` put in.
 fn mount_command(source: &str, dir: &Path, extra: &[&str], env: &[(&str, &OsString)]) -> Command {
-    let mut command = Command::new(SCDLFS);
+    let mut command = scdlfs_command(["mount", source]);
     command
-        .arg("mount")
-        .arg(source)
         .arg(dir.join("mnt"))
         .arg("--cache-dir")
         .arg(dir.join("cache"))
         .args(["--cache-size", "64MiB"])
         .args(extra)
-        .stdin(Stdio::null())
         .stdout(Stdio::null());
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if key.starts_with("GOOGLE_") || key.starts_with("AWS_") || key == "RUST_LOG" {
-            command.env_remove(&*key);
-        }
-    }
-    command
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent");
     for (key, value) in env {
         command.env(key, value);
     }
     command
-}
-
-fn is_mounted(path: &Path) -> bool {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    table
-        .lines()
-        .any(|line| line.split(' ').nth(4) == Some(&*path.to_string_lossy()))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -307,14 +271,6 @@ fn source_files() -> BTreeMap<String, Vec<u8>> {
     let mut files = snapshot(dir.path());
     files.extend(plain_files());
     files
-}
-
-#[track_caller]
-fn assert_eio<T>(result: io::Result<T>, what: &str) {
-    match result {
-        Ok(_) => panic!("{what}: expected EIO, got data"),
-        Err(error) => assert_eq!(error.raw_os_error(), Some(libc::EIO), "{what}: {error}"),
-    }
 }
 
 /// Replaces `key` (relative to the source) through a WebDAV server with a PUT.
@@ -435,10 +391,7 @@ fn serves_every_byte_and_refuses_replaced_objects(
     let page = 4096;
     let before = value_bytes(900) / page * page;
     let after = value_bytes(1200).next_multiple_of(page);
-    let data = File::open(mnt.join("ds/data.npy")).unwrap();
-    // SAFETY: a valid descriptor; the advice changes nothing but read-ahead.
-    let rc = unsafe { libc::posix_fadvise(data.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
-    assert_eq!(rc, 0, "posix_fadvise");
+    let data = open_random(&mnt.join("ds/data.npy"));
     let end = mono.data.len() as u64;
     assert!(read_at(&data, 0, before as usize).unwrap() == mono.data[..before as usize]);
     assert!(read_at(&data, after, (end - after) as usize).unwrap() == mono.data[after as usize..]);
@@ -549,7 +502,7 @@ fn http_source_without_webdav_fails_the_mount_saying_why() {
     let out = command.output().unwrap();
     let said = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "the mount succeeded: {said}");
-    assert!(!is_mounted(&work.path().join("mnt")));
+    assert!(!is_mount_point(&work.path().join("mnt")));
     let last = said.lines().last().unwrap_or_default().to_lowercase();
     for words in [&source.to_lowercase(), "webdav", "propfind"] {
         assert!(

@@ -7,17 +7,17 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::files::dir_bytes;
+use common::process::scdlfs_command;
 use common::*;
 use scdlfs::store::counting::CountReads;
 use scdlfs::store::throttled::Throttle;
 use scdlfs::store::wrapper::HookedStore;
 use scdlfs::warm::{WarmProgress, WarmState, WARM_XATTR};
-
-const SCDLFS: &str = env!("CARGO_BIN_EXE_scdlfs");
 
 struct Setup {
     _src: tempfile::TempDir,
@@ -60,11 +60,9 @@ fn part_gets(counted: &HookedStore<CountReads>) -> u64 {
 }
 
 fn warm(dataset: &Path, args: &[&str]) -> Output {
-    Command::new(SCDLFS)
-        .arg("warm")
+    scdlfs_command(["warm"])
         .arg(dataset)
         .args(args)
-        .stdin(Stdio::null())
         .output()
         .unwrap()
 }
@@ -181,11 +179,9 @@ fn warming_more_than_the_budget_stops_at_the_budget_and_says_so() {
 fn sigint_stops_warming_cleanly() {
     let s = setup(256 << 20, Some(Duration::from_millis(300)));
     let ds = s.mount.path().join("ds");
-    let child = Command::new(SCDLFS)
-        .arg("warm")
+    let child = scdlfs_command(["warm"])
         .arg(&ds)
         .arg("--all")
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -964,7 +964,12 @@ impl Drop for PinnedPart {
 }
 
 #[cfg(test)]
+#[path = "../../tests/common/files.rs"]
+mod test_files;
+
+#[cfg(test)]
 mod tests {
+    use super::test_files::{dir_bytes, flip_bit};
     use super::*;
     use crate::parts::ObjectId;
     use part_file::BLOCK_LEN;
@@ -978,13 +983,6 @@ mod tests {
     /// Bytes a part of `len` data bytes takes on disk.
     fn disk_len(len: usize) -> u64 {
         (PartHeader::of(ORIGIN.key, ORIGIN.etag, 0, &vec![0; len]).encoded_len() + len) as u64
-    }
-
-    fn dir_bytes(dir: &Path) -> u64 {
-        fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().metadata().unwrap().len())
-            .sum()
     }
 
     fn owner() -> CacheOwner {
@@ -1008,17 +1006,6 @@ mod tests {
             .collect();
         assert_eq!(files.len(), 1);
         files.pop().unwrap()
-    }
-
-    fn flip_byte(path: &Path, at: u64) {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .unwrap();
-        let mut byte = [0u8];
-        file.read_exact_at(&mut byte, at).unwrap();
-        file.write_all_at(&[byte[0] ^ 0x10], at).unwrap();
     }
 
     #[test]
@@ -1241,7 +1228,7 @@ mod tests {
         let path = only_file(cache.parts_dir());
         let data_offset = fs::metadata(&path).unwrap().len() - data.len() as u64;
         // A byte in the third block.
-        flip_byte(&path, data_offset + 2 * BLOCK_LEN as u64 + 7);
+        flip_bit(&path, data_offset + 2 * BLOCK_LEN as u64 + 7);
         let pinned = cache.get(key(1)).unwrap();
         let mut buf = vec![0u8; 1000];
         pinned.read_exact_at(&mut buf, 10).unwrap();
@@ -1390,9 +1377,9 @@ mod tests {
             .map(|e| e.unwrap().path())
             .collect();
         files.sort();
-        flip_byte(&files[0], 20); // in the header
+        flip_bit(&files[0], 20); // in the header
         let data_start = fs::metadata(&files[1]).unwrap().len() - 1000;
-        flip_byte(&files[1], data_start + 5); // in the data
+        flip_bit(&files[1], data_start + 5); // in the data
         fs::write(parts_dir.join("00000000000000ff.part.tmp"), [1; 100]).unwrap();
         let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
         cache.adopt_now();
@@ -1518,7 +1505,7 @@ mod tests {
             let flipped = flip.map(|f| (f * len as f64) as u64);
             if let Some(at) = flipped {
                 let path = only_file(cache.parts_dir());
-                flip_byte(&path, fs::metadata(&path).unwrap().len() - len as u64 + at);
+                flip_bit(&path, fs::metadata(&path).unwrap().len() - len as u64 + at);
             }
             let pinned = cache.get(key(1)).unwrap();
             for (a, b) in reads {

@@ -4,13 +4,13 @@
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
 pub mod faulty_mount;
+pub mod files;
 pub mod process;
 pub mod proxy;
 pub mod s3;
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -252,9 +252,27 @@ impl MappedRows {
 /// FOPEN_KEEP_CACHE), so that the next reads reach the daemon. Pages a live memory map
 /// holds stay: unmap first.
 pub fn forget_cached_pages(file: &File) {
-    // SAFETY: an advisory call on a descriptor the caller holds.
-    let advised = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(advised, 0, "posix_fadvise");
+    rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed).expect("posix_fadvise");
+}
+
+/// Opens a file for reads of exactly the pages asked for: no kernel read-ahead, so a
+/// read of one chunk's bytes never drags in the bytes of the chunk next to it.
+pub fn open_random(path: &Path) -> File {
+    let file = File::open(path).unwrap();
+    rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Random).expect("posix_fadvise");
+    file
+}
+
+/// Asserts that `result` is the error EIO, not data.
+#[track_caller]
+pub fn assert_eio<T: std::fmt::Debug>(result: std::io::Result<T>, what: &str) {
+    match result {
+        Ok(value) => panic!(
+            "{what}: expected EIO, got data {:.200}",
+            format!("{value:?}")
+        ),
+        Err(error) => assert_eq!(error.raw_os_error(), Some(libc::EIO), "{what}: {error}"),
+    }
 }
 
 /// Bytes per value of the smallest unsigned integer holding `max`, as numpy would
@@ -306,19 +324,6 @@ pub fn snapshot(root: &Path) -> BTreeMap<String, Vec<u8>> {
         }
     }
     out
-}
-
-/// Total bytes of the files directly in `dir` (the cache's part files).
-pub fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter_map(|e| e.metadata().ok())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0)
 }
 
 /// A small seeded generator for random offsets and sizes in tests.

@@ -56,14 +56,7 @@ fn start_moto() -> Option<Moto> {
         .args(["-H", "127.0.0.1", "-p", &port.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    // SAFETY: prctl in the child before exec; the server dies with the test binary.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
+    super::process::dies_with_test(&mut command);
     // PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, and each
     // test runs on a thread of its own: fork from a thread that lives as long as the
     // test binary, so the server serves every test and dies with the binary.
