@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::process::scdlfs_command;
+use common::process::{run_ok, scdlfs_command};
 use common::s3::{moto, unique_bucket};
 use common::{local_store, small_dataset, snapshot, Monolithic, TestMount};
 use futures::TryStreamExt;
@@ -174,14 +174,12 @@ fn an_archive_chunks_straight_into_s3_through_multipart_uploads_and_the_mount_re
     assert!(spec.chunk_rows as u64 * spec.mean_values as u64 * 4 > 5 << 20);
     let (dir, mono) = monolithic_in_tempdir(&spec);
     let (bucket, store) = new_bucket("chunk-s3");
-    let output = chunk_command(&mono, &format!("s3://{bucket}/atlas/ds"), spec.chunk_rows)
-        .args(["--part-size", "5MiB", "--verify-data"])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let output = run_ok(
+        chunk_command(&mono, &format!("s3://{bucket}/atlas/ds"), spec.chunk_rows).args([
+            "--part-size",
+            "5MiB",
+            "--verify-data",
+        ]),
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("checksums of 12 read back"), "{stdout}");

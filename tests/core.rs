@@ -482,32 +482,10 @@ async fn a_plan_keeps_what_a_monolithic_reader_needs_next_in_a_cache_smaller_tha
             }
         }
         fetched.push(core.observer.status().counters.bytes_fetched - bytes_before);
-        let mut again: Vec<_> = core
-            .reads
-            .hook()
-            .snapshot()
-            .into_iter()
-            .filter(|(read, n)| *n - requests_before.get(read).copied().unwrap_or(0) > 1)
-            .collect();
-        again.sort_by_key(|((key, range), _)| (key.clone(), range.as_ref().map(|r| r.start)));
+        let again = requested_again(&requests_before, core.reads.hook().snapshot());
         twice.push(again);
     }
-    // What no cache of this size can keep. The prefetcher makes room for the first
-    // steps before any step is done, which costs a few steps more.
-    let floor = dataset_bytes - cache_bytes;
-    eprintln!(
-        "in-process, same order twice: {dataset_bytes} bytes, cache {cache_bytes}; fetched \
-         {} in the first epoch, {} in the second (floor {floor})",
-        fetched[0], fetched[1]
-    );
-    assert!(
-        fetched[0] <= dataset_bytes * 11 / 10,
-        "the first epoch fetches each byte about once"
-    );
-    assert!(
-        fetched[1] <= floor + cache_bytes / 2,
-        "the second epoch reuses most of what the cache holds"
-    );
+    assert_a_second_epoch_reuses_the_cache("in-process", dataset_bytes, cache_bytes, &fetched);
     assert_eq!(twice, [vec![], vec![]], "parts fetched twice in one epoch");
 }
 

@@ -228,13 +228,7 @@ fn a_second_epoch_in_the_same_order_fetches_about_what_the_cache_cannot_hold() {
             forget_cached_pages(&File::open(dir.join(kind.file_name())).unwrap());
         }
         fetched.push(mount.status().counters.bytes_fetched - bytes_before);
-        let mut twice: Vec<_> = counted
-            .hook()
-            .snapshot()
-            .into_iter()
-            .filter(|(read, n)| *n - requests_before.get(read).copied().unwrap_or(0) > 1)
-            .collect();
-        twice.sort_by_key(|((key, range), _)| (key.clone(), range.as_ref().map(|r| r.start)));
+        let twice = requested_again(&requests_before, counted.hook().snapshot());
         requests.push(twice);
     }
     assert!(sampler.take_hint_error().is_none());
@@ -242,22 +236,7 @@ fn a_second_epoch_in_the_same_order_fetches_about_what_the_cache_cannot_hold() {
         .iter()
         .map(|k| std::fs::metadata(dir.join(k.file_name())).unwrap().len())
         .sum();
-    // What no cache of this size can keep. The prefetcher makes room for the first
-    // steps before any step is done, which costs a few steps more.
-    let floor = dataset_bytes - cache_bytes;
-    eprintln!(
-        "monolithic, same order twice: {dataset_bytes} bytes, cache {cache_bytes}; fetched \
-         {} in the first epoch, {} in the second (floor {floor})",
-        fetched[0], fetched[1]
-    );
-    assert!(
-        fetched[0] <= dataset_bytes * 11 / 10,
-        "the first epoch fetches each byte about once"
-    );
-    assert!(
-        fetched[1] <= floor + cache_bytes / 2,
-        "the second epoch reuses most of what the cache holds"
-    );
+    assert_a_second_epoch_reuses_the_cache("monolithic", dataset_bytes, cache_bytes, &fetched);
     assert_eq!(
         requests,
         [vec![], vec![]],

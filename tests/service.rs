@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 
 use common::process::{
-    exit_of, foreground_mount, is_mount_point, status_json, unmount, wait_for, wait_until_mounted,
-    Cleanup, PATIENCE, SCDLFS,
+    exit_of, foreground_mount, is_mount_point, run_ok, status_json, unmount, wait_for,
+    wait_until_mounted, Cleanup, PATIENCE, SCDLFS,
 };
 
 const HELLO: &[u8] = b"hello through the mount\n";
@@ -314,19 +314,13 @@ fn the_fstab_helper_mounts_with_mount_options_turned_into_flags() {
     ]
     .join(",");
 
-    let output = Command::new("sh")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/mount.scdlfs"))
-        .arg(folders.source())
-        .arg(folders.mountpoint())
-        .args(["-o", &options])
-        .env("SCDLFS_BIN", SCDLFS)
-        .output()
-        .unwrap();
-
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    run_ok(
+        Command::new("sh")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/mount.scdlfs"))
+            .arg(folders.source())
+            .arg(folders.mountpoint())
+            .args(["-o", &options])
+            .env("SCDLFS_BIN", SCDLFS),
     );
     assert_eq!(
         std::fs::read(folders.mountpoint().join("hello.txt")).unwrap(),
@@ -347,18 +341,12 @@ fn the_install_script_puts_binary_unit_helper_and_example_config_in_place() {
     std::fs::write(&binary, "#!/bin/sh\n").unwrap();
     std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
 
-    let output = Command::new("sh")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/install.sh"))
-        .arg(&binary)
-        .env("DESTDIR", &root)
-        .env("BINDIR", "/opt/scdlfs/bin")
-        .output()
-        .unwrap();
-
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    run_ok(
+        Command::new("sh")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/install.sh"))
+            .arg(&binary)
+            .env("DESTDIR", &root)
+            .env("BINDIR", "/opt/scdlfs/bin"),
     );
     let mode = |path: &str| {
         std::fs::metadata(root.join(path))

@@ -9,7 +9,7 @@ pub mod process;
 pub mod proxy;
 pub mod s3;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,6 +21,7 @@ use object_store::ObjectStore;
 use scdl_format::{ArrayKind, Header};
 use scdlfs::catalog::DirMode;
 use scdlfs::mount::{Mount, MountSettings};
+use scdlfs::store::counting::ReadKey;
 use scdlfs::synthetic::SyntheticDataset;
 
 /// Mount settings for tests: small parts so that small files span several.
@@ -273,6 +274,47 @@ pub fn assert_eio<T: std::fmt::Debug>(result: std::io::Result<T>, what: &str) {
         ),
         Err(error) => assert_eq!(error.raw_os_error(), Some(libc::EIO), "{what}: {error}"),
     }
+}
+
+/// The (object, range) requests made more than once since `before` was counted.
+pub fn requested_again(
+    before: &HashMap<ReadKey, u64>,
+    now: HashMap<ReadKey, u64>,
+) -> Vec<(ReadKey, u64)> {
+    let mut again: Vec<_> = now
+        .into_iter()
+        .filter(|(read, n)| *n - before.get(read).copied().unwrap_or(0) > 1)
+        .collect();
+    again.sort_by_key(|((key, range), _)| (key.clone(), range.as_ref().map(|r| r.start)));
+    again
+}
+
+/// The bytes fetched in two epochs of a reader going through a dataset in the same
+/// order with a cache smaller than it: the first fetches each byte about once, the
+/// second reuses most of what the cache holds. The floor is what no cache of this size
+/// can keep; the prefetcher makes room for the first steps before any step is done,
+/// which costs a few steps more.
+#[track_caller]
+pub fn assert_a_second_epoch_reuses_the_cache(
+    what: &str,
+    dataset_bytes: u64,
+    cache_bytes: u64,
+    fetched: &[u64],
+) {
+    let floor = dataset_bytes - cache_bytes;
+    eprintln!(
+        "{what}, same order twice: {dataset_bytes} bytes, cache {cache_bytes}; fetched {} in \
+         the first epoch, {} in the second (floor {floor})",
+        fetched[0], fetched[1]
+    );
+    assert!(
+        fetched[0] <= dataset_bytes * 11 / 10,
+        "the first epoch fetches each byte about once"
+    );
+    assert!(
+        fetched[1] <= floor + cache_bytes / 2,
+        "the second epoch reuses most of what the cache holds"
+    );
 }
 
 /// Bytes per value of the smallest unsigned integer holding `max`, as numpy would

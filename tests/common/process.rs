@@ -5,7 +5,7 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub const SCDLFS: &str = env!("CARGO_BIN_EXE_scdlfs");
@@ -47,31 +47,27 @@ pub fn foreground_mount(source: &Path, mountpoint: &Path, cache: &Path, extra: &
     command
 }
 
-/// What `scdlfs status --json MOUNTPOINT` says.
-pub fn status_json(mountpoint: &Path) -> serde_json::Value {
-    let output = scdlfs_command(["status", "--json"])
-        .arg(mountpoint)
-        .output()
-        .unwrap();
+/// Runs `command` to its end, which must succeed (else the test fails with its stderr).
+#[track_caller]
+pub fn run_ok(command: &mut Command) -> Output {
+    let output = command.output().unwrap();
     assert!(
         output.status.success(),
-        "{}",
+        "{command:?}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
+    output
+}
+
+/// What `scdlfs status --json MOUNTPOINT` says.
+pub fn status_json(mountpoint: &Path) -> serde_json::Value {
+    let output = run_ok(scdlfs_command(["status", "--json"]).arg(mountpoint));
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
 /// `scdlfs unmount MOUNTPOINT`, which must succeed.
 pub fn unmount(mountpoint: &Path) {
-    let output = scdlfs_command(["unmount"])
-        .arg(mountpoint)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_ok(scdlfs_command(["unmount"]).arg(mountpoint));
 }
 
 /// Whether `path` is listed in this process's mount table (a dead FUSE mount counts).
