@@ -9,6 +9,7 @@
 //!   assume-role from a `source_profile`, and SSO from a cached `aws sso login`, each
 //!   resolved by the SDK against a stub STS or SSO portal on 127.0.0.1
 //!   (`AWS_ENDPOINT_URL_STS`, `AWS_ENDPOINT_URL_SSO`);
+//! - keys in the environment sign directly, `--requester-pays` signed into each request;
 //! - no credentials anywhere: the mount fails at start and says so.
 //!
 //! The instance metadata service is off and no request leaves 127.0.0.1.
@@ -463,6 +464,39 @@ fn an_sso_profile_takes_role_credentials_with_the_cached_login_token() {
         !keys.is_empty() && keys.iter().all(|key| key == "SSOROLEKEY"),
         "{keys:?}"
     );
+}
+
+#[test]
+fn requester_pays_is_signed_into_every_request() {
+    let files = plain_files();
+    let (bucket, proxy) = bucket_behind_proxy(&files);
+    mount_and_read_all(
+        &bucket,
+        &proxy,
+        &files,
+        &["--requester-pays"],
+        &[
+            ("AWS_ACCESS_KEY_ID", &os("ENVIRONMENTKEY")),
+            ("AWS_SECRET_ACCESS_KEY", &os("environment-secret")),
+        ],
+    );
+    let seen = proxy.seen();
+    assert!(!seen.is_empty());
+    for request in seen {
+        assert_eq!(
+            request.header("x-amz-request-payer"),
+            Some("requester"),
+            "{} {}",
+            request.method,
+            request.path
+        );
+        let authorization = request.header("authorization").unwrap_or_default();
+        assert!(
+            authorization.contains("x-amz-request-payer")
+                && request.access_key_id() == Some("ENVIRONMENTKEY"),
+            "{authorization}"
+        );
+    }
 }
 
 #[test]

@@ -131,7 +131,7 @@ fn stderr_is_journal() -> bool {
         return false;
     };
     rustix::fs::fstat(std::io::stderr())
-        .is_ok_and(|stat| stat.st_dev as u64 == device && stat.st_ino as u64 == inode)
+        .is_ok_and(|stat| stat.st_dev == device && stat.st_ino == inode)
 }
 
 /// Prefixes each event with its syslog priority, `<3>` (error) to `<7>` (debug), which

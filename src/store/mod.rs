@@ -357,4 +357,74 @@ mod tests {
             .to_string();
         assert!(!refused.contains("hunter2"), "{refused}");
     }
+
+    /// The head of the first request a client sends to `listener`, answered with 404.
+    fn first_request_head(listener: std::net::TcpListener) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            use std::io::{BufRead, Write};
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            while !head.ends_with("\r\n\r\n") {
+                if reader.read_line(&mut head).unwrap() == 0 {
+                    break;
+                }
+            }
+            let mut stream = stream;
+            let _ = stream.write_all(
+                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+            head
+        })
+    }
+
+    #[tokio::test]
+    async fn gcs_bills_the_billing_project_and_authenticates_with_the_key_file() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let head = first_request_head(listener);
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = dir.path().join("key.json");
+        // disable_oauth: no token is asked from Google for this key.
+        std::fs::write(
+            &key_file,
+            r#"{"disable_oauth": true, "client_email": "t@example.invalid", "private_key": "unused", "private_key_id": "unused"}"#,
+        )
+        .unwrap();
+        let settings = ClientSettings {
+            endpoint_url: Some(endpoint),
+            key_file: Some(key_file),
+            billing_project: Some("lab-42".into()),
+            bounds: NetworkBounds {
+                max_attempts: 1,
+                ..NetworkBounds::default()
+            },
+            ..ClientSettings::default()
+        };
+        let (store, prefix) = Source::parse("gs://bucket/atlas")
+            .unwrap()
+            .open(&settings)
+            .await
+            .unwrap();
+        let _ = store.list_with_delimiter(Some(&prefix)).await;
+        let head = head.join().unwrap().to_lowercase();
+        assert!(head.contains("x-goog-user-project: lab-42"), "{head}");
+        assert!(head.contains("/bucket"), "{head}");
+    }
+
+    #[tokio::test]
+    async fn an_expected_bucket_owner_is_refused_rather_than_ignored() {
+        let settings = ClientSettings {
+            expected_bucket_owner: Some("123456789012".into()),
+            region: Some("us-east-1".into()),
+            ..ClientSettings::default()
+        };
+        let error = Source::parse("s3://bucket/atlas")
+            .unwrap()
+            .open(&settings)
+            .await
+            .expect_err("an expected bucket owner is refused")
+            .to_string();
+        assert!(error.contains("--expected-bucket-owner"), "{error}");
+    }
 }
