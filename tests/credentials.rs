@@ -54,6 +54,16 @@ fn signing_keys(proxy: &FaultProxy) -> Vec<String> {
         .collect()
 }
 
+/// Asserts that requests reached the proxy and all were signed with `key`.
+#[track_caller]
+fn assert_signed_only_with(proxy: &FaultProxy, key: &str) {
+    let keys = signing_keys(proxy);
+    assert!(
+        !keys.is_empty() && keys.iter().all(|signed| signed == key),
+        "not all signed with {key}: {keys:?}"
+    );
+}
+
 /// Mounts `s3://BUCKET/data` through the proxy with `extra` flags and `env`, reads
 /// every file back and checks it, and returns the mount for more checks.
 fn mount_and_read_all(
@@ -116,14 +126,20 @@ impl AwsStub {
         format!("http://{}", self.addr).into()
     }
 
-    /// The requests whose body or path contains `needle`.
-    fn requests_with(&self, needle: &str) -> Vec<(String, String, String)> {
-        self.requests
-            .lock()
+    /// The first request whose body or path contains `needle`, as (method, headers,
+    /// body); fails the test, showing the mount's log, if there was none.
+    #[track_caller]
+    fn asked(&self, needle: &str, mount: &CliMount) -> (String, String, String) {
+        let requests = self.requests.lock();
+        let request = requests
             .iter()
-            .filter(|r| r.body.contains(needle) || r.path.contains(needle))
-            .map(|r| (r.method.clone(), r.headers.clone(), r.body.clone()))
-            .collect()
+            .find(|r| r.body.contains(needle) || r.path.contains(needle))
+            .unwrap_or_else(|| panic!("never asked {needle}; the log:\n{}", mount.log()));
+        (
+            request.method.clone(),
+            request.headers.clone(),
+            request.body.clone(),
+        )
     }
 }
 
@@ -334,23 +350,13 @@ fn web_identity_credentials_come_from_sts() {
             ("AWS_ENDPOINT_URL_STS", &sts.url()),
         ],
     );
-    let asked = sts.requests_with("Action=AssumeRoleWithWebIdentity");
-    assert!(
-        !asked.is_empty(),
-        "STS was never asked; log:\n{}",
-        mount.log()
-    );
-    let (_, _, body) = &asked[0];
+    let (_, _, body) = sts.asked("Action=AssumeRoleWithWebIdentity", &mount);
     assert!(
         body.contains("WebIdentityToken=header.payload.signature"),
         "{body}"
     );
     assert!(body.contains(ROLE_ARN_ENCODED), "{body}");
-    let keys = signing_keys(&proxy);
-    assert!(
-        !keys.is_empty() && keys.iter().all(|key| key == "WEBIDENTITYKEY"),
-        "{keys:?}"
-    );
+    assert_signed_only_with(&proxy, "WEBIDENTITYKEY");
 }
 
 #[test]
@@ -381,24 +387,14 @@ fn an_assume_role_profile_asks_sts_with_its_source_profile_keys() {
             ("AWS_SECRET_ACCESS_KEY", &os("environment-secret")),
         ],
     );
-    let asked = sts.requests_with("Action=AssumeRole&");
-    assert!(
-        !asked.is_empty(),
-        "STS was never asked; log:\n{}",
-        mount.log()
-    );
-    let (method, headers, body) = &asked[0];
+    let (method, headers, body) = sts.asked("Action=AssumeRole&", &mount);
     assert_eq!(method, "POST");
     assert!(body.contains(ROLE_ARN_ENCODED), "{body}");
     assert!(
         headers.contains("Credential=BASEKEY/"),
         "AssumeRole not signed with the source profile's keys:\n{headers}"
     );
-    let keys = signing_keys(&proxy);
-    assert!(
-        !keys.is_empty() && keys.iter().all(|key| key == "ASSUMEDROLEKEY"),
-        "{keys:?}"
-    );
+    assert_signed_only_with(&proxy, "ASSUMEDROLEKEY");
 }
 
 #[test]
@@ -446,24 +442,14 @@ fn an_sso_profile_takes_role_credentials_with_the_cached_login_token() {
             ("AWS_ENDPOINT_URL_SSO", &portal.url()),
         ],
     );
-    let asked = portal.requests_with("/federation/credentials");
-    assert!(
-        !asked.is_empty(),
-        "the SSO portal was never asked; log:\n{}",
-        mount.log()
-    );
-    let (_, headers, _) = &asked[0];
+    let (_, headers, _) = portal.asked("/federation/credentials", &mount);
     assert!(
         headers
             .to_lowercase()
             .contains("x-amz-sso_bearer_token: sso-login-token"),
         "{headers}"
     );
-    let keys = signing_keys(&proxy);
-    assert!(
-        !keys.is_empty() && keys.iter().all(|key| key == "SSOROLEKEY"),
-        "{keys:?}"
-    );
+    assert_signed_only_with(&proxy, "SSOROLEKEY");
 }
 
 #[test]

@@ -236,6 +236,17 @@ mod tests {
         }
     }
 
+    /// A source of credentials that live an hour, issued at the returned time.
+    fn hour_long_credentials() -> (Arc<Source>, SystemTime) {
+        let t0 = SystemTime::UNIX_EPOCH + HOUR;
+        let source = Source {
+            lifetime: Some(HOUR),
+            issued_at: Mutex::new(Some(t0)),
+            ..Default::default()
+        };
+        (Arc::new(source), t0)
+    }
+
     fn adapter(source: &Arc<Source>) -> SdkCredentials {
         SdkCredentials::new(SharedCredentialsProvider::new(SharedSource(source.clone())))
     }
@@ -263,12 +274,7 @@ mod tests {
 
     #[tokio::test]
     async fn credentials_are_kept_until_they_are_due_then_renewed() {
-        let source = Arc::new(Source {
-            lifetime: Some(HOUR),
-            ..Default::default()
-        });
-        let t0 = SystemTime::UNIX_EPOCH + HOUR;
-        *source.issued_at.lock() = Some(t0);
+        let (source, t0) = hour_long_credentials();
         let credentials = adapter(&source);
         for minutes in [0, 1, 54] {
             let key = credentials
@@ -301,12 +307,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_renewal_keeps_valid_credentials_and_retries_later() {
-        let source = Arc::new(Source {
-            lifetime: Some(HOUR),
-            ..Default::default()
-        });
-        let t0 = SystemTime::UNIX_EPOCH + HOUR;
-        *source.issued_at.lock() = Some(t0);
+        let (source, t0) = hour_long_credentials();
         let credentials = adapter(&source);
         credentials.credential_at(t0).await.unwrap();
         *source.failing.lock() = true;
