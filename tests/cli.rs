@@ -540,6 +540,151 @@ fn a_foreground_mount_exits_when_unmounted_from_outside() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Logs.
+
+/// Starts `scdlfs mount --foreground EXTRA...` of `setup` with standard error in
+/// `stderr` and `env` added, and waits until it has logged that it mounted.
+fn foreground_mount_logging(
+    setup: &Setup,
+    cleanup: &mut Cleanup,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    stderr: &Path,
+    log: &Path,
+) {
+    let paths = setup.paths();
+    let mut args = vec!["--foreground"];
+    args.extend_from_slice(extra);
+    let mut command = scdlfs_command(setup.mount_args(&paths, &args));
+    command.envs(env.iter().copied());
+    command
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(stderr).unwrap());
+    cleanup.children.push(command.spawn().unwrap());
+    wait_until_mounted(&setup.mnt(), cleanup.children.last_mut().unwrap());
+    assert_serves(&setup.mnt());
+    common::process::wait_for("the \"mounted\" log line", || {
+        std::fs::read_to_string(log).is_ok_and(|text| text.contains("mounted"))
+    });
+}
+
+#[test]
+fn log_directory_gets_a_daily_json_file_and_keeps_the_newest() {
+    let setup = Setup::new();
+    let mut cleanup = Cleanup::unmounting(setup.mnt());
+    let logs = setup.dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    // Four days of an earlier mount's logs, the oldest made first.
+    for day in 1..=4 {
+        std::fs::write(logs.join(format!("scdlfs.2020-01-0{day}.log")), "old\n").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let today =
+        humantime::format_rfc3339(std::time::SystemTime::now()).to_string()[..10].to_owned();
+    let todays = logs.join(format!("scdlfs.{today}.log"));
+    let stderr = setup.dir.path().join("stderr");
+    let logs_arg = logs.to_string_lossy().into_owned();
+    foreground_mount_logging(
+        &setup,
+        &mut cleanup,
+        &[
+            "--log-directory",
+            &logs_arg,
+            "--log-format",
+            "json",
+            "--log-max-files",
+            "3",
+            "-d",
+        ],
+        &[],
+        &stderr,
+        &todays,
+    );
+
+    let mut names: Vec<String> = std::fs::read_dir(&logs)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "scdlfs.2020-01-03.log".to_owned(),
+            "scdlfs.2020-01-04.log".to_owned(),
+            format!("scdlfs.{today}.log"),
+        ],
+        "the oldest beyond --log-max-files are deleted"
+    );
+    let text = std::fs::read_to_string(&todays).unwrap();
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    for event in &events {
+        assert!(
+            event["timestamp"].is_string() && event["level"].is_string(),
+            "{event}"
+        );
+    }
+    assert!(
+        events
+            .iter()
+            .any(|event| event["level"] == "INFO" && event["fields"]["message"] == "mounted"),
+        "{text}"
+    );
+    assert!(
+        events.iter().any(|event| event["level"] == "DEBUG"),
+        "-d gave no debug lines:\n{text}"
+    );
+    // The log went to the directory, not to standard error.
+    let stderr = std::fs::read_to_string(&stderr).unwrap();
+    assert!(!stderr.contains("mounted"), "{stderr}");
+}
+
+#[test]
+fn under_systemd_log_lines_carry_the_journal_priority_and_no_timestamp() {
+    use std::os::unix::fs::MetadataExt;
+    for journal in [true, false] {
+        let setup = Setup::new();
+        let mut cleanup = Cleanup::unmounting(setup.mnt());
+        let stderr = setup.dir.path().join("stderr");
+        std::fs::write(&stderr, "").unwrap();
+        let meta = std::fs::metadata(&stderr).unwrap();
+        // systemd names the stream it connected; a stream inherited from a service by
+        // a process whose stderr went elsewhere names another one.
+        let stream = if journal {
+            format!("{}:{}", meta.dev(), meta.ino())
+        } else {
+            format!("{}:{}", meta.dev(), meta.ino() + 1)
+        };
+        let paths = setup.paths();
+        let mut command = scdlfs_command(setup.mount_args(&paths, &["--foreground"]));
+        command
+            .env("JOURNAL_STREAM", &stream)
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&stderr)
+                    .unwrap(),
+            );
+        cleanup.children.push(command.spawn().unwrap());
+        wait_until_mounted(&setup.mnt(), cleanup.children.last_mut().unwrap());
+        common::process::wait_for("the \"mounted\" log line", || {
+            std::fs::read_to_string(&stderr).is_ok_and(|text| text.contains("mounted"))
+        });
+        let text = std::fs::read_to_string(&stderr).unwrap();
+        let line = text.lines().find(|line| line.contains("mounted")).unwrap();
+        if journal {
+            assert!(line.starts_with("<6> INFO"), "{line}");
+        } else {
+            // An RFC 3339 timestamp first, as anywhere but the journal.
+            assert!(line.starts_with("20") && line.contains('T'), "{line}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // status and chunk.
 
 #[test]

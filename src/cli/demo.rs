@@ -45,7 +45,7 @@ pub struct DemoArgs {
 const DATASET: &str = "demo_dataset";
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    super::init_logging("warn");
+    super::logging::init(&super::logging::LogSettings::stderr("warn"))?;
     let temp;
     let workdir = match &args.workdir {
         Some(dir) => dir.clone(),

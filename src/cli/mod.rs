@@ -4,6 +4,7 @@ use anyhow::Context;
 mod chunk_cmd;
 mod daemon;
 mod demo;
+mod logging;
 mod mount_cmd;
 mod notify;
 mod spellings;
@@ -17,6 +18,8 @@ use std::time::Duration;
 use std::ffi::OsString;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+
+pub use logging::LogFormat;
 
 use crate::fs::Ownership;
 use crate::store::ClientSettings;
@@ -72,12 +75,39 @@ pub struct StoreArgs {
     /// or, for gs://, a GCS emulator or private endpoint.
     #[arg(long, value_name = "URL", help_heading = "Object store")]
     pub endpoint_url: Option<String>,
-    /// Bucket region.
+    /// S3 bucket region [default: AWS_REGION or the profile's, else asked from S3 (not
+    /// with --endpoint-url), else us-east-1].
     #[arg(long, help_heading = "Object store")]
     pub region: Option<String>,
     /// Send unsigned requests (public buckets).
     #[arg(long, help_heading = "Object store")]
     pub no_sign_request: bool,
+    /// S3: the profile of ~/.aws/config and ~/.aws/credentials to take credentials
+    /// (keys, credential_process, SSO, assume-role, web identity) and region from; its
+    /// credentials win over AWS_ACCESS_KEY_ID [default: AWS_PROFILE, else the SDK's
+    /// chain: environment, default profile, web identity, ECS, instance metadata].
+    #[arg(long, help_heading = "Object store")]
+    pub profile: Option<String>,
+    /// S3: the requester pays for requests and downloads (x-amz-request-payer).
+    #[arg(long, help_heading = "Object store")]
+    pub requester_pays: bool,
+    /// S3: path-style URLs (https://s3.REGION.amazonaws.com/BUCKET/KEY); always on with
+    /// --endpoint-url.
+    #[arg(long, help_heading = "Object store")]
+    pub force_path_style: bool,
+    /// S3: the account ID that must own the bucket. Not supported yet: the mount
+    /// refuses to start with it rather than ignore it.
+    #[arg(long, value_name = "ACCOUNT_ID", help_heading = "Object store")]
+    pub expected_bucket_owner: Option<String>,
+    /// GCS: a service-account key file (JSON) [default: GOOGLE_SERVICE_ACCOUNT, else
+    /// application default credentials: GOOGLE_APPLICATION_CREDENTIALS, gcloud's file,
+    /// the metadata server].
+    #[arg(long, value_name = "FILE", help_heading = "Object store")]
+    pub key_file: Option<PathBuf>,
+    /// GCS: the project billed for requests to a requester-pays bucket
+    /// (x-goog-user-project).
+    #[arg(long, value_name = "PROJECT", help_heading = "Object store")]
+    pub billing_project: Option<String>,
     /// Longest one HTTP attempt may take, headers and body (e.g. 10s, 1m).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "10s", help_heading = "Object store")]
     pub request_timeout: Duration,
@@ -100,6 +130,12 @@ impl StoreArgs {
             endpoint_url: self.endpoint_url.clone(),
             region: self.region.clone(),
             no_sign_request: self.no_sign_request,
+            profile: self.profile.clone(),
+            requester_pays: self.requester_pays,
+            force_path_style: self.force_path_style,
+            expected_bucket_owner: self.expected_bucket_owner.clone(),
+            key_file: self.key_file.clone(),
+            billing_project: self.billing_project.clone(),
             bounds: crate::store::NetworkBounds {
                 request_timeout: self.request_timeout,
                 stall_timeout: self.stall_timeout,
@@ -225,7 +261,20 @@ pub struct MountArgs {
     /// error, warn, info, debug or trace (or a tracing filter).
     #[arg(long, default_value = "info", help_heading = "Logging")]
     pub log_level: String,
-    /// Where a detached daemon writes its log [default: CACHE_DIR/scdlfs.log].
+    /// Debug logs of scdlfs and the FUSE session, whatever --log-level says.
+    #[arg(short = 'd', long, help_heading = "Logging")]
+    pub debug: bool,
+    /// text, or json: one JSON object per line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, help_heading = "Logging")]
+    pub log_format: LogFormat,
+    /// Log to daily files DIR/scdlfs.YYYY-MM-DD.log instead of standard error.
+    #[arg(long, value_name = "DIR", help_heading = "Logging")]
+    pub log_directory: Option<PathBuf>,
+    /// Daily files kept in --log-directory; older ones are deleted.
+    #[arg(long, value_name = "N", default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Logging")]
+    pub log_max_files: u32,
+    /// Where a detached daemon's standard error goes: its log, unless --log-directory
+    /// [default: CACHE_DIR/scdlfs.log].
     #[arg(long, value_name = "FILE", help_heading = "Logging")]
     pub log_file: Option<PathBuf>,
 
@@ -236,6 +285,18 @@ pub struct MountArgs {
 }
 
 impl MountArgs {
+    pub fn log_settings(&self) -> logging::LogSettings {
+        logging::LogSettings {
+            filter: self.log_level.clone(),
+            debug: self.debug,
+            format: self.log_format,
+            directory: self
+                .log_directory
+                .clone()
+                .map(|directory| (directory, self.log_max_files as usize)),
+        }
+    }
+
     pub fn ownership(&self) -> Ownership {
         let user = Ownership::of_mounting_user();
         Ownership {
@@ -296,19 +357,4 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Logs to stderr, without colours unless stderr is a terminal (journald and files).
-pub fn init_logging(filter: &str) {
-    use std::io::IsTerminal;
-    // fuser warns when its own unmount-on-drop finds the mount already gone, which is
-    // how every clean shutdown here ends.
-    let filter = format!("{filter},fuser::mnt=error");
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(|| crate::store::redact::Redacting(std::io::stderr()))
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
 }

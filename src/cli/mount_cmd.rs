@@ -6,7 +6,7 @@ use anyhow::{anyhow, bail, Context};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{daemon, init_logging, notify, MountArgs, View};
+use super::{daemon, logging, notify, MountArgs, View};
 use crate::catalog::DirMode;
 use crate::metrics_http;
 use crate::mount::{check_mountpoint, Mount, MountSettings};
@@ -33,8 +33,9 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| cache_dir.join("scdlfs.log"));
         return daemon::spawn_and_wait(&log_file);
     }
-    init_logging(&args.log_level);
-    match serve(&args, &source, &cache_dir) {
+    let served =
+        logging::init(&args.log_settings()).and_then(|()| serve(&args, &source, &cache_dir));
+    match served {
         Ok(()) => Ok(()),
         Err(error) => {
             let message = format!("{error:#}");
@@ -67,8 +68,13 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
             format_size(args.read_part_size)
         ));
     }
-    let (store, prefix) = source
-        .open(&args.store.client_settings())
+    // The store's client outlives this runtime: opening it only reads the
+    // configuration (and may ask S3 for the bucket's region).
+    let (store, prefix) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start")?
+        .block_on(source.open(&args.store.client_settings()))
         .map_err(anyhow::Error::msg)?;
     let metrics_listener = args
         .metrics_addr

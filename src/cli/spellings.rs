@@ -160,25 +160,51 @@ mod tests {
             "raw",
             "--endpoint-url",
             "http://127.0.0.1:9",
+            "--profile",
+            "reader",
+            "--requester-pays",
+            "--force-path-style",
+            "--billing-project",
+            "lab-42",
+            "--key-file",
+            "/etc/scdlfs/key.json",
+            "-d",
+            "--log-format",
+            "json",
+            "--log-directory",
+            "/var/log/scdlfs",
+            "--log-max-files",
+            "3",
         ];
         let expected = mount_of(&flags);
         let spellings: [&[&str]; 5] = [
             &[
                 "mount", "s3://b/p", "/mnt/x", "-o",
-                "cache_size=20GiB,allow_other,read-part-size=4MiB,view=raw,endpoint_url=http://127.0.0.1:9",
+                "cache_size=20GiB,allow_other,read-part-size=4MiB,view=raw,endpoint_url=http://127.0.0.1:9,\
+                 profile=reader,requester_pays,force_path_style,billing_project=lab-42,\
+                 key_file=/etc/scdlfs/key.json,debug,log_format=json,log_directory=/var/log/scdlfs,log_max_files=3",
             ],
             &[
                 "mount", "s3://b/p", "/mnt/x", "-ocache_size=20GiB,allow_other,nodev,_netdev",
                 "--options=read_part_size=4MiB,x-systemd.automount,ro", "--view", "raw",
-                "--options", "endpoint_url=http://127.0.0.1:9",
+                "--options", "endpoint_url=http://127.0.0.1:9,profile=reader",
+                "-o", "requester-pays,force-path-style,billing-project=lab-42,key-file=/etc/scdlfs/key.json",
+                "-d", "-o", "log-format=json,log-directory=/var/log/scdlfs,log-max-files=3",
             ],
             &[
                 "mount", "s3://b/p", "/mnt/x", "-o", "cache_size=20GiB", "-o", "allow_other",
                 "--read-part-size", "4MiB", "-o", "view=raw,endpoint_url=http://127.0.0.1:9",
+                "--profile", "reader", "-o", "requester_pays", "--force-path-style",
+                "-o", "billing_project=lab-42", "--key-file", "/etc/scdlfs/key.json",
+                "-o", "debug", "--log-format", "json", "-o", "log_directory=/var/log/scdlfs",
+                "--log-max-files", "3",
             ],
             &["mount", "s3://b/p", "/mnt/x", "-o", "defaults,noatime", "--cache-size", "20GiB",
               "--allow-other", "--read-part-size", "4MiB", "--view", "raw",
-              "--endpoint-url", "http://127.0.0.1:9"],
+              "--endpoint-url", "http://127.0.0.1:9", "--profile", "reader", "--requester-pays",
+              "--force-path-style", "--billing-project", "lab-42", "--key-file",
+              "/etc/scdlfs/key.json", "--debug", "--log-format", "json", "--log-directory",
+              "/var/log/scdlfs", "--log-max-files", "3"],
             &flags,
         ];
         for argv in spellings {
@@ -191,6 +217,15 @@ mod tests {
             ("SCDLFS_READ_PART_SIZE", "4MiB"),
             ("SCDLFS_VIEW", "raw"),
             ("SCDLFS_ENDPOINT_URL", "http://127.0.0.1:9"),
+            ("SCDLFS_PROFILE", "reader"),
+            ("SCDLFS_REQUESTER_PAYS", "true"),
+            ("SCDLFS_FORCE_PATH_STYLE", "true"),
+            ("SCDLFS_BILLING_PROJECT", "lab-42"),
+            ("SCDLFS_KEY_FILE", "/etc/scdlfs/key.json"),
+            ("SCDLFS_DEBUG", "true"),
+            ("SCDLFS_LOG_FORMAT", "json"),
+            ("SCDLFS_LOG_DIRECTORY", "/var/log/scdlfs"),
+            ("SCDLFS_LOG_MAX_FILES", "3"),
         ];
         for (name, value) in variables {
             // SAFETY: the only tests that touch SCDLFS_* hold ENVIRONMENT.
@@ -245,5 +280,77 @@ mod tests {
             assert!(help.contains(name), "{name} not in help");
         }
         assert!(!help.contains("SCDLFS_OPTIONS"));
+    }
+
+    /// docs/usage.md's table of mount options, as the cells of each row.
+    fn documented_options() -> Vec<Vec<String>> {
+        let usage = include_str!("../../docs/usage.md");
+        let section = usage
+            .split("\n## Mount options\n")
+            .nth(1)
+            .expect("docs/usage.md has a \"Mount options\" section");
+        let section = section.split("\n## ").next().unwrap();
+        section
+            .lines()
+            .filter(|line| line.starts_with("| `"))
+            .map(|line| {
+                line.trim_matches('|')
+                    .split(" | ")
+                    .map(|cell| cell.trim().to_owned())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_usage_table_lists_every_mount_option_with_its_spellings_and_default() {
+        let mut cli = with_environment(<Cli as clap::CommandFactory>::command());
+        let mount = cli.find_subcommand_mut(MOUNT).unwrap();
+        let rows = documented_options();
+        let mut documented = 0;
+        for arg in mount.get_arguments() {
+            let id = arg.get_id().as_str();
+            if arg.is_positional() || ["help", "version"].contains(&id) {
+                continue;
+            }
+            documented += 1;
+            let long = arg.get_long().unwrap();
+            let flag = match arg.get_short() {
+                Some(short) => format!("`-{short}`, `--{long}`"),
+                None => format!("`--{long}`"),
+            };
+            let row = rows
+                .iter()
+                .find(|row| row[0] == flag)
+                .unwrap_or_else(|| panic!("{flag} is missing from docs/usage.md's table"));
+            let (fstab, environment) = match arg.get_env() {
+                Some(name) => (
+                    format!("`{}`", long.replace('-', "_")),
+                    format!("`{}`", name.to_string_lossy()),
+                ),
+                None => ("—".to_owned(), "—".to_owned()),
+            };
+            assert_eq!(row[1], fstab, "-o spelling of {flag}");
+            assert_eq!(row[2], environment, "variable of {flag}");
+            let default = &row[3];
+            if !arg.get_action().takes_values() {
+                assert!(
+                    default.starts_with("off"),
+                    "{flag} defaults to off, not {default}"
+                );
+            } else if let Some(value) = arg.get_default_values().first() {
+                let value = format!("`{}`", value.to_string_lossy());
+                assert!(
+                    default.contains(&value),
+                    "{flag} defaults to {value}, not {default}"
+                );
+            }
+            assert_eq!(row.len(), 6, "{flag}: a row has six cells");
+        }
+        assert_eq!(
+            rows.len(),
+            documented,
+            "docs/usage.md's table has rows for no option"
+        );
     }
 }

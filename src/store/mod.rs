@@ -3,15 +3,17 @@
 //! scdlfs talks to every backend through one trait, `object_store::ObjectStore`. This
 //! module turns a user's SOURCE (`s3://`, `gs://`, `http(s)://`, `file://` or a plain
 //! path) into such a store plus the key prefix under which the mount's tree lives, with
-//! credentials taken the way each cloud's own tools take them ([`credentials`]).
+//! credentials taken the way each cloud's own tools take them: for S3 the AWS SDK's
+//! loaders ([`aws`]), for GCS object_store's own service-account and application
+//! default credentials.
 //!
 //! Beside it live the test doubles that wrap any store: [`counting`] counts requests,
 //! [`throttled`] adds latency and a bandwidth cap, [`faulty`] injects failures. The
 //! benchmarks and the failure tests use them; the daemon never does.
 
+pub mod aws;
 pub mod bounds;
 pub mod counting;
-mod credentials;
 pub mod faulty;
 pub mod redact;
 pub mod throttled;
@@ -20,6 +22,7 @@ pub mod wrapper;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use http::{HeaderMap, HeaderValue};
 use object_store::aws::AmazonS3Builder;
 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::http::HttpBuilder;
@@ -60,6 +63,18 @@ pub struct ClientSettings {
     pub endpoint_url: Option<String>,
     pub region: Option<String>,
     pub no_sign_request: bool,
+    /// S3: the AWS profile to take credentials and region from.
+    pub profile: Option<String>,
+    /// S3: the requester pays for the requests and downloads.
+    pub requester_pays: bool,
+    /// S3: `https://s3.REGION.amazonaws.com/BUCKET/KEY` instead of `BUCKET.s3...`.
+    pub force_path_style: bool,
+    /// S3: the account that must own the bucket.
+    pub expected_bucket_owner: Option<String>,
+    /// GCS: a service-account key file.
+    pub key_file: Option<PathBuf>,
+    /// GCS: the project billed for requests to a requester-pays bucket.
+    pub billing_project: Option<String>,
     pub bounds: NetworkBounds,
 }
 
@@ -73,6 +88,10 @@ pub enum SourceError {
     NotADirectory(PathBuf),
     #[error("cannot open the store: {}", redact_urls(&.0.to_string()))]
     Client(#[from] object_store::Error),
+    #[error("--billing-project {0:?} is not a valid header value")]
+    BillingProject(String),
+    #[error("--expected-bucket-owner is not supported: object_store 0.14 signs extra headers on object requests but sends them unsigned on listings, which S3 refuses; restrict the bucket with a policy (aws:ResourceAccount) instead")]
+    ExpectedBucketOwner,
 }
 
 impl Source {
@@ -124,8 +143,10 @@ impl Source {
         redact_urls(&name)
     }
 
-    /// Builds the client and the prefix of the mount's root inside it.
-    pub fn open(
+    /// Builds the client and the prefix of the mount's root inside it. For S3 this may
+    /// ask the bucket's region from S3 (no `--region`, no configured region, no
+    /// `--endpoint-url`); nothing else touches the network before the first request.
+    pub async fn open(
         &self,
         settings: &ClientSettings,
     ) -> Result<(Arc<dyn ObjectStore>, ObjectPath), SourceError> {
@@ -143,23 +164,30 @@ impl Source {
         };
         match self {
             Source::S3 { bucket, prefix } => {
+                if settings.expected_bucket_owner.is_some() {
+                    return Err(SourceError::ExpectedBucketOwner);
+                }
+                let profile = settings.profile.as_deref();
+                let region = s3_region(bucket, settings, &client_options()).await;
                 let mut builder = AmazonS3Builder::from_env()
                     .with_bucket_name(bucket)
+                    .with_region(&region)
+                    .with_request_payer(settings.requester_pays)
                     .with_client_options(client_options())
                     .with_retry(retry);
-                if let Some(region) = &settings.region {
-                    builder = builder.with_region(region);
-                }
                 if let Some(endpoint) = &settings.endpoint_url {
                     // Custom endpoints (MinIO, Ceph, test servers) expect path-style URLs.
                     builder = builder
                         .with_endpoint(endpoint)
                         .with_virtual_hosted_style_request(false);
+                } else if settings.force_path_style {
+                    builder = builder.with_virtual_hosted_style_request(false);
                 }
                 if settings.no_sign_request {
                     builder = builder.with_skip_signature(true);
-                } else {
-                    builder = credentials::apply_aws_profile(builder);
+                } else if !aws::keys_in_environment(profile) {
+                    let chain = aws::credential_chain(profile, &region).await;
+                    builder = builder.with_credentials(Arc::new(aws::SdkCredentials::new(chain)));
                 }
                 Ok((
                     Arc::new(builder.build()?),
@@ -167,13 +195,27 @@ impl Source {
                 ))
             }
             Source::Gcs { bucket, prefix } => {
+                let mut options = client_options();
+                if let Some(project) = &settings.billing_project {
+                    // Requester-pays buckets bill the project this header names; GCS
+                    // authenticates with a bearer token, so an added header needs no
+                    // signature.
+                    let value = HeaderValue::from_str(project)
+                        .map_err(|_| SourceError::BillingProject(project.clone()))?;
+                    let mut headers = HeaderMap::new();
+                    headers.insert("x-goog-user-project", value);
+                    options = options.with_default_headers(headers);
+                }
                 let mut builder = GoogleCloudStorageBuilder::from_env()
                     .with_bucket_name(bucket)
-                    .with_client_options(client_options())
+                    .with_client_options(options)
                     .with_retry(retry);
                 if let Some(endpoint) = &settings.endpoint_url {
                     // An emulator or a private endpoint instead of storage.googleapis.com.
                     builder = builder.with_config(GoogleConfigKey::BaseUrl, endpoint);
+                }
+                if let Some(key_file) = &settings.key_file {
+                    builder = builder.with_service_account_path(key_file.to_string_lossy());
                 }
                 if settings.no_sign_request {
                     builder = builder.with_skip_signature(true);
@@ -207,6 +249,40 @@ impl Source {
                 let store = LocalFileSystem::new_with_prefix(root)?;
                 Ok((Arc::new(store), ObjectPath::default()))
             }
+        }
+    }
+}
+
+/// The region of an S3 bucket: `--region`, the SDK's configured region, the bucket's
+/// own (asked from AWS; never with a custom endpoint), else [`aws::DEFAULT_REGION`].
+async fn s3_region(
+    bucket: &str,
+    settings: &ClientSettings,
+    options: &object_store::ClientOptions,
+) -> String {
+    if let Some(region) = &settings.region {
+        return region.clone();
+    }
+    if let Some(region) = aws::configured_region(settings.profile.as_deref()).await {
+        return region;
+    }
+    if settings.endpoint_url.is_some() {
+        return aws::DEFAULT_REGION.to_owned();
+    }
+    // An anonymous HEAD of the bucket, which S3 answers with its region even when the
+    // bucket is not readable anonymously.
+    match object_store::aws::resolve_bucket_region(bucket, options).await {
+        Ok(region) => {
+            tracing::info!(bucket, region, "bucket region detected");
+            region
+        }
+        Err(error) => {
+            tracing::warn!(
+                bucket,
+                "cannot detect the bucket's region ({error}); using {}, give --region if that is wrong",
+                aws::DEFAULT_REGION
+            );
+            aws::DEFAULT_REGION.to_owned()
         }
     }
 }
@@ -280,5 +356,75 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(!refused.contains("hunter2"), "{refused}");
+    }
+
+    /// The head of the first request a client sends to `listener`, answered with 404.
+    fn first_request_head(listener: std::net::TcpListener) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            use std::io::{BufRead, Write};
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            while !head.ends_with("\r\n\r\n") {
+                if reader.read_line(&mut head).unwrap() == 0 {
+                    break;
+                }
+            }
+            let mut stream = stream;
+            let _ = stream.write_all(
+                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+            head
+        })
+    }
+
+    #[tokio::test]
+    async fn gcs_bills_the_billing_project_and_authenticates_with_the_key_file() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let head = first_request_head(listener);
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = dir.path().join("key.json");
+        // disable_oauth: no token is asked from Google for this key.
+        std::fs::write(
+            &key_file,
+            r#"{"disable_oauth": true, "client_email": "t@example.invalid", "private_key": "unused", "private_key_id": "unused"}"#,
+        )
+        .unwrap();
+        let settings = ClientSettings {
+            endpoint_url: Some(endpoint),
+            key_file: Some(key_file),
+            billing_project: Some("lab-42".into()),
+            bounds: NetworkBounds {
+                max_attempts: 1,
+                ..NetworkBounds::default()
+            },
+            ..ClientSettings::default()
+        };
+        let (store, prefix) = Source::parse("gs://bucket/atlas")
+            .unwrap()
+            .open(&settings)
+            .await
+            .unwrap();
+        let _ = store.list_with_delimiter(Some(&prefix)).await;
+        let head = head.join().unwrap().to_lowercase();
+        assert!(head.contains("x-goog-user-project: lab-42"), "{head}");
+        assert!(head.contains("/bucket"), "{head}");
+    }
+
+    #[tokio::test]
+    async fn an_expected_bucket_owner_is_refused_rather_than_ignored() {
+        let settings = ClientSettings {
+            expected_bucket_owner: Some("123456789012".into()),
+            region: Some("us-east-1".into()),
+            ..ClientSettings::default()
+        };
+        let error = Source::parse("s3://bucket/atlas")
+            .unwrap()
+            .open(&settings)
+            .await
+            .expect_err("an expected bucket owner is refused")
+            .to_string();
+        assert!(error.contains("--expected-bucket-owner"), "{error}");
     }
 }

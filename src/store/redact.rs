@@ -22,6 +22,20 @@ impl<W: io::Write> io::Write for Redacting<W> {
     }
 }
 
+/// A log destination (anything tracing can make writers from: stderr, a rolling file)
+/// whose every writer is [`Redacting`].
+pub struct RedactingWriter<M>(pub M);
+
+impl<'a, M: tracing_subscriber::fmt::MakeWriter<'a>> tracing_subscriber::fmt::MakeWriter<'a>
+    for RedactingWriter<M>
+{
+    type Writer = Redacting<M::Writer>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        Redacting(self.0.make_writer())
+    }
+}
+
 /// `text` with every URL's userinfo and query replaced by `REDACTED`.
 pub fn redact_urls(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -105,7 +119,7 @@ mod tests {
         let captured = Captured::default();
         let writer = captured.clone();
         let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || Redacting(writer.clone()))
+            .with_writer(RedactingWriter(move || writer.clone()))
             .with_ansi(false)
             .finish();
         tracing::subscriber::with_default(subscriber, || {

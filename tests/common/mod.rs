@@ -3,6 +3,7 @@
 //! between where a test needs to count, slow down or break requests.
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
+pub mod cli_mount;
 pub mod faulty_mount;
 pub mod files;
 pub mod process;

@@ -27,6 +27,7 @@ pub fn scdlfs_command<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> Com
     }
     command
         .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_CONFIG_FILE", "/nonexistent")
         .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent");
     command
 }

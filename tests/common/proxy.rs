@@ -41,6 +41,24 @@ pub struct Request {
     pub range: Option<String>,
     /// How many requests with this method and path came before this one.
     pub repeat: u64,
+    /// Every header, as sent.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Request {
+    /// The value of header `name` (any case), if sent.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// The access key ID an AWS SigV4 `Authorization` header names, if signed.
+    pub fn access_key_id(&self) -> Option<&str> {
+        let credential = self.header("authorization")?.split("Credential=").nth(1)?;
+        credential.split('/').next()
+    }
 }
 
 type Rule = dyn Fn(&Request) -> Option<Fault> + Send + Sync;
@@ -52,6 +70,7 @@ struct State {
     ranges: Mutex<HashMap<(String, Option<String>), u64>>,
     requests: AtomicU64,
     injected: Mutex<HashMap<Fault, u64>>,
+    log: Mutex<Vec<Request>>,
 }
 
 pub struct FaultProxy {
@@ -81,6 +100,7 @@ impl FaultProxy {
             ranges: Mutex::new(HashMap::new()),
             requests: AtomicU64::new(0),
             injected: Mutex::new(HashMap::new()),
+            log: Mutex::new(Vec::new()),
         });
         runtime.spawn({
             let state = state.clone();
@@ -122,6 +142,11 @@ impl FaultProxy {
             .unwrap_or(0)
     }
 
+    /// Every request seen so far, in order of arrival.
+    pub fn seen(&self) -> Vec<Request> {
+        self.state.log.lock().clone()
+    }
+
     /// Faults injected so far, by kind.
     pub fn injected(&self) -> HashMap<Fault, u64> {
         self.state.injected.lock().clone()
@@ -146,6 +171,7 @@ async fn serve(state: Arc<State>, mut client: TcpStream) {
         info
     };
     state.requests.fetch_add(1, Ordering::Relaxed);
+    state.log.lock().push(info.clone());
     if info.method == "GET" && info.range.is_some() {
         *state
             .ranges
@@ -236,6 +262,14 @@ fn parse_request(head: &str) -> Request {
         path: words.next().unwrap_or_default().to_owned(),
         range: header(head, "range").map(str::to_owned),
         repeat: 0,
+        headers: head
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let (key, value) = line.split_once(':')?;
+                Some((key.trim().to_owned(), value.trim().to_owned()))
+            })
+            .collect(),
     }
 }
 
