@@ -103,6 +103,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         read_timeout: crate::store::NetworkBounds::default().read_timeout,
         fetch_memory: 64 * part_size,
         read_ahead: None,
+        metadata_ttl: None,
     };
     let mount = Mount::start(store, ObjectPath::default(), &mountpoint, &settings)
         .map_err(anyhow::Error::msg)?;

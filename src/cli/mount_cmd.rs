@@ -97,6 +97,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
         read_timeout: args.store.read_timeout,
         fetch_memory: args.max_fetch_memory,
         read_ahead: args.read_ahead,
+        metadata_ttl: args.metadata_ttl,
     };
     // Each resident part keeps its file open while the limit allows; the rest are
     // reopened when read, which a higher limit spares.

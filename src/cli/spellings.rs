@@ -160,25 +160,28 @@ mod tests {
             "raw",
             "--endpoint-url",
             "http://127.0.0.1:9",
+            "--metadata-ttl",
+            "5m",
         ];
         let expected = mount_of(&flags);
         let spellings: [&[&str]; 5] = [
             &[
                 "mount", "s3://b/p", "/mnt/x", "-o",
-                "cache_size=20GiB,allow_other,read-part-size=4MiB,view=raw,endpoint_url=http://127.0.0.1:9",
+                "cache_size=20GiB,allow_other,read-part-size=4MiB,view=raw,endpoint_url=http://127.0.0.1:9,metadata_ttl=5m",
             ],
             &[
                 "mount", "s3://b/p", "/mnt/x", "-ocache_size=20GiB,allow_other,nodev,_netdev",
                 "--options=read_part_size=4MiB,x-systemd.automount,ro", "--view", "raw",
-                "--options", "endpoint_url=http://127.0.0.1:9",
+                "--options", "endpoint_url=http://127.0.0.1:9", "-ometadata-ttl=5m",
             ],
             &[
                 "mount", "s3://b/p", "/mnt/x", "-o", "cache_size=20GiB", "-o", "allow_other",
                 "--read-part-size", "4MiB", "-o", "view=raw,endpoint_url=http://127.0.0.1:9",
+                "--metadata-ttl", "5m",
             ],
             &["mount", "s3://b/p", "/mnt/x", "-o", "defaults,noatime", "--cache-size", "20GiB",
               "--allow-other", "--read-part-size", "4MiB", "--view", "raw",
-              "--endpoint-url", "http://127.0.0.1:9"],
+              "--endpoint-url", "http://127.0.0.1:9", "-o", "metadata_ttl=5m"],
             &flags,
         ];
         for argv in spellings {
@@ -191,6 +194,7 @@ mod tests {
             ("SCDLFS_READ_PART_SIZE", "4MiB"),
             ("SCDLFS_VIEW", "raw"),
             ("SCDLFS_ENDPOINT_URL", "http://127.0.0.1:9"),
+            ("SCDLFS_METADATA_TTL", "5m"),
         ];
         for (name, value) in variables {
             // SAFETY: the only tests that touch SCDLFS_* hold ENVIRONMENT.
@@ -205,6 +209,7 @@ mod tests {
         }
         assert_eq!(from_environment, expected);
         assert!(overridden.contains("view: Flat"), "{overridden}");
+        assert!(expected.contains("metadata_ttl: Some(300s)"), "{expected}");
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub fn settings(cache_dir: &Path) -> MountSettings {
         read_timeout: scdlfs::store::NetworkBounds::default().read_timeout,
         fetch_memory: 64 << 20,
         read_ahead: None,
+        metadata_ttl: None,
     }
 }
 
