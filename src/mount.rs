@@ -31,6 +31,9 @@ const KERNEL_DEFAULT_READ_AHEAD: u64 = 128 << 10;
 pub struct MountSettings {
     /// Shown in the mount table.
     pub fs_name: String,
+    /// The store's custom endpoint (`--endpoint-url`), credentials redacted: the cache
+    /// directory records it with the source, so that it serves one store.
+    pub endpoint: Option<String>,
     pub view: DirMode,
     pub cache_dir: PathBuf,
     /// Wipe a cache directory of another source or scdlfs version instead of refusing it.
@@ -120,6 +123,7 @@ pub fn assemble(
 ) -> Result<(FsCore, Observer), MountError> {
     let owner = CacheOwner {
         source: settings.fs_name.clone(),
+        endpoint: settings.endpoint.clone(),
         reset: settings.cache_reset,
     };
     let cache = Arc::new(

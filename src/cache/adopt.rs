@@ -34,10 +34,12 @@ pub fn layout_dir_name() -> String {
     format!("scdlfs-cache-v{LAYOUT_VERSION}")
 }
 
-/// Whether a directory entry of `--cache-dir` is a cache of some scdlfs layout
-/// (`scdlfs-v1` was the name before caches outlived their mount).
+/// The directory of the first layout, from before caches outlived their mount.
+pub const FIRST_LAYOUT_DIR: &str = "scdlfs-v1";
+
+/// Whether a directory entry of `--cache-dir` is a cache of some scdlfs layout.
 pub fn is_layout_dir_name(name: &str) -> bool {
-    name == "scdlfs-v1" || name.starts_with("scdlfs-cache-v")
+    name == FIRST_LAYOUT_DIR || name.starts_with("scdlfs-cache-v")
 }
 
 /// The file in the layout directory that names the source.
@@ -50,13 +52,18 @@ pub struct SourceRecord {
     pub layout_version: u32,
     /// The source as the mount names it (`s3://bucket/prefix`, a folder, a URL).
     pub source: String,
+    /// The store's custom endpoint (`--endpoint-url`), if any: the same bucket name at
+    /// two endpoints is two stores. Absent from records of mounts without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 impl SourceRecord {
-    pub fn of(source: &str) -> SourceRecord {
+    pub fn of(source: &str, endpoint: Option<&str>) -> SourceRecord {
         SourceRecord {
             layout_version: LAYOUT_VERSION,
             source: source.to_owned(),
+            endpoint: endpoint.map(|e| e.trim_end_matches('/').to_owned()),
         }
     }
 
@@ -68,6 +75,15 @@ impl SourceRecord {
 
     pub fn decode(bytes: &[u8]) -> Option<SourceRecord> {
         serde_json::from_slice(bytes).ok()
+    }
+}
+
+impl std::fmt::Display for SourceRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match &self.endpoint {
+            Some(endpoint) => write!(f, "{} at the endpoint {endpoint}", self.source),
+            None => write!(f, "{}", self.source),
+        }
     }
 }
 
@@ -270,11 +286,15 @@ mod tests {
     #[test]
     fn the_source_record_format_is_stable() {
         let golden = b"{\n  \"layout_version\": 2,\n  \"source\": \"s3://bucket/atlas\"\n}\n";
-        assert_eq!(SourceRecord::of("s3://bucket/atlas").encode(), golden);
+        assert_eq!(SourceRecord::of("s3://bucket/atlas", None).encode(), golden);
         assert_eq!(
             SourceRecord::decode(golden),
-            Some(SourceRecord::of("s3://bucket/atlas"))
+            Some(SourceRecord::of("s3://bucket/atlas", None))
         );
+        let with_endpoint = b"{\n  \"layout_version\": 2,\n  \"source\": \"s3://bucket/atlas\",\n  \"endpoint\": \"http://127.0.0.1:9000\"\n}\n";
+        let record = SourceRecord::of("s3://bucket/atlas", Some("http://127.0.0.1:9000/"));
+        assert_eq!(record.encode(), with_endpoint);
+        assert_eq!(SourceRecord::decode(with_endpoint), Some(record));
         assert_eq!(layout_dir_name(), "scdlfs-cache-v2");
     }
 

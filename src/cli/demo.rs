@@ -88,6 +88,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let store = Arc::new(LocalFileSystem::new_with_prefix(&bucket).map_err(anyhow::Error::msg)?);
     let settings = MountSettings {
         fs_name: format!("file://{}", bucket.display()),
+        endpoint: None,
         view: DirMode::Discover,
         cache_dir: cache_dir.clone(),
         cache_reset: false,

@@ -79,6 +79,15 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
         .transpose()?;
     let settings = MountSettings {
         fs_name: source.display_name(),
+        // Only object stores are reached through --endpoint-url.
+        endpoint: match source {
+            Source::S3 { .. } | Source::Gcs { .. } => args
+                .store
+                .endpoint_url
+                .as_deref()
+                .map(crate::store::redact_urls),
+            Source::Http { .. } | Source::Local { .. } => None,
+        },
         view: match args.view {
             View::Flat => DirMode::Discover,
             View::Raw => DirMode::Raw,

@@ -24,6 +24,7 @@ use scdlfs::synthetic::SyntheticDataset;
 pub fn settings(cache_dir: &Path) -> MountSettings {
     MountSettings {
         fs_name: "scdlfs-test".into(),
+        endpoint: None,
         view: DirMode::Discover,
         cache_dir: cache_dir.to_owned(),
         cache_reset: false,
