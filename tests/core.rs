@@ -105,6 +105,20 @@ impl Core {
         out
     }
 
+    /// Reads every flat array of the small dataset at `prefix` in reads of `step` bytes
+    /// and checks it against the monolithic archive.
+    async fn assert_serves_small_dataset(&self, prefix: &str, step: u32) {
+        let mono = Monolithic::of(&small_dataset());
+        for kind in ArrayKind::ALL {
+            let path = format!("{prefix}/{}", kind.file_name());
+            assert_eq!(
+                self.read_all(&path, step).await,
+                mono.array(kind),
+                "{path} in reads of {step}"
+            );
+        }
+    }
+
     /// Waits, within a bound, until the store saw a read of `key` in `range`.
     async fn wait_for_read(&self, key: &str, range: std::ops::Range<u64>) -> bool {
         let started = Instant::now();
@@ -246,20 +260,8 @@ async fn concurrent_readers_share_one_download_per_part() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_flat_view_serves_the_monolithic_arrays() {
     let core = core_of(&dataset_files("ds"), |_| {}).await;
-    let mono = Monolithic::of(&small_dataset());
-    for kind in ArrayKind::ALL {
-        let path = format!("ds/{}", kind.file_name());
-        assert_eq!(
-            core.read_all(&path, 128 << 10).await,
-            mono.array(kind),
-            "{path}"
-        );
-        assert_eq!(
-            core.read_all(&path, 5000).await,
-            mono.array(kind),
-            "{path} in odd slices"
-        );
-    }
+    core.assert_serves_small_dataset("ds", 128 << 10).await;
+    core.assert_serves_small_dataset("ds", 5000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -621,15 +623,7 @@ mod metadata_ttl {
             .await
             .unwrap();
         passes(TTL).await;
-        let mono = Monolithic::of(&small_dataset());
-        for kind in ArrayKind::ALL {
-            let path = format!("ds2/{}", kind.file_name());
-            assert_eq!(
-                core.read_all(&path, 128 << 10).await,
-                mono.array(kind),
-                "{path}"
-            );
-        }
+        core.assert_serves_small_dataset("ds2", 128 << 10).await;
         assert!(core.resolve(&format!("ds2/{HINT_FILE}")).await.is_ok());
         assert!(matches!(
             core.resolve("tiny.txt").await,

@@ -11,11 +11,8 @@ use std::fs::File;
 use std::path::Path;
 use std::time::Duration;
 
-use bytes::Bytes;
 use common::s3::{moto, unique_bucket};
 use common::*;
-use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStoreExt, PutPayload};
 use scdl_format::ArrayKind;
 
 const TTL: Duration = Duration::from_secs(1);
@@ -40,23 +37,10 @@ fn bucket_with_files() -> (String, BTreeMap<String, Vec<u8>>) {
 
 /// Puts or deletes objects of `bucket` (`None` deletes).
 fn change(bucket: &str, objects: &[(&str, Option<&[u8]>)]) {
-    let store = moto().store(bucket);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        for (name, bytes) in objects {
-            let key = ObjectPath::from(*name);
-            match bytes {
-                Some(bytes) => {
-                    let payload = PutPayload::from(Bytes::from(bytes.to_vec()));
-                    store.put(&key, payload).await.unwrap();
-                }
-                None => store.delete(&key).await.unwrap(),
-            }
-        }
-    });
+    let objects = objects
+        .iter()
+        .map(|(name, bytes)| (name.to_string(), bytes.map(<[u8]>::to_vec)));
+    moto().change(bucket, objects);
 }
 
 /// An npy file's values: what follows its (version 1) header.

@@ -316,7 +316,7 @@ impl DiskCache {
         })
     }
 
-    /// Reads the headers of the earlier mount's part files on a thread of its own, so
+    /// Reads the headers of the earlier mount's part files on threads of their own, so
     /// that a large cache does not delay the mount.
     pub fn adopt_in_background(self: &Arc<Self>) {
         if self.inner.lock().strays.headers_read {
@@ -331,10 +331,11 @@ impl DiskCache {
                     Some(cache) => cache.inner.lock().strays.order.iter().cloned().collect(),
                     None => return,
                 };
-                for path in paths {
-                    let Some(cache) = cache.upgrade() else { return };
-                    cache.read_stray(path);
-                }
+                adopt::in_parallel(&paths, |path| {
+                    if let Some(cache) = cache.upgrade() {
+                        cache.read_stray(path.clone());
+                    }
+                });
                 if let Some(cache) = cache.upgrade() {
                     cache.headers_done();
                     let stats = cache.stats();
