@@ -432,7 +432,7 @@ def prepare(dataset_dir, e):
         read_through(dataset_dir)
     if e.page_cache == DROPPED:
         drop_page_cache()
-    for d, _, names in os.walk(e.reread or []):
+    for d, _, names in os.walk(e.reread) if e.reread else ():
         for name in names:
             with open(os.path.join(d, name), "rb") as f:
                 while f.read(8 << 20):
