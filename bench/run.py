@@ -49,6 +49,11 @@ TORCH_BEGIN, TORCH_END = "<!-- pytorch section: begin -->", "<!-- pytorch sectio
 PYTHON_LOADER_CHUNKS = 8  # the Python chunk loader's LRU, in chunks
 QUICK_MIN_ROWS = 100  # --quick fails if an epoch read fewer rows (and was not the whole epoch)
 QUICK_SIZE_MB = 50  # --quick's dataset
+RESTART_BEGIN, RESTART_END = "<!-- restart section: begin -->", "<!-- restart section: end -->"
+RESTART_LONG = "scdlfs warm, long-running mount"
+RESTART_FIRST = "scdlfs first epoch after a remount"
+STARTUP_PART_SIZE = 4096  # the smallest --read-part-size: many parts from a moderate dataset
+STARTUP_PARTS, QUICK_STARTUP_PARTS = 100_000, 10_000  # parts in the cache of the startup case
 CHILDREN = []  # (Popen, description), ended at exit
 MOUNTS = []  # mountpoints to unmount at exit
 
@@ -416,16 +421,22 @@ class Epoch:
     `fill`: read the files through first (so that a warm epoch finds the whole dataset in
     scdlfs's disk cache even after a time-bounded cold epoch)."""
 
-    def __init__(self, label, order, epoch, page_cache, hints=True, limit=None, fill=False):
+    def __init__(self, label, order, epoch, page_cache, hints=True, limit=None, fill=False, reread=None):
         self.label, self.order, self.epoch, self.page_cache = label, order, epoch, page_cache
-        self.hints, self.limit, self.fill = hints, limit, fill
+        self.hints, self.limit, self.fill, self.reread = hints, limit, fill, reread
 
 
 def prepare(dataset_dir, e):
+    """`reread`: a directory whose files are read back into the page cache after the drop."""
     if e.fill or e.page_cache == WARM:
         read_through(dataset_dir)
     if e.page_cache == DROPPED:
         drop_page_cache()
+    for d, _, names in os.walk(e.reread) if e.reread else ():
+        for name in names:
+            with open(os.path.join(d, name), "rb") as f:
+                while f.read(8 << 20):
+                    pass
 
 
 def tag(r, e, layout):
@@ -546,6 +557,146 @@ def sys_scdlfs(ctx, order, run_i, hints, dataset=None, label_suffix="", warm=Tru
                    Epoch("%sscdlfs page-cache warm, %s" % (prefix, h), order, 2 * run_i + 1, WARM, hints, limit)]
     return mount_and_read(ctx, "scdlfs", scdlfs_cmd(ctx, mnt, cache), clean_env(), mnt, os.path.join(mnt, dataset),
                           epochs, reader, layout="flat", scdlfs=True)
+
+
+def etag_link(ctx, args):
+    """The main dataset on an S3 endpoint behind the link whose listings carry ETags, which
+    adoption needs (s3s-fs lists none, so nothing of its objects is adopted after a
+    restart): the run's own server if it is moto_server, else a moto_server of its own
+    behind a second proxy with the same link. Returns a copy of ctx pointing there."""
+    if getattr(ctx, "etag_ctx", None):
+        return ctx.etag_ctx
+    other = Ctx()
+    other.__dict__.update(ctx.__dict__)
+    if args.server != "moto":
+        moto = os.path.join(REPO, ".venv", "bin", "moto_server")
+        moto = moto if os.path.exists(moto) else shutil.which("moto_server") or sys.exit(
+            "the restart case needs moto_server (scripts/setup-python-venv)")
+        port = free_port()
+        proc = spawn([moto, "-H", "127.0.0.1", "-p", str(port)], "moto_server (restarts)")
+        wait_port(port, proc, "moto_server")
+        endpoint = "http://127.0.0.1:%d" % port
+        urllib.request.urlopen(urllib.request.Request(endpoint + "/" + BUCKET, method="PUT")).read()
+        log("uploading %s to moto_server for the restart case" % ctx.name)
+        run([BENCH, "upload", "--endpoint", endpoint, "--bucket", BUCKET, "--prefix", ctx.name,
+             "--src", os.path.join(args.work, "s3root", BUCKET, ctx.name)], env=clean_env())
+        other.proxy, other.stats = start_proxy(args, endpoint)
+    ctx.etag_ctx = other
+    return other
+
+
+def sys_restart(ctx, args, run_i):
+    """A full cache across a restart. A fresh mount reads the dataset through once (its cache,
+    twice the dataset, then holds all of it) and reads windows epoch 2r+1 (*warm, long-running
+    mount*); its daemon is stopped, a new one mounts the same cache directory, and reads epoch
+    2r+1 again (*first epoch after a remount*): what it reads was downloaded by the daemon
+    before. Before each epoch the page cache is dropped and the cache directory's files read
+    back: the state after a service restart (the mount's own page cache is gone, the part
+    files' pages are not), so that the ratio shows the daemon's costs, not the disk's."""
+    e = etag_link(ctx, args)
+    mnt = fresh_dir(os.path.join(ctx.work, "mnt", "scdlfs"))
+    cache = fresh_dir(os.path.join(ctx.work, "cache", "restart"))
+    cmd = scdlfs_cmd(e, mnt, cache, str(2 * ctx.info["bytes"] + (64 << 20)))
+    dataset = os.path.join(mnt, ctx.name)
+    epoch = 2 * run_i + 1
+    results = mount_and_read(e, "scdlfs", cmd, clean_env(), mnt, dataset,
+                             [Epoch(RESTART_LONG, "windows", epoch, DROPPED, True, ctx.limit, fill=True,
+                                    reread=cache)], layout="flat", scdlfs=True)
+    results += mount_and_read(e, "scdlfs", cmd, clean_env(), mnt, dataset,
+                              [Epoch(RESTART_FIRST, "windows", epoch, DROPPED, True, ctx.limit, reread=cache)],
+                              layout="flat", scdlfs=True)
+    return results
+
+
+def startup_cache(ctx, args):
+    """The startup case's source and its cache, made once per run of the driver: a local
+    folder (the bucket's folder) with a dataset whose parts of STARTUP_PART_SIZE number at
+    least the parts wanted (the main dataset for --quick), and a cache directory holding all
+    of them, filled by `scdlfs warm --all` on a mount of that folder."""
+    if getattr(ctx, "startup", None):
+        return ctx.startup
+    wanted = QUICK_STARTUP_PARTS if args.quick else STARTUP_PARTS
+    if args.quick:
+        name, info = ctx.name, ctx.info
+    else:
+        # The generator's size is approximate (-2 % here), and the last part of each object short.
+        size_mb = -(-wanted * STARTUP_PART_SIZE * 106 // 100 // 10**6)
+        name = "ds-startup-%d" % size_mb
+        info = generate(args, name, size_mb)
+    st = Ctx()
+    st.__dict__.update(ctx.__dict__)
+    st.name, st.info = name, info
+    st.digests = os.path.join(args.work, "digests", name)
+    st.source = os.path.join(args.work, "s3root", BUCKET)
+    st.cache_size = str(2 * info["bytes"] + (64 << 20))
+    st.cache = fresh_dir(os.path.join(ctx.work, "cache", "startup"))
+    mnt = fresh_dir(os.path.join(ctx.work, "mnt", "startup"))
+    MOUNTS.append(mnt)
+    log("filling a cache with the parts of %s at %d bytes each (scdlfs warm --all)" % (name, STARTUP_PART_SIZE))
+    proc = spawn(startup_cmd(st, mnt, st.cache), "scdlfs (startup fill)")
+    started = time.time()
+    try:
+        wait_mounted(mnt, proc, "scdlfs (startup fill)", os.path.join(mnt, name, "header.sch"))
+        run([SCDLFS, "warm", os.path.join(mnt, name), "--all", "--quiet"], stdout=subprocess.DEVNULL)
+        st.parts = scdlfs_status(mnt)["cache"]["cached_parts"]
+        st.cache_bytes = scdlfs_status(mnt)["cache"]["cached_bytes"]
+    finally:
+        stop(proc)
+        unmount(mnt)
+    st.fill_s = time.time() - started
+    if st.parts < wanted:
+        raise RuntimeError("the startup cache holds %d parts, fewer than %d" % (st.parts, wanted))
+    ctx.startup = st
+    return st
+
+
+def startup_cmd(st, mnt, cache):
+    return [SCDLFS, "mount", st.source, mnt, "--cache-dir", cache, "--cache-size", st.cache_size,
+            "--read-part-size", str(STARTUP_PART_SIZE), "--foreground", "--log-level", "warn"]
+
+
+def first_row_after_mount(st, cache, label):
+    """With the page cache dropped: the time from starting `scdlfs mount` to the first row a
+    new reader gets (no hints), the mount's parts, and when it has read the headers of the
+    earlier mount's part files."""
+    mnt = fresh_dir(os.path.join(st.work, "mnt", "startup"))
+    MOUNTS.append(mnt)
+    dataset = os.path.join(mnt, st.name)
+    drop_page_cache()
+    t0 = time.time()
+    proc = spawn(startup_cmd(st, mnt, cache), "scdlfs (startup)")
+    try:
+        while not (is_mounted(mnt) and os.path.exists(os.path.join(dataset, "header.sch"))):
+            if proc.poll() is not None or time.time() - t0 > 120:
+                raise RuntimeError("scdlfs did not mount %s" % mnt)
+            time.sleep(0.002)
+        visible = time.time() - t0
+        r = read_epoch(st, dataset, "windows", 0, hints=False, limit=0.001)
+        first_row = visible + r["first_row_s"]
+        status = scdlfs_status(mnt)
+        while not status["cache"]["adoption_done"] and time.time() - t0 < 300:
+            time.sleep(0.01)
+            status = scdlfs_status(mnt)
+        adopted_s = time.time() - t0 if status["cache"]["adoption_done"] else None
+    finally:
+        stop(proc)
+        unmount(mnt)
+    return dict(system=label, kind="startup", dataset_visible_s=visible, first_row_s=first_row,
+                adoption_done_s=adopted_s, parts_fetched=status["counters"]["parts_fetched"],
+                adopted_parts=status["cache"]["adopted_parts"], cached_parts=status["cache"]["cached_parts"],
+                load_1m=os.getloadavg()[0])
+
+
+def sys_startup(ctx, args, run_i):
+    """Mount to first row, with the cache of STARTUP_PARTS parts and with an empty one."""
+    st = startup_cache(ctx, args)
+    empty = fresh_dir(os.path.join(ctx.work, "cache", "startup-empty"))
+    rows = [first_row_after_mount(st, st.cache, "cache of %d parts" % st.parts),
+            first_row_after_mount(st, empty, "empty cache")]
+    for r in rows:
+        r.update(parts=st.parts, cache_bytes=st.cache_bytes, fill_s=st.fill_s, dataset=st.name,
+                 dataset_bytes=st.info["bytes"])
+    return rows
 
 
 def sys_torch(ctx, order, run_i):
@@ -793,7 +944,7 @@ def reductions(args):
     out = []
     if args["runs"] < 3:
         out.append("%d run(s) instead of 3" % args["runs"])
-    missing = [s for s in ("local", "scdlfs", "halfcache", "s3fs", "rclone", "python", "torch")
+    missing = [s for s in ("local", "scdlfs", "halfcache", "s3fs", "rclone", "python", "torch", "restart")
                if s not in args["systems"].split(",")]
     if missing:
         out.append("systems not run: " + ", ".join(missing))
@@ -921,6 +1072,9 @@ def write_report(saved, path_md, path_png, font, readme):
     if any(k[0].startswith(TORCH) for k in summary):
         lines.extend(torch_section(rep, results))
         w("")
+    if saved.get("startup") or any(k[0] == RESTART_FIRST for k in summary):
+        lines.extend(restart_section(rep, results))
+        w("")
     w("## Against the targets")
     w("")
     w("| target (issue 12) | measured | |")
@@ -1035,6 +1189,93 @@ def torch_section(rep, results):
     w(TORCH_END)
     return lines
 
+def restart_section(rep, results):
+    """The restart section of the report, between markers, so that a run of the restart
+    system alone can replace it in the report of a full run."""
+    saved, info, args = rep.saved, rep.info, rep.args
+    epochs = [r for r in saved["results"] if r["system"] in (RESTART_LONG, RESTART_FIRST)]
+    startup = saved.get("startup", [])
+    lines = [RESTART_BEGIN, "## Restarts: the cache across a remount", ""]
+    w = lines.append
+    if epochs:
+        w("A fresh mount reads the dataset (%.2f GB) through once, so that its cache (twice the dataset) holds "
+          "all of it, then reads windows epoch 2r+1 with hints: *long-running*. Its daemon is stopped (SIGTERM), "
+          "a new one mounts the same `--cache-dir` and reads the same epoch: *after remount*. The new daemon lists "
+          "the store, reads its part files' headers in the background and adopts the parts whose objects are "
+          "unchanged, all during that epoch. Before both epochs the page cache is dropped and the cache "
+          "directory's files are read back into it: the state after a service restart (the mount's own page "
+          "cache is gone, the part files' pages are not), so that the ratio shows what the daemon costs, not the "
+          "disk (with the page cache dropped, both epochs read the disk at its speed). The server is "
+          "moto_server (PyPI) behind the link of the main tables (%.0f MB/s + %.0f ms): adoption needs ETags in "
+          "listings, which s3s-fs does not give. *fetched* = bytes through the link during the epoch. Measured "
+          "%s on %s (%d cores), cargo profile `%s`, time limit %.0f s per epoch." % (
+              info["bytes"] / 1e9, args["rate_mbps"], args["latency_ms"], saved["date"], saved["host"],
+              saved["cores"], args.get("profile", "release"), args["time_limit"]))
+        w("")
+        w("| run | long-running rows/s | after remount rows/s | ratio | first row s after remount "
+          "| fetched after remount | parts adopted |")
+        w("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        by = {(r["system"], r["run"]): r for r in epochs}
+        ratios = []
+        for run_i in sorted({r["run"] for r in epochs}):
+            a, b = by.get((RESTART_LONG, run_i)), by.get((RESTART_FIRST, run_i))
+            if not (a and b):
+                continue
+            ratios.append(b["rows_per_s"] / a["rows_per_s"])
+            w("| %d | %s | %s | %.3f | %.2f | %.1f MB | %d |" % (
+                run_i, fmt(a["rows_per_s"], ",.0f"), fmt(b["rows_per_s"], ",.0f"), ratios[-1], b["first_row_s"],
+                b["bytes_fetched"] / 1e6, b["cache"]["adopted_parts"]))
+        w("")
+        m = med(ratios)
+        w("- First epoch after a remount against a warm epoch on a long-running mount: median ratio of rows/s "
+          "%s over %d run(s) (target ≥ 0.95×: %s)." % (
+              fmt(m, ".3f"), len(ratios), "not measured" if m is None else "**met**" if m >= 0.95 else "**missed**"))
+        w("")
+    if startup:
+        st = startup[0]
+        w("### Mount to first row with a large cache")
+        w("")
+        w("A cache of %d parts (%.2f GB on disk): the dataset `%s` (%.2f GB) in a local folder, mounted with "
+          "`--read-part-size %d` (the smallest part, to make many parts from a moderate dataset) and filled by "
+          "`scdlfs warm --all` (%.0f s). Each measurement drops the page cache, starts `scdlfs mount` on that "
+          "folder and cache directory, waits for the dataset's `header.sch` to appear in the mount (*visible*), "
+          "then starts a reader whose first row (no hints) ends *first row*; both count from the start of "
+          "`scdlfs mount`. *headers read*: when the daemon has read the headers of all the earlier mount's part "
+          "files (in the background). *fetched*: parts read from the folder by then (the first row's, if they "
+          "were not adopted yet). The same with an empty cache directory, in the same run." % (
+              st["parts"], st["cache_bytes"] / 1e9, st["dataset"], st["dataset_bytes"] / 1e9, STARTUP_PART_SIZE,
+              st["fill_s"]))
+        w("")
+        w("| cache | run | visible s | first row s | headers read s | parts fetched | parts adopted |")
+        w("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in startup:
+            w("| %s | %d | %.3f | %.3f | %s | %d | %d |" % (
+                r["system"], r["run"], r["dataset_visible_s"], r["first_row_s"], fmt(r["adoption_done_s"], ".2f"),
+                r["parts_fetched"], r["adopted_parts"]))
+        w("")
+        for label in sorted({r["system"] for r in startup}, reverse=True):
+            rs = [r for r in startup if r["system"] == label]
+            w("- %s: mount to first row, median %.3f s over %d run(s); headers read after %s s; %s parts "
+              "fetched for the first row." % (
+                  label, med([r["first_row_s"] for r in rs]), len(rs),
+                  fmt(med([r["adoption_done_s"] for r in rs]), ".2f"), fmt(med([r["parts_fetched"] for r in rs]), ".0f")))
+        by_run = {}
+        for r in startup:
+            by_run.setdefault(r["run"], {})["empty" if r["system"] == "empty cache" else "full"] = r
+        delays = [p["full"]["dataset_visible_s"] - p["empty"]["dataset_visible_s"] for p in by_run.values()
+                  if "full" in p and "empty" in p]
+        delay = med(delays)
+        w("- The cache of %d parts delays the mount (*visible*, against the empty cache in the same run) by "
+          "%s s, median of per-run differences (target ≤ ~1 s for 10^5 parts: %s). The part files are sized "
+          "(stat) before the mount is ready, so that the budget holds from the first second; with the page "
+          "cache dropped that reads every file's inode from the disk." % (
+              st["parts"], fmt(delay, ".2f"), "not measured" if delay is None or st["parts"] < STARTUP_PARTS
+              else "**met**" if delay <= 1.0 else "**missed**"))
+        w("")
+    w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
+    w(RESTART_END)
+    return lines
+
 # ---------------------------------------------------------------- main
 
 def main():
@@ -1056,7 +1297,7 @@ def main():
     p.add_argument("--time-limit", type=float, default=15.0, help="seconds per epoch at most")
     p.add_argument("--cache-size", default="3GiB")
     p.add_argument("--server", choices=["s3s-nginx", "moto"], default=None)
-    p.add_argument("--systems", default="local,scdlfs,halfcache,s3fs,rclone,python,torch")
+    p.add_argument("--systems", default="local,scdlfs,halfcache,s3fs,rclone,python,torch,restart")
     p.add_argument("--orders", default=",".join(ORDERS))
     p.add_argument("--other-orders", default=None,
                    help="the orders s3fs-fuse, rclone and the Python chunk loader read (default: --orders)")
@@ -1135,6 +1376,7 @@ def main():
     orders = args.orders.split(",")
     other_orders = (args.other_orders or args.orders).split(",")
     results = []
+    startup = []  # the restart system's mount-to-first-row measurements
     failures = []
 
     def record(fn, *a, **kw):
@@ -1178,6 +1420,18 @@ def main():
                 record(sys_python, ctx, order, run_i)
             if "torch" in systems and order in TORCH_ORDERS and (order == "windows" or not args.quick):
                 record(sys_torch, ctx, order, run_i)
+            if "restart" in systems and order == "windows":
+                record(sys_restart, ctx, args, run_i)
+                try:
+                    for r in sys_startup(ctx, args, run_i):
+                        r["run"] = run_i
+                        startup.append(r)
+                        log("run %d startup, %-24s first row %.3f s (visible %.3f s), headers read %s s, "
+                            "%d parts fetched" % (run_i, r["system"], r["first_row_s"], r["dataset_visible_s"],
+                                                  fmt(r["adoption_done_s"], ".2f"), r["parts_fetched"]))
+                except RuntimeError as e:
+                    failures.append(str(e))
+                    log("FAILED: %s" % e)
         if args.small_size_mb and "ds-%d" % args.small_size_mb in extra:
             record(other_size, "ds-%d" % args.small_size_mb, True, ctx.limit)
         if args.large_size_mb and "ds-%d" % args.large_size_mb in extra:
@@ -1186,6 +1440,7 @@ def main():
             record(other_size, "ds-%d" % args.large_size_mb, True, None)
 
     saved = dict(path=os.path.join(args.work, "results.json"), command=command, probes=probes, results=results,
+                 startup=startup,
                  args=vars(args), info=ctx.info, name=ctx.name,
                  sizes=dict({ctx.name: ctx.info["bytes"]}, **{n: i["bytes"] for n, i in extra.items()}),
                  versions=versions, cache_size=ctx.cache_size, minutes=(time.time() - started) / 60,
@@ -1197,24 +1452,27 @@ def main():
             log("FAILED: " + msg)
         sys.exit("%d system runs failed" % len(failures))
     if args.quick:
-        quick_checks(args, systems, orders, other_orders, results)
+        quick_checks(args, systems, orders, other_orders, results, startup, ctx.info)
         write_report(saved, args.report, None, args.font, args.readme)
         print("bench quick: %d epochs passed, 0 failed (every epoch read ≥ %d rows or all, each checked; the cache "
               "budget bound on every scdlfs mount; report rendered to %s; %.0f s)"
               % (len(results), QUICK_MIN_ROWS, os.path.relpath(args.report, REPO), time.time() - started))
         return
-    if systems == ["torch"]:
-        results = os.path.splitext(args.report)[0] + "-torch.json"
-        with open(results, "w") as f:
-            json.dump(saved, f, indent=1)
-        splice(args.report, TORCH_BEGIN, TORCH_END, torch_section(Report(saved), results))
-        log("updated the PyTorch section of %s in %.0f s" % (args.report, time.time() - started))
-        return
+    for alone, begin, end, section in (("torch", TORCH_BEGIN, TORCH_END, torch_section),
+                                       ("restart", RESTART_BEGIN, RESTART_END, restart_section)):
+        if systems == [alone]:
+            # Run alone, a system updates only its own section of the page.
+            results = os.path.splitext(args.report)[0] + "-%s.json" % alone
+            with open(results, "w") as f:
+                json.dump(saved, f, indent=1)
+            splice(args.report, begin, end, section(Report(saved), results))
+            log("updated the %s section of %s in %.0f s" % (alone, args.report, time.time() - started))
+            return
     write_report(saved, args.report, png, args.font, args.readme)
     log("wrote %s and the summary in %s in %.0f s" % (args.report, args.readme, time.time() - started))
 
 
-def quick_checks(args, systems, orders, other_orders, results):
+def quick_checks(args, systems, orders, other_orders, results, startup, info):
     """What --quick claims: every system and state ran, every epoch read enough rows (each
     checked by its reader against the generator), and on every scdlfs mount the cache
     budget bound: parts were evicted, or refused for lack of room (with a plan protecting
@@ -1234,7 +1492,23 @@ def quick_checks(args, systems, orders, other_orders, results):
             expected |= {(name, o) for o in orders if o in other_orders}
     if "torch" in systems and "windows" in orders:
         expected |= {(TORCH + ", " + s, "windows") for s in local_states + scdlfs_states}
+    if "restart" in systems and "windows" in orders:
+        expected |= {(RESTART_LONG, "windows"), (RESTART_FIRST, "windows")}
+        expected |= {(r["system"], "startup") for r in startup}
+        seen |= {(r["system"], "startup") for r in startup}
+        if len(startup) < 2:
+            expected.add(("mount to first row, with and without a cache", "startup"))
     problems = ["no result for %s, %s" % k for k in sorted(expected - seen)]
+    for r in results:
+        # The remount reads what the daemon before it downloaded: adopted, not fetched again
+        # (listings and headers are a few KB).
+        if r["system"] == RESTART_FIRST and not (
+                r["cache"]["adopted_parts"] > 0 and r["bytes_fetched"] < 0.05 * info["bytes"]):
+            problems.append("the epoch after a remount adopted %d parts and fetched %d bytes of a %d-byte dataset" % (
+                r["cache"]["adopted_parts"], r["bytes_fetched"], info["bytes"]))
+    for r in startup:
+        if r["system"] != "empty cache" and r["adopted_parts"] == 0:
+            problems.append("startup with a cache of %d parts adopted none" % r["parts"])
     for r in results:
         if r["rows"] < min(QUICK_MIN_ROWS, r["epoch_rows"]):
             problems.append("%s, %s, epoch %d read %d rows, fewer than %d" % (

@@ -59,6 +59,12 @@ counters! {
     prefetch_requests,
     /// Reads that failed with an error.
     read_errors,
+    /// Directory listings made again because `--metadata-ttl` had passed.
+    listings_refreshed,
+    /// Objects listed again in another version than the mount knew (`--metadata-ttl`): files opened since read the new one.
+    objects_replaced,
+    /// Datasets found changed in the store and discovered again (`--metadata-ttl`): files opened since see the new one.
+    datasets_rediscovered,
     /// The most bytes the fetcher held at once (in flight, waiting for the disk, kept in memory, being copied): a high-water mark.
     fetch_memory_peak_bytes,
 }

@@ -14,7 +14,7 @@ use object_store::ObjectStore;
 
 use crate::cache::adopt::ListedObject;
 use crate::cache::{CacheOwner, DiskCache};
-use crate::catalog::{DirMode, ObjectRegistry, Tree};
+use crate::catalog::{DirMode, ObjectInfo, ObjectRegistry, Tree};
 use crate::fetch::Fetcher;
 use crate::fs::{read_ahead, FsCore, Ownership, ScdlFs};
 use crate::metrics::Metrics;
@@ -31,6 +31,9 @@ const KERNEL_DEFAULT_READ_AHEAD: u64 = 128 << 10;
 pub struct MountSettings {
     /// Shown in the mount table.
     pub fs_name: String,
+    /// The store's custom endpoint (`--endpoint-url`), credentials redacted: the cache
+    /// directory records it with the source, so that it serves one store.
+    pub endpoint: Option<String>,
     pub view: DirMode,
     pub cache_dir: PathBuf,
     /// Wipe a cache directory of another source or scdlfs version instead of refusing it.
@@ -53,6 +56,9 @@ pub struct MountSettings {
     /// The kernel's read-ahead for the mount ([`crate::fs::read_ahead`]); `None` leaves
     /// the kernel's default.
     pub read_ahead: Option<u64>,
+    /// How long a directory listing stands before the store is listed again
+    /// ([`crate::catalog::tree`]); `None`: for the mount's life.
+    pub metadata_ttl: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +123,7 @@ pub fn assemble(
 ) -> Result<(FsCore, Observer), MountError> {
     let owner = CacheOwner {
         source: settings.fs_name.clone(),
+        endpoint: settings.endpoint.clone(),
         reset: settings.cache_reset,
     };
     let cache = Arc::new(
@@ -129,9 +136,10 @@ pub fn assemble(
         .map_err(MountError::Cache)?,
     );
     cache.adopt_in_background();
+    let metrics = Arc::new(Metrics::default());
     let registry = {
         let (cache, part_size) = (cache.clone(), settings.part_size);
-        ObjectRegistry::with_listener(Box::new(move |object| {
+        let adopt_parts = Box::new(move |object: &ObjectInfo| {
             let listed = ListedObject {
                 id: object.id,
                 key: object.key.to_string(),
@@ -140,9 +148,13 @@ pub fn assemble(
                 group: object.group,
             };
             cache.object_listed(listed, part_size)
-        }))
+        });
+        ObjectRegistry::new(
+            adopt_parts,
+            settings.metadata_ttl.is_some(),
+            metrics.clone(),
+        )
     };
-    let metrics = Arc::new(Metrics::default());
     let fetcher = Fetcher::new(
         store.clone(),
         cache,
@@ -163,7 +175,14 @@ pub fn assemble(
             kernel_read_ahead: settings.read_ahead.unwrap_or(KERNEL_DEFAULT_READ_AHEAD),
         },
     );
-    let tree = Arc::new(Tree::new(store, prefix, settings.view, registry));
+    let tree = Arc::new(Tree::new(
+        store,
+        prefix,
+        settings.view,
+        registry,
+        settings.metadata_ttl,
+        metrics.clone(),
+    ));
     let warmer = Warmer::new(fetcher.clone());
     let observer = Observer::new(
         settings.fs_name.clone(),

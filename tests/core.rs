@@ -33,6 +33,8 @@ struct Core {
     core: FsCore,
     observer: Observer,
     reads: Arc<HookedStore<CountReads>>,
+    /// The store behind the counter, for tests that change the bucket while mounted.
+    memory: Arc<InMemory>,
     _cache: tempfile::TempDir,
 }
 
@@ -40,7 +42,7 @@ async fn core_of(
     files: &BTreeMap<String, Vec<u8>>,
     configure: impl FnOnce(&mut MountSettings),
 ) -> Core {
-    let memory = InMemory::new();
+    let memory = Arc::new(InMemory::new());
     for (name, bytes) in files {
         let payload = PutPayload::from(Bytes::from(bytes.clone()));
         memory
@@ -48,7 +50,7 @@ async fn core_of(
             .await
             .unwrap();
     }
-    let reads = Arc::new(HookedStore::new(Arc::new(memory), CountReads::default()));
+    let reads = Arc::new(HookedStore::new(memory.clone(), CountReads::default()));
     let cache = tempfile::tempdir().unwrap();
     let mut s = settings(cache.path());
     configure(&mut s);
@@ -58,6 +60,7 @@ async fn core_of(
         core,
         observer,
         reads,
+        memory,
         _cache: cache,
     }
 }
@@ -76,7 +79,7 @@ impl Core {
     async fn resolve(&self, path: &str) -> Result<fuser::FileAttr, FsError> {
         let mut attr = self.core.getattr(ROOT)?;
         for name in path.split('/').filter(|n| !n.is_empty()) {
-            attr = self.core.lookup(attr.ino.0, OsStr::new(name)).await?;
+            attr = self.core.lookup(attr.ino.0, OsStr::new(name)).await?.attr;
         }
         Ok(attr)
     }
@@ -101,6 +104,20 @@ impl Core {
         }
         self.core.release(opened.handle);
         out
+    }
+
+    /// Reads every flat array of the small dataset at `prefix` in reads of `step` bytes
+    /// and checks it against the monolithic archive.
+    async fn assert_serves_small_dataset(&self, prefix: &str, step: u32) {
+        let mono = Monolithic::of(&small_dataset());
+        for kind in ArrayKind::ALL {
+            let path = format!("{prefix}/{}", kind.file_name());
+            assert_eq!(
+                self.read_all(&path, step).await,
+                mono.array(kind),
+                "{path} in reads of {step}"
+            );
+        }
     }
 
     /// Waits, within a bound, until the store saw a read of `key` in `range`.
@@ -244,20 +261,8 @@ async fn concurrent_readers_share_one_download_per_part() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_flat_view_serves_the_monolithic_arrays() {
     let core = core_of(&dataset_files("ds"), |_| {}).await;
-    let mono = Monolithic::of(&small_dataset());
-    for kind in ArrayKind::ALL {
-        let path = format!("ds/{}", kind.file_name());
-        assert_eq!(
-            core.read_all(&path, 128 << 10).await,
-            mono.array(kind),
-            "{path}"
-        );
-        assert_eq!(
-            core.read_all(&path, 5000).await,
-            mono.array(kind),
-            "{path} in odd slices"
-        );
-    }
+    core.assert_serves_small_dataset("ds", 128 << 10).await;
+    core.assert_serves_small_dataset("ds", 5000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -629,6 +634,209 @@ mod prefetcher_events {
             without_timers(|| fetched(&core, &data_of(4))).await,
             "the values of the rows are prefetched: {:?}",
             core.reads.hook().snapshot()
+        );
+    }
+}
+
+/// `--metadata-ttl`: listings made again once it has passed, on a paused clock that only
+/// the tests move. A changed object or dataset is a new inode for new lookups; a handle
+/// open on the old one reads the old version or fails, never the new bytes.
+mod metadata_ttl {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(60);
+
+    async fn put(core: &Core, name: &str, bytes: &[u8]) {
+        let payload = PutPayload::from(Bytes::from(bytes.to_vec()));
+        core.memory
+            .put(&ObjectPath::from(name), payload)
+            .await
+            .unwrap();
+    }
+
+    async fn passes(ttl: Duration) {
+        tokio::time::advance(ttl + Duration::from_millis(1)).await;
+    }
+
+    fn counters(core: &Core) -> scdlfs::metrics::MetricsSnapshot {
+        core.observer.status().counters
+    }
+
+    /// An npy file's payload: what follows its (version 1) header.
+    fn payload(npy: &[u8]) -> &[u8] {
+        &npy[10 + u16::from_le_bytes([npy[8], npy[9]]) as usize..]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replaced_object_opens_as_its_new_version_once_the_ttl_passed() {
+        let files = plain_files();
+        let core = core_of(&files, |s| s.metadata_ttl = Some(TTL)).await;
+        let (name, unchanged) = ("nested/big.bin", "nested/deeper/three_parts.bin");
+        let old = core.resolve(name).await.unwrap();
+        let kept = core.resolve(unchanged).await.unwrap();
+        let handle = core.core.open(old.ino.0).unwrap().handle;
+        let first_part = core
+            .core
+            .read(old.ino.0, handle, 0, 64 << 10)
+            .await
+            .unwrap();
+        assert_eq!(first_part, files[name][..64 << 10]);
+
+        let new_bytes = pattern(77, files[name].len());
+        put(&core, name, &new_bytes).await;
+        passes(TTL / 2).await;
+        assert_eq!(
+            core.resolve(name).await.unwrap().ino,
+            old.ino,
+            "within the TTL the listing stands"
+        );
+        passes(TTL / 2).await;
+        let new = core.resolve(name).await.unwrap();
+        assert_ne!(new.ino, old.ino, "a new version is a new inode");
+        assert_eq!(core.read_all(name, 100_000).await, new_bytes);
+        let again = core.core.read(old.ino.0, handle, 0, 64 << 10).await;
+        assert_eq!(
+            again.unwrap(),
+            files[name][..64 << 10],
+            "the old handle's cached part is the old version"
+        );
+        let uncached = core.core.read(old.ino.0, handle, 5 << 16, 4096).await;
+        assert!(
+            matches!(uncached, Err(FsError::ObjectChanged { .. })),
+            "the old version is gone from the store: {uncached:?}"
+        );
+        let c = counters(&core);
+        assert_eq!(
+            (c.listings_refreshed, c.objects_replaced),
+            (2, 1),
+            "the root and nested/ listed again, one object in a new version: {c:?}"
+        );
+        let still = core.resolve(unchanged).await.unwrap();
+        assert_eq!(still.ino, kept.ino, "an unchanged object keeps its inode");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn new_datasets_appear_and_vanished_objects_go_once_the_ttl_passed() {
+        let mut files = plain_files();
+        files.extend(dataset_files("ds"));
+        let core = core_of(&files, |s| s.metadata_ttl = Some(TTL)).await;
+        let tiny = core.resolve("tiny.txt").await.unwrap();
+        assert!(matches!(
+            core.resolve("ds2/data.npy").await,
+            Err(FsError::NotFound)
+        ));
+        for (name, bytes) in dataset_files("ds2") {
+            put(&core, &name, &bytes).await;
+        }
+        core.memory
+            .delete(&ObjectPath::from("tiny.txt"))
+            .await
+            .unwrap();
+        passes(TTL).await;
+        core.assert_serves_small_dataset("ds2", 128 << 10).await;
+        assert!(core.resolve(&format!("ds2/{HINT_FILE}")).await.is_ok());
+        assert!(matches!(
+            core.resolve("tiny.txt").await,
+            Err(FsError::NotFound)
+        ));
+        assert!(
+            core.core.getattr(tiny.ino.0).is_ok(),
+            "a vanished file's inode stays for handles still open"
+        );
+        let ds = core.resolve("ds/data.npy").await.unwrap();
+        passes(TTL).await;
+        assert_eq!(
+            core.resolve("ds/data.npy").await.unwrap().ino,
+            ds.ino,
+            "an unchanged dataset keeps its inodes"
+        );
+        assert_eq!(counters(&core).datasets_rediscovered, 0);
+    }
+
+    /// A chunk's values replaced (same size, so the dataset stays consistent): the
+    /// dataset is discovered again as a whole; a handle on the old flat file never
+    /// gets a byte of the new chunk.
+    #[tokio::test(start_paused = true)]
+    async fn a_dataset_whose_chunk_changed_is_discovered_again_whole() {
+        let files = dataset_files("ds");
+        let core = core_of(&files, |s| s.metadata_ttl = Some(TTL)).await;
+        let old_flat = core.read_all("ds/data.npy", 1 << 20).await;
+        let old = core.resolve("ds/data.npy").await.unwrap();
+        let handle = core.core.open(old.ino.0).unwrap().handle;
+        let old_row_ptr = core.resolve("ds/row_ptr.npy").await.unwrap();
+
+        let chunk = "ds/chunk_00001/data.npy";
+        let old_chunk = payload(&files[chunk]).to_vec();
+        let mut new_file = files[chunk].clone();
+        let header_len = new_file.len() - old_chunk.len();
+        new_file[header_len..].iter_mut().for_each(|b| *b ^= 0xff);
+        put(&core, chunk, &new_file).await;
+        passes(TTL).await;
+
+        let new = core.resolve("ds/data.npy").await.unwrap();
+        assert_ne!(new.ino, old.ino);
+        let at = old_flat
+            .windows(old_chunk.len())
+            .position(|w| w == old_chunk)
+            .expect("chunk 1's values in the flat array");
+        let mut want = old_flat.clone();
+        want[at..at + old_chunk.len()].copy_from_slice(payload(&new_file));
+        assert_eq!(core.read_all("ds/data.npy", 100_000).await, want);
+        // The old handle's parts were all cached before the change: it reads the old
+        // version whole, chunk 1 included.
+        let mut got = Vec::new();
+        while (got.len() as u64) < old.size {
+            got.extend(
+                core.core
+                    .read(old.ino.0, handle, got.len() as u64, 1 << 17)
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert_eq!(got, old_flat);
+        let c = counters(&core);
+        assert_eq!(
+            (c.datasets_rediscovered, c.objects_replaced),
+            (1, 1),
+            "{c:?}"
+        );
+        let row_ptr = core.resolve("ds/row_ptr.npy").await.unwrap();
+        assert_ne!(
+            row_ptr.ino, old_row_ptr.ino,
+            "every flat file of the dataset is new"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_ttl_the_first_listing_stands_for_the_mount() {
+        let mut files = plain_files();
+        files.extend(dataset_files("ds"));
+        let core = core_of(&files, |_| {}).await;
+        let big = core.resolve("nested/big.bin").await.unwrap();
+        let flat = core.resolve("ds/data.npy").await.unwrap();
+        put(&core, "nested/big.bin", &pattern(5, 10)).await;
+        put(
+            &core,
+            "ds/chunk_00000/data.npy",
+            &files["ds/chunk_00000/data.npy"],
+        )
+        .await;
+        for (name, bytes) in dataset_files("ds2") {
+            put(&core, &name, &bytes).await;
+        }
+        passes(Duration::from_secs(365 * 24 * 3600)).await;
+        let still = core.resolve("nested/big.bin").await.unwrap();
+        assert_eq!((still.ino, still.size), (big.ino, big.size));
+        assert_eq!(core.resolve("ds/data.npy").await.unwrap().ino, flat.ino);
+        assert!(matches!(core.resolve("ds2").await, Err(FsError::NotFound)));
+        let c = counters(&core);
+        assert_eq!(
+            (
+                c.listings_refreshed,
+                c.objects_replaced,
+                c.datasets_rediscovered
+            ),
+            (0, 0, 0)
         );
     }
 }

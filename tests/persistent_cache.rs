@@ -17,7 +17,9 @@ use common::process::{
     PATIENCE,
 };
 use common::*;
+use object_store::path::Path as ObjectPath;
 use scdlfs::cache::part_file::PartHeader;
+use scdlfs::mount::Mount;
 use scdlfs::store::counting::CountReads;
 use scdlfs::store::wrapper::HookedStore;
 
@@ -234,6 +236,43 @@ fn a_daemon_killed_while_downloading_leaves_a_cache_the_next_mount_can_trust() {
         .filter(|(_, n)| *n > 1)
         .collect();
     assert!(fetched_twice.is_empty(), "{fetched_twice:?}");
+}
+
+/// The same bucket name at two endpoints is two stores: a cache directory recorded for
+/// one is refused to the other, with a message naming both, and still serves the first.
+#[test]
+fn a_cache_of_the_same_bucket_at_another_endpoint_is_refused() {
+    let setup = Setup::new();
+    let mount_at = |endpoint: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = settings(setup.cache.path());
+        s.fs_name = "s3://bucket/atlas".into();
+        s.endpoint = Some(endpoint.into());
+        let mounted = Mount::start(
+            local_store(setup.src.path()),
+            ObjectPath::from(""),
+            dir.path(),
+            &s,
+        );
+        (mounted, dir)
+    };
+    let (first, _dir) = mount_at("http://127.0.0.1:9000");
+    let first = first.expect("first mount");
+    let name = "nested/big.bin";
+    assert!(std::fs::read(first.mountpoint().join(name)).unwrap() == setup.want[name]);
+    first.unmount().unwrap();
+    let (refused, _dir) = mount_at("http://127.0.0.1:9001");
+    let message = refused.err().expect("another endpoint refused").to_string();
+    for said in [
+        "belongs to the source s3://bucket/atlas at the endpoint http://127.0.0.1:9000",
+        "not s3://bucket/atlas at the endpoint http://127.0.0.1:9001",
+        "--cache-reset",
+    ] {
+        assert!(message.contains(said), "{message}");
+    }
+    let (again, _dir) = mount_at("http://127.0.0.1:9000/");
+    let again = again.expect("the recorded endpoint mounts again");
+    assert!(std::fs::read(again.mountpoint().join(name)).unwrap() == setup.want[name]);
 }
 
 fn has_temporaries(dir: &Path) -> bool {

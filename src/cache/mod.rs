@@ -141,6 +141,8 @@ impl Strays {
 pub struct CacheOwner {
     /// The source as the mount names it; recorded in the directory.
     pub source: String,
+    /// The store's custom endpoint, if any; recorded with the source.
+    pub endpoint: Option<String>,
     /// Wipe a directory of another source or layout version instead of refusing it.
     pub reset: bool,
 }
@@ -314,7 +316,7 @@ impl DiskCache {
         })
     }
 
-    /// Reads the headers of the earlier mount's part files on a thread of its own, so
+    /// Reads the headers of the earlier mount's part files on threads of their own, so
     /// that a large cache does not delay the mount.
     pub fn adopt_in_background(self: &Arc<Self>) {
         if self.inner.lock().strays.headers_read {
@@ -329,10 +331,11 @@ impl DiskCache {
                     Some(cache) => cache.inner.lock().strays.order.iter().cloned().collect(),
                     None => return,
                 };
-                for path in paths {
-                    let Some(cache) = cache.upgrade() else { return };
-                    cache.read_stray(path);
-                }
+                adopt::in_parallel(&paths, |path| {
+                    if let Some(cache) = cache.upgrade() {
+                        cache.read_stray(path.clone());
+                    }
+                });
                 if let Some(cache) = cache.upgrade() {
                     cache.headers_done();
                     let stats = cache.stats();
@@ -764,7 +767,8 @@ fn lock_exclusively(path: &Path) -> io::Result<File> {
 }
 
 /// Refuses a `--cache-dir` that holds a cache of another layout version, or wipes it
-/// with `reset` (unless a daemon still holds it).
+/// with `reset` (unless a daemon still holds it). The first layout (`scdlfs-v1`) is
+/// removed without asking: the versions that wrote it emptied it at every mount.
 fn refuse_other_layouts(dir: &Path, ours: &Path, reset: bool) -> io::Result<()> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
@@ -780,7 +784,8 @@ fn refuse_other_layouts(dir: &Path, ours: &Path, reset: bool) -> io::Result<()> 
         if path == ours || !adopt::is_layout_dir_name(name) {
             continue;
         }
-        if !reset {
+        let emptied_at_every_mount = name == adopt::FIRST_LAYOUT_DIR;
+        if !reset && !emptied_at_every_mount {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
@@ -798,7 +803,11 @@ fn refuse_other_layouts(dir: &Path, ours: &Path, reset: bool) -> io::Result<()> 
                 )
             })?;
         }
-        tracing::warn!(path = %path.display(), "--cache-reset: wiping the cache of another scdlfs version");
+        if emptied_at_every_mount {
+            tracing::info!(path = %path.display(), "removing the cache of an older scdlfs, which that version emptied at every mount");
+        } else {
+            tracing::warn!(path = %path.display(), "--cache-reset: wiping the cache of another scdlfs version");
+        }
         fs::remove_dir_all(&path)?;
     }
     Ok(())
@@ -814,7 +823,7 @@ fn claim_for_source(
     owner: &CacheOwner,
 ) -> io::Result<()> {
     let record_path = root.join(adopt::SOURCE_RECORD);
-    let ours = SourceRecord::of(&owner.source);
+    let ours = SourceRecord::of(&owner.source, owner.endpoint.as_deref());
     let recorded = match fs::read(&record_path) {
         Ok(bytes) => Some(SourceRecord::decode(&bytes)),
         Err(error) if error.kind() == io::ErrorKind::NotFound => None,
@@ -823,7 +832,7 @@ fn claim_for_source(
     let has_parts = fs::read_dir(parts_dir)?.next().is_some();
     let foreign = match &recorded {
         Some(Some(record)) if *record == ours => return Ok(()),
-        Some(Some(record)) => Some(format!("the source {}", record.source)),
+        Some(Some(record)) => Some(format!("the source {record}")),
         Some(None) => Some("an unreadable source record".to_owned()),
         None if has_parts => Some("no source record".to_owned()),
         None => None,
@@ -833,10 +842,9 @@ fn claim_for_source(
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
-                    "cache directory {} belongs to {foreign}, not {}; give this mount its own \
-                     --cache-dir, or mount with --cache-reset to wipe it",
+                    "cache directory {} belongs to {foreign}, not {ours}; give this mount its \
+                     own --cache-dir, or mount with --cache-reset to wipe it",
                     dir.display(),
-                    owner.source
                 ),
             ));
         }
@@ -988,6 +996,7 @@ mod tests {
     fn owner() -> CacheOwner {
         CacheOwner {
             source: "s3://bucket/atlas".into(),
+            endpoint: None,
             reset: false,
         }
     }
@@ -1450,7 +1459,7 @@ mod tests {
         earlier_mount(dir.path(), 1);
         let other = CacheOwner {
             source: "s3://another/one".into(),
-            reset: false,
+            ..owner()
         };
         let refused = DiskCache::open(dir.path(), &other, 1 << 20, None)
             .err()
@@ -1471,21 +1480,29 @@ mod tests {
 
         let old = tempfile::tempdir().unwrap();
         fs::create_dir_all(old.path().join("scdlfs-v1/parts")).unwrap();
-        let refused = DiskCache::open(old.path(), &owner(), 1 << 20, None)
+        DiskCache::open(old.path(), &owner(), 1 << 20, None).unwrap();
+        assert!(
+            !old.path().join("scdlfs-v1").exists(),
+            "the first layout, emptied at every mount by its versions, is removed unasked"
+        );
+
+        let newer = tempfile::tempdir().unwrap();
+        fs::create_dir_all(newer.path().join("scdlfs-cache-v9/parts")).unwrap();
+        let refused = DiskCache::open(newer.path(), &owner(), 1 << 20, None)
             .err()
             .unwrap();
         assert!(
             refused
                 .to_string()
-                .contains("another scdlfs version (scdlfs-v1)"),
+                .contains("another scdlfs version (scdlfs-cache-v9)"),
             "{refused}"
         );
         let reset = CacheOwner {
             reset: true,
             ..owner()
         };
-        DiskCache::open(old.path(), &reset, 1 << 20, None).unwrap();
-        assert!(!old.path().join("scdlfs-v1").exists());
+        DiskCache::open(newer.path(), &reset, 1 << 20, None).unwrap();
+        assert!(!newer.path().join("scdlfs-cache-v9").exists());
     }
 
     proptest::proptest! {

@@ -1,9 +1,13 @@
-//! The objects a mount has seen, each with a stable id, its size, modification time and
-//! the ETag pinned at first sight, and the cache group it belongs to.
+//! The objects a mount has seen, each version with an id of its own, its size,
+//! modification time and pinned ETag, and the cache group it belongs to.
 //!
-//! Pinning the ETag is what keeps versions from mixing: every later ranged read asks
-//! the store for that exact version (`If-Match`), so an object overwritten in the
-//! bucket fails loudly instead of splicing new bytes into old ones.
+//! Pinning the ETag is what keeps versions from mixing: every ranged read of an
+//! [`ObjectInfo`] asks the store for that exact version (`If-Match`), so an object
+//! overwritten in the bucket fails loudly instead of splicing new bytes into old ones.
+//! Without `--metadata-ttl` the first version seen stays the mount's; with it, a key
+//! listed again with another ETag (or, without ETags, another size or modification
+//! time) becomes a new [`ObjectInfo`] with a new id, so its parts are cached apart from
+//! the old version's, which the files opened before keep.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,6 +19,7 @@ use parking_lot::Mutex;
 use scdl_format::layout::parse_chunk_dir_name;
 use scdl_format::ArrayKind;
 
+use crate::metrics::Metrics;
 use crate::parts::{GroupId, ObjectId};
 
 /// One object of the store, as pinned by this mount.
@@ -30,54 +35,83 @@ pub struct ObjectInfo {
     pub group: Option<GroupId>,
 }
 
-#[derive(Default)]
-struct Tables {
-    by_key: HashMap<String, Arc<ObjectInfo>>,
-    groups: HashMap<String, GroupId>,
+impl ObjectInfo {
+    /// Whether a listing's entry is this version: the same ETag and size, or, where
+    /// either side has no ETag, the same size and modification time.
+    fn is_version(&self, size: u64, etag: Option<&str>, mtime: SystemTime) -> bool {
+        self.size == size
+            && match (self.etag.as_deref(), etag) {
+                (Some(pinned), Some(listed)) => pinned == listed,
+                _ => self.mtime == mtime,
+            }
+    }
 }
 
-/// Told of every object the first time it is seen (the cache adopts its parts).
+#[derive(Default)]
+struct Tables {
+    /// The current version of each key.
+    by_key: HashMap<String, Arc<ObjectInfo>>,
+    groups: HashMap<String, GroupId>,
+    next_id: u64,
+}
+
+/// Told of every object version the first time it is seen (the cache adopts its parts).
 pub type NewObjectListener = Box<dyn Fn(&ObjectInfo) + Send + Sync>;
 
 /// Interns objects by key, so every path to an object (flat view, `.chunked/`, raw
 /// view) shares one id and one set of cached parts.
-#[derive(Default)]
 pub struct ObjectRegistry {
     tables: Mutex<Tables>,
-    on_new: Option<NewObjectListener>,
+    on_new: NewObjectListener,
+    /// Whether a key listed with another version than the one known replaces it
+    /// (`--metadata-ttl`); otherwise the first version seen is kept for the mount's life.
+    follows_changes: bool,
+    metrics: Arc<Metrics>,
 }
 
 impl ObjectRegistry {
-    pub fn with_listener(on_new: NewObjectListener) -> ObjectRegistry {
+    pub fn new(
+        on_new: NewObjectListener,
+        follows_changes: bool,
+        metrics: Arc<Metrics>,
+    ) -> ObjectRegistry {
         ObjectRegistry {
             tables: Mutex::default(),
-            on_new: Some(on_new),
+            on_new,
+            follows_changes,
+            metrics,
         }
     }
 
+    /// The object a listing's entry stands for: the version known, or a new one.
     pub fn register(&self, meta: &ObjectMeta) -> Arc<ObjectInfo> {
         let key = meta.location.to_string();
+        let etag = meta.e_tag.as_deref().map(canonical_etag);
+        let mtime = meta.last_modified.into();
         let mut tables = self.tables.lock();
         if let Some(known) = tables.by_key.get(&key) {
-            return known.clone();
+            if !self.follows_changes || known.is_version(meta.size, etag.as_deref(), mtime) {
+                return known.clone();
+            }
+            tracing::info!(object = %key, was = ?known.etag, now = ?etag, "the object changed in the store: files opened from now on read the new version");
+            Metrics::add(&self.metrics.objects_replaced, 1);
         }
         let group = chunk_prefix_of(&key).map(|prefix| {
             let next = GroupId(tables.groups.len() as u64);
             *tables.groups.entry(prefix.to_owned()).or_insert(next)
         });
         let info = Arc::new(ObjectInfo {
-            id: ObjectId(tables.by_key.len() as u64),
+            id: ObjectId(tables.next_id),
             key: meta.location.clone(),
             size: meta.size,
-            etag: meta.e_tag.as_deref().map(canonical_etag),
-            mtime: meta.last_modified.into(),
+            etag,
+            mtime,
             group,
         });
+        tables.next_id += 1;
         tables.by_key.insert(key, info.clone());
         drop(tables);
-        if let Some(on_new) = &self.on_new {
-            on_new(&info);
-        }
+        (self.on_new)(&info);
         info
     }
 }

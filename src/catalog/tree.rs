@@ -1,7 +1,20 @@
 //! The inode tree. Directories are listed on first use, with one delimited listing of
-//! their prefix, and the listing is kept for the life of the mount (dataset objects are
-//! immutable). Inode numbers are handed out as entries are first listed and never
-//! reused, so the kernel's view stays consistent.
+//! their prefix. Without `--metadata-ttl` the listing is kept for the life of the mount
+//! (dataset objects are immutable); with it, the first lookup or readdir after the
+//! listing's age passed the TTL lists the store again (in a task, like the first
+//! listing), and concurrent callers share that one listing. A failed relisting keeps
+//! the listing it had, for another TTL.
+//!
+//! Nodes never change. Inode numbers are handed out as entries are first listed and
+//! never reused; a relisting keeps the inode of every entry that is still the same
+//! (same object version, same dataset, same directory) and gives a changed entry a
+//! new one. So a handle open on a file keeps the version it opened (its inode's
+//! [`FileContent`], with pinned ETags), the kernel's page cache of a file is never
+//! shown for another version, and entries that vanished are gone for new lookups while
+//! open files keep their nodes. A dataset is discovered again, as a whole, when any of
+//! the objects its discovery read (its header, its chunks' objects, a monolithic
+//! dataset's arrays) is listed in another version, or a chunk appears or vanishes: a
+//! flat array never mixes chunks of two versions.
 //!
 //! In the default (flat) view, a directory whose `header.sch` is a chunked SCDL header
 //! is shown as the equivalent monolithic archive: synthesized `header.sch`, virtual
@@ -13,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -24,11 +37,14 @@ use scdl_format::header::MAX_HEADER_BYTES;
 use scdl_format::hint::{announcement, HINT_FILE};
 use scdl_format::layout::{parse_chunk_dir_name, CHUNKED_DIR, HEADER_FILE};
 use scdl_format::{ArrayKind, Backend, Header};
+use tokio::time::Instant;
 
 use super::dataset::FlatDataset;
 use super::monolithic::{Dataset, MonolithicDataset, DEFAULT_VIRTUAL_CHUNK_ROWS};
 use super::objects::{ObjectInfo, ObjectRegistry};
 use crate::error::{FsError, FsResult};
+use crate::metrics::Metrics;
+use crate::parts::ObjectId;
 
 /// Whether a directory's subtree looks for chunked datasets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,7 +74,26 @@ pub struct FileNode {
 pub struct DirNode {
     prefix: ObjectPath,
     mode: DirMode,
-    listing: tokio::sync::OnceCell<Arc<Listing>>,
+    /// The current listing, once made.
+    listing: Mutex<Option<Arc<Listing>>>,
+    /// Held while the store is listed, so that concurrent callers share one listing.
+    listing_store: tokio::sync::Mutex<()>,
+}
+
+impl DirNode {
+    fn new(prefix: ObjectPath, mode: DirMode) -> DirNode {
+        DirNode {
+            prefix,
+            mode,
+            listing: Mutex::new(None),
+            listing_store: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The listing, if it was made and has not expired.
+    fn current_listing(&self) -> Option<Arc<Listing>> {
+        self.listing.lock().clone().filter(|l| l.is_current())
+    }
 }
 
 pub enum NodeKind {
@@ -73,15 +108,27 @@ pub struct Node {
 }
 
 /// A listed directory: entry names in sorted order, with their inodes.
-#[derive(Default)]
 pub struct Listing {
     pub entries: Vec<(String, u64)>,
     by_name: HashMap<String, u64>,
+    /// When the store is to be listed again; `None`: never (no `--metadata-ttl`).
+    expires: Option<Instant>,
 }
 
 impl Listing {
     pub fn get(&self, name: &str) -> Option<u64> {
         self.by_name.get(name).copied()
+    }
+
+    fn is_current(&self) -> bool {
+        self.expires.is_none_or(|at| Instant::now() < at)
+    }
+
+    /// How long what this listing says may be taken as true (the kernel's entry
+    /// timeout); `None`: for the mount's life.
+    pub fn valid_for(&self) -> Option<Duration> {
+        self.expires
+            .map(|at| at.saturating_duration_since(Instant::now()))
     }
 }
 
@@ -89,10 +136,26 @@ pub struct Tree {
     store: Arc<dyn ObjectStore>,
     registry: ObjectRegistry,
     /// Datasets by prefix, so the flat view and `.chunked/` share one dataset (one
-    /// set of plans and checks); `None` for a directory found not to be one.
-    datasets: Mutex<HashMap<String, Option<Dataset>>>,
+    /// set of plans and checks). Each has its own lock, held while it is discovered or
+    /// checked against the store, so both views get the same one.
+    datasets: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<KnownDataset>>>>>,
     nodes: RwLock<Vec<Arc<Node>>>,
     mount_time: SystemTime,
+    /// How long a listing stands before the store is listed again (`None`: forever).
+    metadata_ttl: Option<Duration>,
+    metrics: Arc<Metrics>,
+}
+
+/// A directory with a `header.sch`, as last discovered.
+struct KnownDataset {
+    /// `None` for a directory found not to be a dataset (shown as stored).
+    dataset: Option<Dataset>,
+    /// The versions of the objects its discovery read: any change is a new dataset.
+    sources: Vec<ObjectId>,
+    /// Whether the header was chunked: its chunks are found by a recursive listing.
+    chunked: bool,
+    /// When it was last compared with the store.
+    checked: Instant,
 }
 
 /// An entry of a directory being built, before it has an inode.
@@ -101,21 +164,88 @@ enum Pending {
     File(FileNode),
 }
 
+impl Pending {
+    /// Whether `node` shows what this entry would: then it keeps its inode.
+    fn is_same_as(&self, node: &Node) -> bool {
+        match (self, &node.kind) {
+            (Pending::Dir(prefix, mode), NodeKind::Dir(dir)) => {
+                dir.prefix == *prefix && dir.mode == *mode
+            }
+            (Pending::File(new), NodeKind::File(old)) => {
+                new.size == old.size
+                    && new.mtime == old.mtime
+                    && match (&new.content, &old.content) {
+                        (FileContent::Object(a), FileContent::Object(b)) => Arc::ptr_eq(a, b),
+                        (FileContent::FlatArray(a, k), FileContent::FlatArray(b, l)) => {
+                            Arc::ptr_eq(a, b) && k == l
+                        }
+                        (FileContent::Bytes(a), FileContent::Bytes(b)) => a == b,
+                        (FileContent::Hints(a, _), FileContent::Hints(b, _)) => a.same(b),
+                        _ => false,
+                    }
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A chunked dataset's objects, by key relative to its prefix.
+type ChunkObjects = HashMap<String, Arc<ObjectInfo>>;
+
+/// What discovering a dataset found, and from what.
+struct Discovery {
+    dataset: Option<Dataset>,
+    /// Whether its header is chunked.
+    chunked: bool,
+    /// A chunked dataset's objects, if they could be listed.
+    chunk_objects: Option<ChunkObjects>,
+}
+
+/// The object versions a dataset's discovery read: its header first, then a chunked
+/// dataset's objects in chunk directories (`chunk_objects`), or else the arrays among
+/// the directory's `objects` (a monolithic dataset's).
+fn sources_of(
+    header: &ObjectInfo,
+    objects: &HashMap<&str, Arc<ObjectInfo>>,
+    chunk_objects: Option<&ChunkObjects>,
+) -> Vec<ObjectId> {
+    let mut ids: Vec<ObjectId> = match chunk_objects {
+        Some(listed) => listed
+            .iter()
+            .filter(|(key, _)| {
+                key.split('/')
+                    .next()
+                    .and_then(parse_chunk_dir_name)
+                    .is_some()
+            })
+            .map(|(_, object)| object.id)
+            .collect(),
+        None => ArrayKind::ALL
+            .iter()
+            .filter_map(|kind| objects.get(kind.file_name()))
+            .map(|object| object.id)
+            .collect(),
+    };
+    ids.sort_unstable();
+    ids.insert(0, header.id);
+    ids
+}
+
 impl Tree {
+    /// The tree of `store` under `root`; `metadata_ttl`: how long a listing stands
+    /// (`None`: for the mount's life).
     pub fn new(
         store: Arc<dyn ObjectStore>,
         root: ObjectPath,
         mode: DirMode,
         registry: ObjectRegistry,
+        metadata_ttl: Option<Duration>,
+        metrics: Arc<Metrics>,
     ) -> Tree {
         let root = Arc::new(Node {
             ino: fuser::INodeNo::ROOT.0,
             parent: fuser::INodeNo::ROOT.0,
-            kind: NodeKind::Dir(DirNode {
-                prefix: root,
-                mode,
-                listing: Default::default(),
-            }),
+            kind: NodeKind::Dir(DirNode::new(root, mode)),
         });
         Tree {
             store,
@@ -123,7 +253,18 @@ impl Tree {
             datasets: Mutex::new(HashMap::new()),
             nodes: RwLock::new(vec![root]),
             mount_time: SystemTime::now(),
+            metadata_ttl,
+            metrics,
         }
+    }
+
+    /// When what is listed now is to be listed again.
+    fn expiry(&self) -> Option<Instant> {
+        self.metadata_ttl.map(|ttl| Instant::now() + ttl)
+    }
+
+    fn is_current(&self, checked: Instant) -> bool {
+        self.metadata_ttl.is_none_or(|ttl| checked.elapsed() < ttl)
     }
 
     pub fn mount_time(&self) -> SystemTime {
@@ -139,47 +280,73 @@ impl Tree {
             .ok_or(FsError::NotFound)
     }
 
-    /// The directory's listing if it was made already: lets the FUSE glue answer
-    /// without leaving its thread.
-    pub fn cached_listing(&self, ino: u64) -> FsResult<Option<Arc<Listing>>> {
-        match &self.node(ino)?.kind {
-            NodeKind::Dir(dir) => Ok(dir.listing.get().cloned()),
-            NodeKind::File(_) => Err(FsError::NotADirectory),
-        }
-    }
-
-    /// The directory's listing, listing the store on first use.
+    /// The directory's listing: listing the store on first use, and again once
+    /// `--metadata-ttl` has passed.
     pub async fn listing(&self, ino: u64) -> FsResult<Arc<Listing>> {
         let node = self.node(ino)?;
         let NodeKind::Dir(dir) = &node.kind else {
             return Err(FsError::NotADirectory);
         };
-        dir.listing
-            .get_or_try_init(|| async {
-                let entries = self.list_store(&dir.prefix, dir.mode).await?;
-                Ok(Arc::new(self.adopt(ino, entries)))
-            })
-            .await
-            .cloned()
+        if let Some(current) = dir.current_listing() {
+            return Ok(current);
+        }
+        let _listing_store = dir.listing_store.lock().await;
+        // Made meanwhile by the caller that held the lock.
+        if let Some(current) = dir.current_listing() {
+            return Ok(current);
+        }
+        let previous = dir.listing.lock().clone();
+        let listing = match (self.list_store(&dir.prefix, dir.mode).await, previous) {
+            (Ok(entries), previous) => {
+                if previous.is_some() {
+                    Metrics::add(&self.metrics.listings_refreshed, 1);
+                }
+                self.adopt(ino, entries, previous.as_deref())
+            }
+            (Err(error), Some(previous)) => {
+                tracing::warn!(directory = %dir.prefix, %error, "cannot list the directory again; keeping its listing for another --metadata-ttl");
+                Listing {
+                    entries: previous.entries.clone(),
+                    by_name: previous.by_name.clone(),
+                    expires: self.expiry(),
+                }
+            }
+            (Err(error), None) => return Err(error),
+        };
+        let listing = Arc::new(listing);
+        *dir.listing.lock() = Some(listing.clone());
+        Ok(listing)
     }
 
-    /// Gives inodes to a directory's entries.
-    fn adopt(&self, parent: u64, mut entries: Vec<(String, Pending)>) -> Listing {
+    /// Gives inodes to a directory's entries: an entry still the same as in the
+    /// `previous` listing keeps its inode, any other gets a new one.
+    fn adopt(
+        &self,
+        parent: u64,
+        mut entries: Vec<(String, Pending)>,
+        previous: Option<&Listing>,
+    ) -> Listing {
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         entries.dedup_by(|a, b| a.0 == b.0);
         let mut nodes = self.nodes.write();
-        let mut listing = Listing::default();
+        let mut listing = Listing {
+            entries: Vec::with_capacity(entries.len()),
+            by_name: HashMap::with_capacity(entries.len()),
+            expires: self.expiry(),
+        };
         for (name, pending) in entries {
-            let ino = nodes.len() as u64 + 1;
-            let kind = match pending {
-                Pending::Dir(prefix, mode) => NodeKind::Dir(DirNode {
-                    prefix,
-                    mode,
-                    listing: Default::default(),
-                }),
-                Pending::File(file) => NodeKind::File(file),
-            };
-            nodes.push(Arc::new(Node { ino, parent, kind }));
+            let kept = previous
+                .and_then(|p| p.get(&name))
+                .filter(|&ino| pending.is_same_as(&nodes[ino as usize - 1]));
+            let ino = kept.unwrap_or_else(|| {
+                let ino = nodes.len() as u64 + 1;
+                let kind = match pending {
+                    Pending::Dir(prefix, mode) => NodeKind::Dir(DirNode::new(prefix, mode)),
+                    Pending::File(file) => NodeKind::File(file),
+                };
+                nodes.push(Arc::new(Node { ino, parent, kind }));
+                ino
+            });
             listing.by_name.insert(name.clone(), ino);
             listing.entries.push((name, ino));
         }
@@ -218,18 +385,7 @@ impl Tree {
         let Some(header) = header else {
             return Ok(entries);
         };
-        let known = self.datasets.lock().get(prefix.as_ref()).cloned();
-        let dataset = match known {
-            Some(dataset) => dataset,
-            None => {
-                let found = self.discover_dataset(prefix, &header, &objects).await;
-                self.datasets
-                    .lock()
-                    .entry(prefix.as_ref().to_owned())
-                    .or_insert(found)
-                    .clone()
-            }
-        };
+        let dataset = self.dataset_at(prefix, &header, &objects).await;
         Ok(match (dataset, mode) {
             (Some(Dataset::Chunked(dataset)), DirMode::Discover) => {
                 flat_entries(prefix, dataset, entries)
@@ -242,46 +398,66 @@ impl Tree {
         })
     }
 
-    /// The dataset at `prefix`: a flat dataset if its header is chunked and its objects
-    /// agree with it, a monolithic one if its header is monolithic and its arrays agree
-    /// with it (`objects`: the directory's, by name); otherwise logs why and returns
-    /// `None`, leaving the directory as stored, without a hint file.
-    async fn discover_dataset(
+    /// The dataset at `prefix`, whose directory lists `header` and `objects` (by name):
+    /// discovered on first use and kept; with `--metadata-ttl`, compared with the store
+    /// once the TTL has passed, and discovered anew if an object it read changed.
+    async fn dataset_at(
         &self,
         prefix: &ObjectPath,
         header: &Arc<ObjectInfo>,
         objects: &HashMap<&str, Arc<ObjectInfo>>,
     ) -> Option<Dataset> {
-        if header.size > MAX_HEADER_BYTES {
-            tracing::error!(object = %header.key, size = header.size, "larger than any SCDL header ({MAX_HEADER_BYTES} bytes); showing the directory as stored");
-            return None;
+        let slot = self
+            .datasets
+            .lock()
+            .entry(prefix.as_ref().to_owned())
+            .or_default()
+            .clone();
+        let mut known = slot.lock().await;
+        let mut chunk_objects = None;
+        if let Some(known) = known.as_mut() {
+            if self.is_current(known.checked) {
+                return known.dataset.clone();
+            }
+            let same_header = known.sources.first() == Some(&header.id);
+            if same_header && known.chunked {
+                match self.list_chunk_objects(prefix).await {
+                    Ok(listed) => chunk_objects = Some(listed),
+                    Err(error) => {
+                        tracing::warn!(dataset = %prefix, %error, "cannot list the dataset again; keeping it as it was for another --metadata-ttl");
+                        known.checked = Instant::now();
+                        return known.dataset.clone();
+                    }
+                }
+            }
+            if same_header && sources_of(header, objects, chunk_objects.as_ref()) == known.sources {
+                known.checked = Instant::now();
+                return known.dataset.clone();
+            }
+            Metrics::add(&self.metrics.datasets_rediscovered, 1);
+            tracing::info!(dataset = %prefix, "the dataset changed in the store: discovered again; files opened before keep the old one");
         }
-        let bytes = match self.read_small_object(header).await {
-            Ok(bytes) => bytes,
-            Err(error) => {
-                tracing::error!(object = %header.key, %error, "cannot read dataset header; showing the directory as stored");
-                return None;
-            }
+        let discovery = self
+            .discover_dataset(prefix, header, objects, chunk_objects)
+            .await;
+        let found = KnownDataset {
+            sources: sources_of(header, objects, discovery.chunk_objects.as_ref()),
+            dataset: discovery.dataset,
+            chunked: discovery.chunked,
+            checked: Instant::now(),
         };
-        let decoded = match Header::decode(&bytes) {
-            Ok(decoded) => decoded,
-            Err(error) => {
-                tracing::error!(object = %header.key, %error, "not a valid SCDL header; showing the directory as stored");
-                return None;
-            }
-        };
-        if decoded.backend == Backend::Monolithic {
-            return self.monolithic_dataset(prefix, &decoded, objects);
-        }
-        let listed: Result<Vec<_>, _> = self.store.list(non_empty(prefix)).try_collect().await;
-        let listed = match listed {
-            Ok(listed) => listed,
-            Err(error) => {
-                tracing::error!(dataset = %prefix, %error, "cannot list the chunked dataset; showing it as stored");
-                return None;
-            }
-        };
-        let objects: HashMap<String, Arc<ObjectInfo>> = listed
+        known.insert(found).dataset.clone()
+    }
+
+    /// The objects under a chunked dataset's prefix, by key relative to it.
+    async fn list_chunk_objects(&self, prefix: &ObjectPath) -> FsResult<ChunkObjects> {
+        let listed: Vec<_> = self
+            .store
+            .list(non_empty(prefix))
+            .try_collect()
+            .await
+            .map_err(|e| FsError::store(prefix.as_ref(), &e))?;
+        Ok(listed
             .iter()
             .filter_map(|meta| {
                 let relative = meta.location.prefix_match(prefix)?;
@@ -291,8 +467,66 @@ impl Tree {
                     .join("/");
                 Some((relative, self.registry.register(meta)))
             })
-            .collect();
-        match FlatDataset::validate(prefix.clone(), decoded, header.mtime, &objects) {
+            .collect())
+    }
+
+    /// The dataset at `prefix`: a flat dataset if its header is chunked and its objects
+    /// agree with it (`chunk_objects`, listed here unless given), a monolithic one if
+    /// its header is monolithic and its arrays agree with it (`objects`: the
+    /// directory's, by name); otherwise logs why and finds `None`, leaving the
+    /// directory as stored, without a hint file.
+    async fn discover_dataset(
+        &self,
+        prefix: &ObjectPath,
+        header: &Arc<ObjectInfo>,
+        objects: &HashMap<&str, Arc<ObjectInfo>>,
+        chunk_objects: Option<ChunkObjects>,
+    ) -> Discovery {
+        let mut discovery = Discovery {
+            dataset: None,
+            chunked: false,
+            chunk_objects: None,
+        };
+        if header.size > MAX_HEADER_BYTES {
+            tracing::error!(object = %header.key, size = header.size, "larger than any SCDL header ({MAX_HEADER_BYTES} bytes); showing the directory as stored");
+            return discovery;
+        }
+        let bytes = match self.read_small_object(header).await {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                tracing::error!(object = %header.key, %error, "cannot read dataset header; showing the directory as stored");
+                return discovery;
+            }
+        };
+        let decoded = match Header::decode(&bytes) {
+            Ok(decoded) => decoded,
+            Err(error) => {
+                tracing::error!(object = %header.key, %error, "not a valid SCDL header; showing the directory as stored");
+                return discovery;
+            }
+        };
+        if decoded.backend == Backend::Monolithic {
+            discovery.dataset = self.monolithic_dataset(prefix, &decoded, objects);
+            return discovery;
+        }
+        discovery.chunked = true;
+        let listed = match chunk_objects {
+            Some(listed) => Ok(listed),
+            None => self.list_chunk_objects(prefix).await,
+        };
+        let chunk_objects = match listed {
+            Ok(listed) => discovery.chunk_objects.insert(listed),
+            Err(error) => {
+                tracing::error!(dataset = %prefix, %error, "cannot list the chunked dataset; showing it as stored");
+                return discovery;
+            }
+        };
+        discovery.dataset = match FlatDataset::validate(
+            prefix.clone(),
+            decoded,
+            header.mtime,
+            chunk_objects,
+        ) {
             Ok(dataset) => {
                 tracing::info!(
                     dataset = %prefix,
@@ -307,7 +541,8 @@ impl Tree {
                 tracing::error!(dataset = %prefix, %reason, "chunked dataset is inconsistent; showing it as stored, not flat");
                 None
             }
-        }
+        };
+        discovery
     }
 
     fn monolithic_dataset(

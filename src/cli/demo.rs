@@ -88,6 +88,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let store = Arc::new(LocalFileSystem::new_with_prefix(&bucket).map_err(anyhow::Error::msg)?);
     let settings = MountSettings {
         fs_name: format!("file://{}", bucket.display()),
+        endpoint: None,
         view: DirMode::Discover,
         cache_dir: cache_dir.clone(),
         cache_reset: false,
@@ -103,6 +104,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         read_timeout: crate::store::NetworkBounds::default().read_timeout,
         fetch_memory: 64 * part_size,
         read_ahead: None,
+        metadata_ttl: None,
     };
     let mount = Mount::start(store, ObjectPath::default(), &mountpoint, &settings)
         .map_err(anyhow::Error::msg)?;

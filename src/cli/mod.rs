@@ -163,6 +163,12 @@ pub struct MountArgs {
     /// How chunked datasets are shown.
     #[arg(long, value_enum, default_value_t = View::Flat, help_heading = "View")]
     pub view: View,
+    /// For buckets that grow or change while mounted: a directory listed this long ago
+    /// (e.g. 5m) is listed again at its next lookup, so new datasets and objects appear,
+    /// vanished ones go, and changed ones open as their new version (files open already
+    /// keep the version they opened) [default: listings stand for the mount's life].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, help_heading = "View")]
+    pub metadata_ttl: Option<Duration>,
 
     /// Directory for cached parts (one mount per directory). It outlives the mount: a
     /// later mount of the same source adopts the parts whose objects are unchanged.

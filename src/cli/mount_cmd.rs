@@ -85,6 +85,15 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
         .transpose()?;
     let settings = MountSettings {
         fs_name: source.display_name(),
+        // Only object stores are reached through --endpoint-url.
+        endpoint: match source {
+            Source::S3 { .. } | Source::Gcs { .. } => args
+                .store
+                .endpoint_url
+                .as_deref()
+                .map(crate::store::redact_urls),
+            Source::Http { .. } | Source::Local { .. } => None,
+        },
         view: match args.view {
             View::Flat => DirMode::Discover,
             View::Raw => DirMode::Raw,
@@ -103,6 +112,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
         read_timeout: args.store.read_timeout,
         fetch_memory: args.max_fetch_memory,
         read_ahead: args.read_ahead,
+        metadata_ttl: args.metadata_ttl,
     };
     // Each resident part keeps its file open while the limit allows; the rest are
     // reopened when read, which a higher limit spares.

@@ -175,6 +175,8 @@ mod tests {
             "/var/log/scdlfs",
             "--log-max-files",
             "3",
+            "--metadata-ttl",
+            "5m",
         ];
         let expected = mount_of(&flags);
         let spellings: [&[&str]; 5] = [
@@ -182,14 +184,14 @@ mod tests {
                 "mount", "s3://b/p", "/mnt/x", "-o",
                 "cache_size=20GiB,allow_other,read-part-size=4MiB,view=raw,endpoint_url=http://127.0.0.1:9,\
                  profile=reader,requester_pays,force_path_style,billing_project=lab-42,\
-                 key_file=/etc/scdlfs/key.json,debug,log_format=json,log_directory=/var/log/scdlfs,log_max_files=3",
+                 key_file=/etc/scdlfs/key.json,debug,log_format=json,log_directory=/var/log/scdlfs,log_max_files=3,metadata_ttl=5m",
             ],
             &[
                 "mount", "s3://b/p", "/mnt/x", "-ocache_size=20GiB,allow_other,nodev,_netdev",
                 "--options=read_part_size=4MiB,x-systemd.automount,ro", "--view", "raw",
                 "--options", "endpoint_url=http://127.0.0.1:9,profile=reader",
                 "-o", "requester-pays,force-path-style,billing-project=lab-42,key-file=/etc/scdlfs/key.json",
-                "-d", "-o", "log-format=json,log-directory=/var/log/scdlfs,log-max-files=3",
+                "-d", "-o", "log-format=json,log-directory=/var/log/scdlfs,log-max-files=3", "-ometadata-ttl=5m",
             ],
             &[
                 "mount", "s3://b/p", "/mnt/x", "-o", "cache_size=20GiB", "-o", "allow_other",
@@ -197,14 +199,14 @@ mod tests {
                 "--profile", "reader", "-o", "requester_pays", "--force-path-style",
                 "-o", "billing_project=lab-42", "--key-file", "/etc/scdlfs/key.json",
                 "-o", "debug", "--log-format", "json", "-o", "log_directory=/var/log/scdlfs",
-                "--log-max-files", "3",
+                "--log-max-files", "3", "--metadata-ttl", "5m",
             ],
             &["mount", "s3://b/p", "/mnt/x", "-o", "defaults,noatime", "--cache-size", "20GiB",
               "--allow-other", "--read-part-size", "4MiB", "--view", "raw",
               "--endpoint-url", "http://127.0.0.1:9", "--profile", "reader", "--requester-pays",
               "--force-path-style", "--billing-project", "lab-42", "--key-file",
               "/etc/scdlfs/key.json", "--debug", "--log-format", "json", "--log-directory",
-              "/var/log/scdlfs", "--log-max-files", "3"],
+              "/var/log/scdlfs", "--log-max-files", "3", "-o", "metadata_ttl=5m"],
             &flags,
         ];
         for argv in spellings {
@@ -226,6 +228,7 @@ mod tests {
             ("SCDLFS_LOG_FORMAT", "json"),
             ("SCDLFS_LOG_DIRECTORY", "/var/log/scdlfs"),
             ("SCDLFS_LOG_MAX_FILES", "3"),
+            ("SCDLFS_METADATA_TTL", "5m"),
         ];
         for (name, value) in variables {
             // SAFETY: the only tests that touch SCDLFS_* hold ENVIRONMENT.
@@ -240,6 +243,7 @@ mod tests {
         }
         assert_eq!(from_environment, expected);
         assert!(overridden.contains("view: Flat"), "{overridden}");
+        assert!(expected.contains("metadata_ttl: Some(300s)"), "{expected}");
     }
 
     #[test]

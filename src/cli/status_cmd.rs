@@ -89,6 +89,12 @@ fn render(s: &Status) -> String {
             "; still reading their headers"
         },
     ));
+    if c.listings_refreshed > 0 {
+        out.push_str(&format!(
+            "store changes     {} listings made again after --metadata-ttl: {} objects and {} datasets in a new version\n",
+            c.listings_refreshed, c.objects_replaced, c.datasets_rediscovered
+        ));
+    }
     if s.cache.part_files_reopened > 0 {
         out.push_str(&format!(
             "open files        {} reads reopened a part file (more parts than the open-file limit keeps open)\n",

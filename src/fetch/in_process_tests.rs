@@ -55,6 +55,7 @@ async fn bench_with_cache<S: ObjectStore>(
             dir.path(),
             &crate::cache::CacheOwner {
                 source: "memory".into(),
+                endpoint: None,
                 reset: false,
             },
             cache_budget,

@@ -23,7 +23,9 @@ use tokio::runtime::Handle;
 use super::{FsCore, BLOCK_SIZE};
 use crate::error::{FsError, FsResult};
 
-/// Objects are immutable for the life of a mount, so the kernel may keep what it learns.
+/// A node never changes (a changed object is a new inode), so the kernel may keep the
+/// attributes it learns; what a name stands for it keeps as long as the lookup says,
+/// at most this long.
 const TTL: Duration = Duration::from_secs(3600);
 
 /// The filesystem handed to fuser.
@@ -141,8 +143,9 @@ impl Filesystem for ScdlFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (core, name) = (self.core.clone(), name.to_owned());
         let lookup = async move { core.lookup(parent.0, &name).await };
-        self.answer("lookup", reply, lookup, |reply, attr| {
-            reply.entry(&TTL, &attr, Generation(0))
+        self.answer("lookup", reply, lookup, |reply, entry| {
+            let valid_for = entry.valid_for.map_or(TTL, |d| d.min(TTL));
+            reply.entry(&valid_for, &entry.attr, Generation(0))
         });
     }
 

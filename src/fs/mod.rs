@@ -16,6 +16,7 @@ pub mod read_ahead;
 
 use std::ffi::OsStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use fuser::{FileAttr, FileType, INodeNo};
 use scdl_format::hint::{HintDecoder, HintLine};
@@ -41,6 +42,14 @@ pub const BLOCK_SIZE: u32 = 128 * 1024;
 pub struct Opened {
     pub handle: u64,
     pub direct_io: bool,
+}
+
+/// What a lookup found, and how long that holds: until the directory's listing is due
+/// to be made again (`None`: for the mount's life).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub attr: FileAttr,
+    pub valid_for: Option<Duration>,
 }
 
 /// One entry of a directory listing, with the offset that resumes after it.
@@ -123,11 +132,14 @@ impl FsCore {
         }
     }
 
-    pub async fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<FileAttr> {
+    pub async fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
         let listing = self.tree.listing(parent).await?;
         let name = name.to_str().ok_or(FsError::NotFound)?;
         let ino = listing.get(name).ok_or(FsError::NotFound)?;
-        self.getattr(ino)
+        Ok(Entry {
+            attr: self.getattr(ino)?,
+            valid_for: listing.valid_for(),
+        })
     }
 
     pub fn getattr(&self, ino: u64) -> FsResult<FileAttr> {

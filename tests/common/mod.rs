@@ -29,6 +29,7 @@ use scdlfs::synthetic::SyntheticDataset;
 pub fn settings(cache_dir: &Path) -> MountSettings {
     MountSettings {
         fs_name: "scdlfs-test".into(),
+        endpoint: None,
         view: DirMode::Discover,
         cache_dir: cache_dir.to_owned(),
         cache_reset: false,
@@ -44,6 +45,7 @@ pub fn settings(cache_dir: &Path) -> MountSettings {
         read_timeout: scdlfs::store::NetworkBounds::default().read_timeout,
         fetch_memory: 64 << 20,
         read_ahead: None,
+        metadata_ttl: None,
     }
 }
 

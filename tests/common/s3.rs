@@ -124,16 +124,34 @@ impl Moto {
 
     /// Uploads every file under `root` to `bucket` under `prefix`.
     pub fn upload(&self, bucket: &str, prefix: &str, root: &std::path::Path) {
-        let store = self.store(bucket);
         let files = super::snapshot(root);
+        self.change(
+            bucket,
+            files
+                .into_iter()
+                .map(|(name, bytes)| (format!("{prefix}/{name}"), Some(bytes))),
+        );
+    }
+
+    /// Puts (`Some`) or deletes (`None`) objects of `bucket`, in order.
+    pub fn change(
+        &self,
+        bucket: &str,
+        objects: impl IntoIterator<Item = (String, Option<Vec<u8>>)>,
+    ) {
+        let store = self.store(bucket);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         runtime.block_on(async {
-            for (name, bytes) in files {
-                let key = ObjectPath::from(format!("{prefix}/{name}"));
-                store.put(&key, PutPayload::from(bytes)).await.unwrap();
+            for (name, bytes) in objects {
+                let key = ObjectPath::from(name);
+                match bytes {
+                    Some(bytes) => store.put(&key, PutPayload::from(bytes)).await.map(drop),
+                    None => store.delete(&key).await,
+                }
+                .unwrap();
             }
         });
     }
