@@ -39,6 +39,8 @@ counters! {
     bytes_fetched,
     /// Part downloads completed.
     parts_fetched,
+    /// Reads that asked the store for their own bytes because their part's download was far from them (queued, or its body far short).
+    direct_reads,
     /// Part downloads that failed after retries.
     fetch_errors,
     /// Reads answered by the FUSE layer.
@@ -57,6 +59,8 @@ counters! {
     prefetch_hits,
     /// Parts the prefetcher asked for.
     prefetch_requests,
+    /// Flat chunks fetched whole because a reader without hints touched them at scattered places.
+    chunks_fetched_whole,
     /// Reads that failed with an error.
     read_errors,
     /// Directory listings made again because `--metadata-ttl` had passed.

@@ -24,6 +24,14 @@ use crate::view::{Piece, ReadPlan};
 /// (each failure drops the part, so the next attempt downloads it).
 const CORRUPT_PART_ATTEMPTS: u32 = 3;
 
+/// Bytes `within` (offsets in the part) of part `index` of `object`, which a read needs.
+struct Need<'a> {
+    key: PartKey,
+    object: &'a Arc<ObjectInfo>,
+    index: u64,
+    within: std::ops::Range<u64>,
+}
+
 pub struct ReadPath {
     fetcher: Arc<Fetcher>,
     metrics: Arc<Metrics>,
@@ -38,22 +46,38 @@ impl ReadPath {
         &self.fetcher
     }
 
-    /// The parts a plan needs, each once.
-    fn parts_needed<'a>(&self, plan: &'a ReadPlan) -> Vec<(PartKey, &'a Arc<ObjectInfo>, u64)> {
-        let mut seen = std::collections::HashSet::new();
-        let mut parts = Vec::new();
+    /// The parts a plan needs, each once, with the bytes of each it needs.
+    fn parts_needed<'a>(&self, plan: &'a ReadPlan) -> Vec<Need<'a>> {
+        let part_size = self.fetcher.part_size();
+        let mut needs: Vec<Need<'a>> = Vec::new();
+        let mut at: HashMap<PartKey, usize> = HashMap::new();
         for piece in &plan.pieces {
             if let Piece::Object { object, range, .. } = piece {
                 for index in self.fetcher.parts_of(range) {
                     let key = Fetcher::key(object, index);
-                    if seen.insert(key) {
-                        self.fetcher.note_demand(key);
-                        parts.push((key, object, index));
+                    let part_start = index * part_size;
+                    let within = range.start.max(part_start) - part_start
+                        ..range.end.min(part_start + part_size) - part_start;
+                    match at.get(&key) {
+                        Some(&i) => {
+                            let known = &mut needs[i].within;
+                            *known = known.start.min(within.start)..known.end.max(within.end);
+                        }
+                        None => {
+                            self.fetcher.note_demand(key);
+                            at.insert(key, needs.len());
+                            needs.push(Need {
+                                key,
+                                object,
+                                index,
+                                within,
+                            });
+                        }
                     }
                 }
             }
         }
-        parts
+        needs
     }
 
     /// Serves the read from the disk cache alone, if every part is there and every
@@ -69,8 +93,9 @@ impl ReadPath {
             }
         }
         let mut parts = HashMap::new();
-        for (key, _, _) in self.parts_needed(plan) {
-            parts.insert(key, PartBytes::Cached(self.fetcher.cache().get(key)?));
+        for need in self.parts_needed(plan) {
+            let part = self.fetcher.cache().get(need.key)?;
+            parts.insert(need.key, PartBytes::Cached(part));
         }
         match self.finish(plan, &parts) {
             // The bad part is out of the cache now: the read goes to the network.
@@ -87,7 +112,7 @@ impl ReadPath {
         let started = Instant::now();
         let needed = self.parts_needed(&plan);
         let cache = self.fetcher.cache();
-        let mut on_network = needed.iter().any(|(key, _, _)| !cache.contains(*key));
+        let mut on_network = needed.iter().any(|need| !cache.contains(need.key));
         let checks = async {
             if let Some((dataset, chunks)) = &plan.chunks_to_check {
                 // Pieces come in file order, so a chunk's repeats are adjacent.
@@ -126,13 +151,14 @@ impl ReadPath {
         result
     }
 
-    /// The parts, each from the cache or its download.
-    async fn fetch_all(
-        &self,
-        parts: Vec<(PartKey, &Arc<ObjectInfo>, u64)>,
-    ) -> FsResult<Vec<(PartKey, PartBytes)>> {
-        try_join_all(parts.into_iter().map(|(key, object, index)| async move {
-            Ok::<_, FsError>((key, self.fetcher.part(object, index).await?))
+    /// The bytes each need asks for, from the cache or as soon as they have arrived.
+    async fn fetch_all(&self, needs: Vec<Need<'_>>) -> FsResult<Vec<(PartKey, PartBytes)>> {
+        try_join_all(needs.into_iter().map(|need| async move {
+            let bytes = self
+                .fetcher
+                .bytes(need.object, need.index, need.within)
+                .await?;
+            Ok::<_, FsError>((need.key, bytes))
         }))
         .await
     }

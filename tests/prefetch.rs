@@ -239,3 +239,37 @@ fn a_sequential_reader_without_hints_gets_read_ahead() {
         "read-ahead should ask for most parts before the reader does"
     );
 }
+
+/// A reader that gives no hint but takes chunks a few random rows at a time (windows
+/// of one chunk, shuffled within) has each chunk fetched whole once it touched it at
+/// scattered places, so the chunk's parts come side by side rather than one wait each;
+/// nothing is fetched for nothing: with a cache that holds the dataset, each byte once.
+#[test]
+fn scattered_rows_without_hints_get_their_chunks_fetched_whole() {
+    let epoch = run_epoch(window_order(), false, 64 << 20, 128 << 10);
+    let counters = &epoch.at_end;
+    eprintln!(
+        "windows without hints: {} steps, {} chunks fetched whole, {} reads waited, \
+         {} direct reads, fetched {} of {} bytes; parts {} prefetched {} hits {}",
+        epoch.steps,
+        counters.chunks_fetched_whole,
+        counters.demand_reads_waited,
+        counters.direct_reads,
+        counters.bytes_fetched,
+        dataset_bytes(),
+        counters.parts_fetched,
+        counters.prefetch_requests,
+        counters.prefetch_hits,
+    );
+    assert!(
+        counters.chunks_fetched_whole + 1 >= epoch.steps as u64,
+        "every chunk (but perhaps one read without scatter) is fetched whole"
+    );
+    assert!(counters.prefetch_hits > 0);
+    assert!(
+        counters.bytes_fetched <= dataset_bytes() * 21 / 20,
+        "fetched {} bytes of a {}-byte dataset",
+        counters.bytes_fetched,
+        dataset_bytes()
+    );
+}

@@ -20,7 +20,7 @@ use crate::store::wrapper::HookedStore;
 const PART: u64 = 1000;
 const OBJECT_LEN: u64 = 4500;
 const READ_TIMEOUT: Duration = Duration::from_millis(500);
-const MEMORY_CAP: u64 = 3 * PART;
+const MEMORY_CAP: u64 = 5 * PART;
 
 fn content() -> Vec<u8> {
     (0..OBJECT_LEN).map(|i| (i * 7 % 251) as u8).collect()
@@ -342,4 +342,197 @@ async fn held_bytes_stay_under_the_cap_when_the_cache_has_no_room() {
     let peak = bench.fetcher.metrics.snapshot().fetch_memory_peak_bytes;
     assert!(peak <= MEMORY_CAP, "held {peak} bytes, cap {MEMORY_CAP}");
     assert!(peak > PART, "the load never held two parts at once: {peak}");
+}
+
+/// A double whose bodies trickle: each response's body comes in pieces of `piece`
+/// bytes, one piece per permit the test adds to `pieces`. Requests for less than a
+/// part pass at once, whole.
+#[derive(Debug)]
+struct Trickle {
+    piece: usize,
+    pieces: Arc<tokio::sync::Semaphore>,
+    /// The ranges asked for, in order.
+    asked: parking_lot::Mutex<Vec<Range<u64>>>,
+}
+
+impl Trickle {
+    fn new(piece: usize) -> Trickle {
+        Trickle {
+            piece,
+            pieces: Arc::new(tokio::sync::Semaphore::new(0)),
+            asked: Default::default(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::store::wrapper::GetHook for Trickle {
+    async fn get(
+        &self,
+        inner: &dyn ObjectStore,
+        location: &object_store::path::Path,
+        options: GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        let Some(GetRange::Bounded(range)) = options.range.clone() else {
+            return inner.get_opts(location, options).await;
+        };
+        self.asked.lock().push(range.clone());
+        let (body, head) =
+            crate::store::wrapper::buffer_body(inner.get_opts(location, options).await?).await?;
+        if range.end - range.start < PART {
+            return Ok(crate::store::wrapper::with_body(head, body));
+        }
+        let (pieces, piece) = (self.pieces.clone(), self.piece);
+        let stream = futures::stream::unfold(0, move |at| {
+            let (body, pieces) = (body.clone(), pieces.clone());
+            async move {
+                if at >= body.len() {
+                    return None;
+                }
+                pieces.acquire().await.unwrap().forget();
+                let end = (at + piece).min(body.len());
+                Some((Ok(body.slice(at..end)), end))
+            }
+        });
+        Ok(object_store::GetResult {
+            payload: object_store::GetResultPayload::Stream(Box::pin(stream)),
+            ..head
+        })
+    }
+}
+
+async fn read_within(bench: &Bench, index: u64, within: Range<u64>) -> FsResult<Vec<u8>> {
+    let bytes = bench
+        .fetcher
+        .bytes(&bench.object, index, within.clone())
+        .await?;
+    let mut out = vec![0; (within.end - within.start) as usize];
+    bytes.copy_to(&mut out, within.start)?;
+    Ok(out)
+}
+
+fn expected_within(index: u64, within: Range<u64>) -> Vec<u8> {
+    expected(index)[within.start as usize..within.end as usize].to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_is_answered_once_the_body_has_passed_its_bytes() {
+    let (bench, trickle) = bench(4, |s| Arc::new(HookedStore::new(s, Trickle::new(200)))).await;
+    let bench = Arc::new(bench);
+    let reader = tokio::spawn({
+        let bench = bench.clone();
+        async move { read_within(&bench, 1, 300..380).await }
+    });
+    // Two pieces (bytes 0..400) are not enough for the whole part, but for the reader.
+    trickle.hook().pieces.add_permits(2);
+    let read = tokio::time::timeout(Duration::from_secs(5), reader).await;
+    assert_eq!(
+        read.unwrap().unwrap().unwrap(),
+        expected_within(1, 300..380)
+    );
+    assert_eq!(
+        bench.fetcher.in_flight_count(),
+        1,
+        "the part is still arriving"
+    );
+    assert!(!bench
+        .fetcher
+        .cache()
+        .contains(Fetcher::key(&bench.object, 1)));
+    trickle.hook().pieces.add_permits(3);
+    settle(&bench.fetcher).await;
+    assert!(bench
+        .fetcher
+        .cache()
+        .contains(Fetcher::key(&bench.object, 1)));
+    assert_eq!(
+        *trickle.hook().asked.lock(),
+        vec![1000..2000],
+        "one request"
+    );
+}
+
+/// Fills every slot of a four-slot fetcher with downloads whose bodies wait for the
+/// trickle's pieces: prefetches of parts 0, 1 and 2 (all prefetches may take) and a
+/// reader of the whole part 3, returned once all four requests have reached the store.
+async fn fill_the_slots(
+    bench: &Arc<Bench>,
+    trickle: &HookedStore<Trickle>,
+) -> tokio::task::JoinHandle<FsResult<Vec<u8>>> {
+    for index in 0..3 {
+        assert!(bench.fetcher.prefetch(&bench.object, index));
+    }
+    let reader = tokio::spawn({
+        let bench = bench.clone();
+        async move { read_part(&bench, 3).await }
+    });
+    while trickle.hook().asked.lock().len() < 4 {
+        tokio::task::yield_now().await;
+    }
+    reader
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_whose_part_waits_for_a_slot_asks_for_its_own_bytes() {
+    let (bench, trickle) = bench(4, |s| Arc::new(HookedStore::new(s, Trickle::new(100)))).await;
+    let bench = Arc::new(bench);
+    let blocked = fill_the_slots(&bench, &trickle).await;
+    let read = tokio::time::timeout(Duration::from_secs(5), read_within(&bench, 4, 100..200)).await;
+    assert_eq!(read.unwrap().unwrap(), expected_within(4, 100..200));
+    let asked = trickle.hook().asked.lock().clone();
+    assert!(asked.contains(&(4100..4200)), "{asked:?}");
+    trickle.hook().pieces.add_permits(1000);
+    assert_eq!(blocked.await.unwrap().unwrap(), expected(3));
+    settle(&bench.fetcher).await;
+    // The part itself still came, once, for the readers after.
+    let asked = trickle.hook().asked.lock().clone();
+    assert_eq!(
+        asked.iter().filter(|r| **r == (4000..4500)).count(),
+        1,
+        "{asked:?}"
+    );
+    assert!(bench
+        .fetcher
+        .cache()
+        .contains(Fetcher::key(&bench.object, 4)));
+    assert_eq!(bench.fetcher.metrics.snapshot().direct_reads, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_whose_part_is_on_the_wire_waits_for_its_body_alone() {
+    let (bench, trickle) = bench(4, |s| Arc::new(HookedStore::new(s, Trickle::new(100)))).await;
+    let bench = Arc::new(bench);
+    let reader = tokio::spawn({
+        let bench = bench.clone();
+        async move { read_within(&bench, 2, 100..200).await }
+    });
+    trickle.hook().pieces.add_permits(1000);
+    assert_eq!(reader.await.unwrap().unwrap(), expected_within(2, 100..200));
+    assert_eq!(*trickle.hook().asked.lock(), vec![2000..3000]);
+    assert_eq!(bench.fetcher.metrics.snapshot().direct_reads, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_read_of_a_changed_object_is_refused_not_mixed() {
+    let (bench, trickle) = bench(4, |s| Arc::new(HookedStore::new(s, Trickle::new(100)))).await;
+    let bench = Arc::new(bench);
+    let blocked = fill_the_slots(&bench, &trickle).await;
+    let replaced: Vec<u8> = content().iter().map(|b| !b).collect();
+    trickle
+        .put(&bench.object.key, PutPayload::from(replaced))
+        .await
+        .unwrap();
+    let reader = tokio::spawn({
+        let bench = bench.clone();
+        async move { read_within(&bench, 4, 10..20).await }
+    });
+    // The direct read is refused; the part's own download, once it has a slot, too.
+    trickle.hook().pieces.add_permits(1000);
+    let read = tokio::time::timeout(Duration::from_secs(5), reader).await;
+    assert!(
+        matches!(read.unwrap().unwrap(), Err(FsError::ObjectChanged { .. })),
+        "a replaced object's bytes were served"
+    );
+    // What was on the wire before the change is the pinned version, whole.
+    assert_eq!(blocked.await.unwrap().unwrap(), expected(3));
 }

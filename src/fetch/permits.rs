@@ -48,6 +48,47 @@ pub struct Permits {
     max_prefetch: usize,
 }
 
+/// A queued request for a slot; dropping it gives up its place, or the slot if it was
+/// granted meanwhile.
+pub struct Request {
+    permits: Arc<Permits>,
+    granted: Option<oneshot::Receiver<bool>>,
+}
+
+impl Request {
+    /// The slot, if it was granted already.
+    pub fn now(&mut self) -> Option<Permit> {
+        let as_prefetch = self.granted.as_mut()?.try_recv().ok()?;
+        self.granted = None;
+        Some(self.permit(as_prefetch))
+    }
+
+    pub async fn granted(mut self) -> Permit {
+        let granted = self.granted.as_mut().expect("a request is granted once");
+        let as_prefetch = granted.await.expect("permits outlive their waiters");
+        self.granted = None;
+        self.permit(as_prefetch)
+    }
+
+    fn permit(&self, as_prefetch: bool) -> Permit {
+        Permit {
+            permits: self.permits.clone(),
+            as_prefetch,
+        }
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        if let Some(mut granted) = self.granted.take() {
+            granted.close();
+            if let Ok(as_prefetch) = granted.try_recv() {
+                drop(self.permit(as_prefetch));
+            }
+        }
+    }
+}
+
 /// A held slot; released on drop.
 pub struct Permit {
     permits: Arc<Permits>,
@@ -70,16 +111,18 @@ impl Permits {
     }
 
     pub async fn acquire(self: &Arc<Self>, urgency: Arc<Urgency>) -> Permit {
+        self.request(urgency).granted().await
+    }
+
+    /// Queues a request for a slot; it may be granted at once ([`Request::now`]).
+    pub fn request(self: &Arc<Self>, urgency: Arc<Urgency>) -> Request {
         let (grant, granted) = oneshot::channel();
-        {
-            let mut state = self.state.lock();
-            state.waiters.push_back(Waiter { urgency, grant });
-            self.dispatch(&mut state);
-        }
-        let as_prefetch = granted.await.expect("permits outlive their waiters");
-        Permit {
+        let mut state = self.state.lock();
+        state.waiters.push_back(Waiter { urgency, grant });
+        self.dispatch(&mut state);
+        Request {
             permits: self.clone(),
-            as_prefetch,
+            granted: Some(granted),
         }
     }
 

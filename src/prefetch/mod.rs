@@ -6,7 +6,8 @@
 //! no plan needs again, then those needed furthest ahead; never those of a step being
 //! read). The reader's position comes from the reads actually served, so a sampler that
 //! runs ahead of its workers does not drag the prefetch along. Readers that give no hint
-//! get sequential read-ahead per open handle ([`sequential`]).
+//! get sequential read-ahead per open handle ([`sequential`]), and a flat chunk they
+//! touch at scattered places is fetched whole ([`scatter`]) while that keeps paying.
 //!
 //! A monolithic dataset's plan names virtual chunks and rows, whose bytes the row
 //! offsets locate: the prefetcher fetches the parts of `row_ptr.npy` a step needs, then
@@ -16,6 +17,7 @@
 //! Prefetches use the fetcher's low priority, which never delays a demand read.
 
 pub mod plan;
+pub mod scatter;
 pub mod sequential;
 
 use std::collections::{HashMap, HashSet};
@@ -31,6 +33,7 @@ use tokio::sync::Notify;
 use crate::cache::{EvictionAdvisor, NextUse, Unit};
 use crate::catalog::{Dataset, FileContent, FlatDataset, MonolithicDataset, ObjectInfo};
 use crate::fetch::Fetcher;
+use crate::metrics::Metrics;
 use crate::parts::{GroupId, PartKey};
 use crate::read::ReadPath;
 use crate::view::{plan_read, Piece, ReadPlan};
@@ -46,6 +49,7 @@ struct StepReads {
     read_around: Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)>,
     complete: bool,
 }
+use scatter::{Decision, ScatterDetector};
 use sequential::SequentialWindow;
 
 /// How the prefetcher is bounded.
@@ -90,6 +94,8 @@ pub struct Prefetcher {
     chunk_of_group: Mutex<HashMap<GroupId, (Arc<FlatDataset>, usize)>>,
     /// Wakes [`drive`]; the fetcher's, which it rings when a download ends.
     wake: Arc<Notify>,
+    /// Which flat chunks hint-less readers take at scattered places.
+    scatter: Mutex<ScatterDetector>,
 }
 
 #[derive(Default)]
@@ -119,6 +125,7 @@ impl Prefetcher {
             advice: Arc::default(),
             chunk_of_group: Mutex::new(HashMap::new()),
             wake: wake.clone(),
+            scatter: Mutex::new(ScatterDetector::new(config.kernel_read_ahead)),
         });
         tokio::spawn(drive(Arc::downgrade(&prefetcher), wake));
         prefetcher
@@ -257,6 +264,9 @@ impl Prefetcher {
         if self.plan_count.load(Ordering::Relaxed) > 0 && self.advance_plans(plan) {
             return;
         }
+        if let FileContent::FlatArray(dataset, kind) = content {
+            self.observe_scatter(dataset, *kind, offset, len);
+        }
         let Some(window) = window else {
             return;
         };
@@ -276,6 +286,45 @@ impl Prefetcher {
                     }
                 }
             }
+        }
+    }
+
+    /// Feeds a hint-less read of a flat array to the scatter detector, and fetches the
+    /// chunks it names whole: all parts of the chunk's three arrays, at prefetch
+    /// priority, unless the chunk is larger than the bytes allowed ahead.
+    fn observe_scatter(&self, dataset: &Arc<FlatDataset>, kind: ArrayKind, offset: u64, len: u64) {
+        let array = ArrayKind::ALL.iter().position(|&k| k == kind).unwrap();
+        let part_size = self.fetcher.part_size();
+        let mut scatter = self.scatter.lock();
+        for piece in dataset.layout.map(kind, offset, len).pieces {
+            let scdl_format::flat::FlatPiece::Chunk { chunk, range, .. } = piece else {
+                continue;
+            };
+            let id = dataset.array(chunk, ArrayKind::Data).id.0;
+            let touched: Vec<u64> = self
+                .fetcher
+                .parts_of(&range)
+                .map(|index| chunk_part(array, index))
+                .collect();
+            if scatter.observe(id, array, range.start, touched.iter().copied())
+                != Decision::FetchChunk
+            {
+                continue;
+            }
+            let objects = &dataset.chunks[chunk];
+            let bytes: u64 = objects.iter().map(|o| o.size).sum();
+            if bytes > self.config.max_ahead_bytes {
+                continue;
+            }
+            let mut parts = Vec::new();
+            for (array, object) in objects.iter().enumerate() {
+                for index in 0..object.size.div_ceil(part_size) {
+                    self.fetcher.prefetch(object, index);
+                    parts.push(chunk_part(array, index));
+                }
+            }
+            Metrics::add(&self.fetcher.metrics().chunks_fetched_whole, 1);
+            scatter.fetching(id, parts, &touched);
         }
     }
 
@@ -606,6 +655,11 @@ impl Prefetcher {
         let entry = |i: u64| self.cached_entry(row_ptr, dtype, i);
         Some(entry(rows.start)?..entry(rows.end)?)
     }
+}
+
+/// A part of a chunk, numbered uniquely within the chunk: its array's number and index.
+fn chunk_part(array: usize, index: u64) -> u64 {
+    ((array as u64) << 48) | index
 }
 
 impl Drop for Prefetcher {
