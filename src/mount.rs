@@ -12,10 +12,9 @@ use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
 
-use crate::cache::adopt::ListedObject;
 use crate::cache::{CacheOwner, DiskCache};
 use crate::catalog::{DirMode, ObjectInfo, ObjectRegistry, Tree};
-use crate::fetch::Fetcher;
+use crate::fetch::{listed_object, Fetcher};
 use crate::fs::{read_ahead, FsCore, Ownership, ScdlFs};
 use crate::metrics::Metrics;
 use crate::prefetch::{PrefetchConfig, Prefetcher};
@@ -140,14 +139,7 @@ pub fn assemble(
     let registry = {
         let (cache, part_size) = (cache.clone(), settings.part_size);
         let adopt_parts = Box::new(move |object: &ObjectInfo| {
-            let listed = ListedObject {
-                id: object.id,
-                key: object.key.to_string(),
-                etag: object.etag.clone(),
-                size: object.size,
-                group: object.group,
-            };
-            cache.object_listed(listed, part_size)
+            cache.object_listed(listed_object(object), part_size)
         });
         ObjectRegistry::new(
             adopt_parts,

@@ -61,11 +61,16 @@ fn a_full_cache_disk_serves_from_the_store() {
     let reason = cache.disk_unusable.expect("the full disk is reported");
     assert!(reason.contains("No space"), "{reason}");
     assert!(cache.parts_not_cached_for_disk_errors > 0);
-    let leftovers: Vec<_> = std::fs::read_dir(tmpfs.path().join("scdlfs-cache-v2/parts"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|name| name.to_string_lossy().ends_with(".tmp"))
-        .collect();
+    let leftovers: Vec<_> = std::fs::read_dir(
+        tmpfs
+            .path()
+            .join(scdlfs::cache::adopt::layout_dir_name())
+            .join("parts"),
+    )
+    .unwrap()
+    .map(|e| e.unwrap().file_name())
+    .filter(|name| name.to_string_lossy().ends_with(".tmp"))
+    .collect();
     assert!(leftovers.is_empty(), "torn temporaries left: {leftovers:?}");
     drop(mount);
 }

@@ -42,12 +42,28 @@ impl Setup {
     }
 
     fn parts_dir(&self) -> PathBuf {
-        self.cache.path().join("scdlfs-cache-v2/parts")
+        self.cache
+            .path()
+            .join(scdlfs::cache::adopt::layout_dir_name())
+            .join("parts")
     }
 
     /// Mounts the source through a request counter on the shared cache directory, and
     /// waits until the earlier mount's part files have all been looked at.
     fn mount(&self, cache_bytes: u64) -> (TestMount, Arc<HookedStore<CountReads>>) {
+        let (mount, counted) = self.mount_at_once(cache_bytes, 64 << 10);
+        wait_within("adoption to end", Duration::from_secs(20), || {
+            mount.status().cache.adoption_done
+        });
+        (mount, counted)
+    }
+
+    /// The same, not waiting for anything after the mount, with parts of `part_size`.
+    fn mount_at_once(
+        &self,
+        cache_bytes: u64,
+        part_size: u64,
+    ) -> (TestMount, Arc<HookedStore<CountReads>>) {
         let counted = Arc::new(HookedStore::new(
             local_store(self.src.path()),
             CountReads::default(),
@@ -57,9 +73,7 @@ impl Setup {
             s.fs_name = self.src.path().display().to_string();
             s.cache_dir = cache_dir;
             s.cache_bytes = cache_bytes;
-        });
-        wait_within("adoption to end", Duration::from_secs(20), || {
-            mount.status().cache.adoption_done
+            s.part_size = part_size;
         });
         (mount, counted)
     }
@@ -76,6 +90,18 @@ fn names(want: &BTreeMap<String, Vec<u8>>) -> Vec<&String> {
     want.keys().collect()
 }
 
+/// The store's requests for byte ranges: part downloads (and direct reads). A
+/// dataset's header.sch is read whole when the dataset is discovered, by every mount
+/// (metadata, not a cached part).
+fn part_requests(counted: &HookedStore<CountReads>) -> Vec<impl std::fmt::Debug> {
+    counted
+        .hook()
+        .snapshot()
+        .into_iter()
+        .filter(|((_, range), _)| range.is_some())
+        .collect()
+}
+
 #[test]
 fn a_remount_reads_what_an_earlier_mount_read_without_a_request() {
     let setup = Setup::new();
@@ -89,20 +115,32 @@ fn a_remount_reads_what_an_earlier_mount_read_without_a_request() {
     setup.read_all(&mount, first_half);
     let status = mount.status().cache;
     assert!(status.adopted_parts > 0, "{status:?}");
-    // Ranged GETs are part downloads; the dataset's header.sch is read whole when the
-    // dataset is discovered, by every mount (metadata, not a cached part).
-    let part_gets: Vec<_> = counted
-        .hook()
-        .snapshot()
-        .into_iter()
-        .filter(|((_, range), _)| range.is_some())
-        .collect();
+    let part_gets = part_requests(&counted);
     assert!(
         part_gets.is_empty(),
         "GETs for parts read before the remount: {part_gets:?}"
     );
     setup.read_all(&mount, second_half);
     assert!(counted.hook().total() > 0);
+}
+
+/// Reads that come right after the mount, while the earlier mount's headers are still
+/// being read, find their parts' files by name (or after the background claimed
+/// them): no part is fetched again. Small parts make many files to read.
+#[test]
+fn reads_at_once_after_a_remount_fetch_no_part_again() {
+    let setup = Setup::new();
+    let all = names(&setup.want);
+    {
+        let (mount, _) = setup.mount_at_once(256 << 20, 4 << 10);
+        setup.read_all(&mount, &all);
+    }
+    let (mount, counted) = setup.mount_at_once(256 << 20, 4 << 10);
+    setup.read_all(&mount, &all);
+    let part_gets = part_requests(&counted);
+    assert!(part_gets.is_empty(), "parts fetched again: {part_gets:?}");
+    let status = mount.status().cache;
+    assert!(status.adopted_parts > 400, "{status:?}");
 }
 
 #[test]
@@ -174,11 +212,15 @@ fn a_smaller_budget_on_remount_shrinks_the_directory_at_once() {
     }
     let before = dir_bytes(&setup.parts_dir());
     let budget = before / 3;
-    let (mount, _) = setup.mount(budget);
+    let (mount, _) = setup.mount_at_once(budget, 64 << 10);
+    // Before any header is read (from the files' names alone) the books count at least
+    // what the directory holds, and that is within the budget.
     let after = dir_bytes(&setup.parts_dir());
+    let counted = mount.status().cache;
     assert!(
-        after <= budget,
-        "{after} bytes in the directory, budget {budget}"
+        after <= counted.cached_bytes && counted.cached_bytes <= budget,
+        "{after} bytes in the directory, {} counted, budget {budget}",
+        counted.cached_bytes
     );
     setup.read_all(&mount, &all);
     assert!(dir_bytes(&setup.parts_dir()) <= budget);

@@ -5,29 +5,35 @@
 //! someone else's data; `--cache-reset` wipes it instead.
 //!
 //! Part files an earlier daemon left are *strays* until a listed object claims them.
-//! At open the directory is only listed and sized ([`scan`]: names and lengths, no file
-//! opened), so the budget counts every stray byte from the first second and a cache
-//! larger than a new, smaller budget shrinks at once, oldest files first. The headers
-//! are then read in the background ([`read_header`]), both on [`IO_THREADS`] threads; an object listed by the catalog
-//! claims the strays of its key whose header passes [`judge`]: same ETag (the version
-//! the catalog pinned), a part boundary of the current part size, the length that part
-//! has. Adopted parts keep the block checksums of their header, so every read of their
-//! bytes is checked like that of any other part.
+//! A part file's name ([`PartFileName`]) says when it was written, which part it holds
+//! (a hash of its object's key, ETag and offset) and how long it is, so at open the
+//! directory is only listed ([`scan`]: no file opened, none sized): the budget counts
+//! every stray byte from the first second, and a cache larger than a new, smaller
+//! budget shrinks at once, oldest files first. The headers are then read in the
+//! background ([`read_header`], on [`IO_THREADS`] threads); an object listed by the
+//! catalog claims the strays of its key whose header passes [`judge`]: same ETag (the
+//! version the catalog pinned), a part boundary of the current part size, the length
+//! that part has. A read that comes first finds its own part's file by name and claims
+//! it the same way. Adopted parts keep the block checksums of their header, so every
+//! read of their bytes is checked like that of any other part.
 
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
-use super::part_file::{self, PartHeader};
+use super::part_file::PartHeader;
 use crate::parts::{span, GroupId, ObjectId};
 
-/// The cache layout this daemon reads: the part-file format plus the source record.
-/// Its directory is `scdlfs-cache-v{LAYOUT_VERSION}` under `--cache-dir`.
-pub const LAYOUT_VERSION: u32 = part_file::FORMAT_VERSION;
+/// The cache layout this daemon reads: the part-file format (version
+/// [`super::part_file::FORMAT_VERSION`]), the part files' names ([`PartFileName`]) and the
+/// source record. Its directory is `scdlfs-cache-v{LAYOUT_VERSION}` under `--cache-dir`.
+/// Version 2 named part files by a number alone, so that only sizing every file told
+/// the cache's bytes and only reading every header told which part a file holds.
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// The subdirectory of `--cache-dir` this layout owns.
 pub fn layout_dir_name() -> String {
@@ -36,6 +42,10 @@ pub fn layout_dir_name() -> String {
 
 /// The directory of the first layout, from before caches outlived their mount.
 pub const FIRST_LAYOUT_DIR: &str = "scdlfs-v1";
+
+/// The directory of the second layout, whose part files' names said nothing of their
+/// length or part.
+pub const SECOND_LAYOUT_DIR: &str = "scdlfs-cache-v2";
 
 /// Whether a directory entry of `--cache-dir` is a cache of some scdlfs layout.
 pub fn is_layout_dir_name(name: &str) -> bool {
@@ -87,12 +97,61 @@ impl std::fmt::Display for SourceRecord {
     }
 }
 
+/// What a part file's name says: `{seq:016x}-{part:016x}-{len:x}.part`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartFileName {
+    /// When the file was written, in the order of this cache directory's writes.
+    pub seq: u64,
+    /// Which part it holds: [`part_id`] of its object's key, ETag and offset.
+    pub part: u64,
+    /// The file's length, header included.
+    pub len: u64,
+}
+
+impl PartFileName {
+    /// The name's fields, if it is a name [`PartFileName`]'s `Display` writes (nothing
+    /// else is a part file: not `+`, capitals or leading zeros either).
+    pub fn parse(name: &str) -> Option<PartFileName> {
+        let mut fields = name.strip_suffix(".part")?.splitn(3, '-');
+        let mut hex = || u64::from_str_radix(fields.next()?, 16).ok();
+        let parsed = PartFileName {
+            seq: hex()?,
+            part: hex()?,
+            len: hex()?,
+        };
+        (parsed.to_string() == name).then_some(parsed)
+    }
+}
+
+impl std::fmt::Display for PartFileName {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(
+            f,
+            "{:016x}-{:016x}-{:x}.part",
+            self.seq, self.part, self.len
+        )
+    }
+}
+
+/// Which part of which object version a file holds, in 64 bits: the first eight bytes
+/// of the SHA-256 of the key, the ETag and the offset (each length-prefixed, so no two
+/// triples share an input). A read computes it to find its part's file; the header
+/// decides (a name says what a file should hold, never what it serves).
+pub fn part_id(key: &str, etag: &str, object_offset: u64) -> u64 {
+    let mut hash = Sha256::new();
+    for field in [key.as_bytes(), etag.as_bytes()] {
+        hash.update((field.len() as u64).to_le_bytes());
+        hash.update(field);
+    }
+    hash.update(object_offset.to_le_bytes());
+    u64::from_le_bytes(hash.finalize()[..8].try_into().expect("32 bytes"))
+}
+
 /// A part file found at open, before its header has been read.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Found {
     pub path: PathBuf,
-    pub bytes: u64,
-    pub modified: SystemTime,
+    pub name: PartFileName,
 }
 
 /// What [`scan`] found: the part files, oldest first, and the first free file number.
@@ -104,73 +163,58 @@ pub struct Scan {
     pub removed: u64,
 }
 
-/// How many threads size the part files at open and read their headers after: the
-/// work waits on the disk, which serves many requests at once (cold, 10^5 files take
-/// seconds on one thread).
+/// How many threads read the earlier mount's part files' headers: the work waits on
+/// the disk, which serves many requests at once (cold, 10^5 files take seconds on one
+/// thread).
 pub const IO_THREADS: usize = 8;
 
-/// `f` of every item, in order, on up to [`IO_THREADS`] threads.
-pub fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+/// Runs `f` on every item, on up to [`IO_THREADS`] threads.
+pub fn in_parallel<T: Sync>(items: &[T], f: impl Fn(&T) + Sync) {
     let per_thread = items.len().div_ceil(IO_THREADS).max(1);
     std::thread::scope(|scope| {
         let f = &f;
-        let workers: Vec<_> = items
-            .chunks(per_thread)
-            .map(|chunk| scope.spawn(move || chunk.iter().map(f).collect::<Vec<R>>()))
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|worker| {
-                worker
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
-    })
+        for chunk in items.chunks(per_thread) {
+            scope.spawn(move || chunk.iter().for_each(f));
+        }
+    });
 }
 
-/// Lists `parts_dir` without opening its files: the part files, oldest first. Anything
-/// else (a temporary of a write cut short, a foreign name) is removed.
-pub fn scan(parts_dir: &Path) -> io::Result<Scan> {
-    let paths = fs::read_dir(parts_dir)?
-        .map(|entry| entry.map(|e| e.path()))
-        .collect::<io::Result<Vec<PathBuf>>>()?;
-    let metadata = in_parallel(&paths, |path| fs::symlink_metadata(path));
+/// Lists `parts_dir` without opening or sizing its files: the part files, oldest
+/// first. Anything else (a temporary of a write cut short, a foreign name, a name
+/// declaring more than `max_len` bytes, which no cache of that budget holds) is removed.
+pub fn scan(parts_dir: &Path, max_len: u64) -> io::Result<Scan> {
     let mut scan = Scan::default();
-    for (path, meta) in paths.into_iter().zip(metadata) {
-        let meta = meta?;
-        let number = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".part"))
-            .and_then(|n| u64::from_str_radix(n, 16).ok());
-        match number {
-            Some(number) if meta.is_file() => {
-                scan.next_file = scan.next_file.max(number + 1);
+    for entry in fs::read_dir(parts_dir)? {
+        let entry = entry?;
+        // From the directory entry itself where the filesystem records the type.
+        let file_type = entry.file_type()?;
+        let name = entry.file_name().to_str().and_then(PartFileName::parse);
+        match name {
+            Some(name) if file_type.is_file() && name.len <= max_len => {
+                scan.next_file = scan.next_file.max(name.seq + 1);
                 scan.parts.push(Found {
-                    path,
-                    bytes: meta.len(),
-                    modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                    path: entry.path(),
+                    name,
                 });
             }
             _ => {
                 scan.removed += 1;
-                match meta.is_dir() {
-                    true => fs::remove_dir_all(&path)?,
-                    false => fs::remove_file(&path)?,
+                match file_type.is_dir() {
+                    true => fs::remove_dir_all(entry.path())?,
+                    false => fs::remove_file(entry.path())?,
                 }
             }
         }
     }
-    scan.parts
-        .sort_by(|a, b| (a.modified, &a.path).cmp(&(b.modified, &b.path)));
+    scan.parts.sort_by_key(|found| found.name.seq);
     Ok(scan)
 }
 
-/// Reads and checks the header of a part file: its own checksum, and a file length that
-/// is exactly the header plus the data it declares (a file cut short by a power loss
-/// is refused here; a flipped data bit is caught by the block checksums on reading).
-pub fn read_header(path: &Path) -> Result<(File, PartHeader, u64), String> {
+/// Reads and checks the header of a part file: its own checksum, a file length that is
+/// exactly the header plus the data it declares and the length its name declares (a
+/// file cut short by a power loss is refused here; a flipped data bit is caught by the
+/// block checksums on reading), and the part its name says it holds.
+pub fn read_header(path: &Path, name: &PartFileName) -> Result<(PartHeader, u64), String> {
     let mut file = super::private_file()
         .read(true)
         .open(path)
@@ -187,13 +231,17 @@ pub fn read_header(path: &Path) -> Result<(File, PartHeader, u64), String> {
         head.truncate(have + got);
     }
     let header = PartHeader::decode(&head).map_err(|e| e.to_string())?;
-    if file_len != header_len as u64 + header.data_len {
+    let declared = header_len as u64 + header.data_len;
+    if file_len != declared || file_len != name.len {
         return Err(format!(
-            "file is {file_len} bytes, its header declares {}",
-            header_len as u64 + header.data_len
+            "file is {file_len} bytes, its header declares {declared}, its name {}",
+            name.len
         ));
     }
-    Ok((file, header, header_len as u64))
+    if part_id(&header.key, &header.etag, header.object_offset) != name.part {
+        return Err("its header names another part than its file name".into());
+    }
+    Ok((header, header_len as u64))
 }
 
 fn read_up_to(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
@@ -312,37 +360,117 @@ mod tests {
     /// [`LAYOUT_VERSION`] or a reader of the old form.
     #[test]
     fn the_source_record_format_is_stable() {
-        let golden = b"{\n  \"layout_version\": 2,\n  \"source\": \"s3://bucket/atlas\"\n}\n";
+        let golden = b"{\n  \"layout_version\": 3,\n  \"source\": \"s3://bucket/atlas\"\n}\n";
         assert_eq!(SourceRecord::of("s3://bucket/atlas", None).encode(), golden);
         assert_eq!(
             SourceRecord::decode(golden),
             Some(SourceRecord::of("s3://bucket/atlas", None))
         );
-        let with_endpoint = b"{\n  \"layout_version\": 2,\n  \"source\": \"s3://bucket/atlas\",\n  \"endpoint\": \"http://127.0.0.1:9000\"\n}\n";
+        let with_endpoint = b"{\n  \"layout_version\": 3,\n  \"source\": \"s3://bucket/atlas\",\n  \"endpoint\": \"http://127.0.0.1:9000\"\n}\n";
         let record = SourceRecord::of("s3://bucket/atlas", Some("http://127.0.0.1:9000/"));
         assert_eq!(record.encode(), with_endpoint);
         assert_eq!(SourceRecord::decode(with_endpoint), Some(record));
-        assert_eq!(layout_dir_name(), "scdlfs-cache-v2");
+        assert_eq!(layout_dir_name(), "scdlfs-cache-v3");
+    }
+
+    /// Part file names are part of the layout: a change here must come with a new
+    /// [`LAYOUT_VERSION`]. So is the part id, which a read computes to find its file.
+    #[test]
+    fn the_part_file_name_format_is_stable() {
+        let id = part_id("ds/chunk_00001/data.npy", "\"v1\"", 8 << 20);
+        assert_eq!(
+            id, 0xb928_b39a_ffc5_c876,
+            "{id:#x}: the SHA-256 of the length-prefixed fields (checked with Python's hashlib)"
+        );
+        let name = PartFileName {
+            seq: 0x2a,
+            part: id,
+            len: 4096 + (8 << 20),
+        };
+        assert_eq!(
+            name.to_string(),
+            "000000000000002a-b928b39affc5c876-801000.part"
+        );
+        assert_eq!(PartFileName::parse(&name.to_string()), Some(name));
+        assert_ne!(id, part_id("ds/chunk_00001/data.npy", "\"v2\"", 8 << 20));
+        assert_ne!(id, part_id("ds/chunk_00001/data.npy\"v1\"", "", 8 << 20));
+        assert_ne!(id, part_id("ds/chunk_00001/data.npy", "\"v1\"", 0));
     }
 
     #[test]
-    fn a_scan_sizes_parts_oldest_first_and_removes_the_rest() {
-        let dir = tempfile::tempdir().unwrap();
-        let at = |secs| SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs);
-        for (name, len, secs) in [
-            ("000000000000000a.part", 10, 200),
-            ("0000000000000002.part", 20, 100),
+    fn only_names_the_cache_writes_are_part_files() {
+        for foreign in [
+            "000000000000002a.part", // layout 2
+            "000000000000002a-b928b39affc5c876-801000.part.tmp",
+            "000000000000002A-b928b39affc5c876-801000.part",
+            "000000000000002a-b928b39affc5c876-0801000.part",
+            "000000000000002a-b928b39affc5c876-+801000.part",
+            "00000000000002a-b928b39affc5c876-801000.part",
+            "000000000000002a-b928b39affc5c876-801000-1.part",
+            "000000000000002a-b928b39affc5c876-10000000000000000.part",
+            "notes",
         ] {
-            let file = File::create(dir.path().join(name)).unwrap();
-            file.set_len(len).unwrap();
-            file.set_modified(at(secs)).unwrap();
+            assert_eq!(PartFileName::parse(foreign), None, "{foreign}");
         }
-        fs::write(dir.path().join("000000000000000b.part.tmp"), b"torn").unwrap();
+    }
+
+    fn name(seq: u64, len: u64) -> String {
+        PartFileName {
+            seq,
+            part: seq * 7,
+            len,
+        }
+        .to_string()
+    }
+
+    #[test]
+    fn a_scan_lists_parts_oldest_first_without_sizing_them_and_removes_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        // Names declare 10 and 20 bytes; the files' real lengths are not looked at.
+        fs::write(dir.path().join(name(0xa, 10)), b"x").unwrap();
+        fs::write(dir.path().join(name(2, 20)), b"").unwrap();
+        fs::write(dir.path().join(format!("{}.tmp", name(0xb, 4))), b"torn").unwrap();
+        fs::write(
+            dir.path().join(name(3, 1001)),
+            b"more than any cache of 1000 bytes holds",
+        )
+        .unwrap();
         fs::write(dir.path().join("notes"), b"?").unwrap();
-        let scan = scan(dir.path()).unwrap();
-        let sizes: Vec<_> = scan.parts.iter().map(|f| f.bytes).collect();
-        assert_eq!(sizes, [20, 10]);
-        assert_eq!((scan.next_file, scan.removed), (11, 2));
+        fs::create_dir(dir.path().join(name(4, 10))).unwrap();
+        let scan = scan(dir.path(), 1000).unwrap();
+        let found: Vec<_> = scan
+            .parts
+            .iter()
+            .map(|f| (f.name.seq, f.name.len))
+            .collect();
+        assert_eq!(found, [(2, 20), (0xa, 10)]);
+        assert_eq!((scan.next_file, scan.removed), (11, 4));
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn a_header_must_match_its_files_name_and_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let header = PartHeader::of("k", "\"e\"", 100, &[5; 100]);
+        let mut bytes = header.encode();
+        bytes.extend_from_slice(&[5; 100]);
+        let right = PartFileName {
+            seq: 1,
+            part: part_id("k", "\"e\"", 100),
+            len: bytes.len() as u64,
+        };
+        let path = dir.path().join(right.to_string());
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(read_header(&path, &right), Ok((header, 4096)));
+        let other_part = PartFileName {
+            part: part_id("k", "\"e\"", 0),
+            ..right
+        };
+        assert!(read_header(&path, &other_part).is_err());
+        let longer = PartFileName {
+            len: right.len + 1,
+            ..right
+        };
+        assert!(read_header(&path, &longer).is_err());
     }
 }

@@ -21,7 +21,8 @@
 //!
 //! The cache outlives the mount ([`adopt`]): a directory records the source it belongs
 //! to, and the part files of an earlier daemon are counted against the budget at once
-//! and adopted, in the background, by the objects the catalog lists with the same ETag.
+//! (from their names) and adopted, in the background, by the objects the catalog lists
+//! with the same ETag, or by the first read of their part ([`DiskCache::claim_own`]).
 //!
 //! The cache knows objects and parts, never SCDL: grouping parts into units is the
 //! caller's decision, and eviction advice comes from an [`EvictionAdvisor`].
@@ -44,7 +45,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 
 use crate::parts::{span, spans_touched, GroupId, PartKey};
-use adopt::{ListedObject, SourceRecord, Verdict};
+use adopt::{ListedObject, PartFileName, SourceRecord, Verdict};
 use open_files::{OpenFiles, PartFile};
 use part_file::PartHeader;
 pub use policy::{EvictionAdvisor, NextUse, Policy, Unit};
@@ -96,14 +97,17 @@ struct Inner {
 }
 
 /// Part files of an earlier daemon that no listed object has claimed yet. Their bytes
-/// are outside the policy's budget (which is the cache's budget less theirs); they are
-/// deleted oldest first when a download needs their room.
+/// (what their names declare) are outside the policy's budget (which is the cache's
+/// budget less theirs); they are deleted oldest first when a download needs their room.
 #[derive(Default)]
 struct Strays {
-    /// Still on disk, oldest first; an entry no longer in `bytes` was claimed or removed.
+    /// Still on disk, oldest first; an entry no longer in `names` was claimed or removed.
     order: VecDeque<PathBuf>,
-    bytes: HashMap<PathBuf, u64>,
+    names: HashMap<PathBuf, PartFileName>,
     total_bytes: u64,
+    /// The newest stray of each part id ([`adopt::part_id`]), while headers are still
+    /// being read, so that a read can claim its part's file itself.
+    by_part: HashMap<u64, PathBuf>,
     /// Strays whose header has been read, by object key.
     by_key: HashMap<String, Vec<ReadStray>>,
     /// Objects listed while headers are still being read, so a stray read later
@@ -121,9 +125,13 @@ struct ReadStray {
 impl Strays {
     /// Forgets a stray (claimed or to be deleted); its bytes, if it was still known.
     fn take(&mut self, path: &Path) -> Option<u64> {
-        let bytes = self.bytes.remove(path)?;
+        let bytes = self.names.remove(path)?.len;
         self.total_bytes -= bytes;
         Some(bytes)
+    }
+
+    fn contains(&self, path: &Path) -> bool {
+        self.names.contains_key(path)
     }
 
     fn oldest(&mut self) -> Option<(PathBuf, u64)> {
@@ -171,6 +179,9 @@ pub struct CacheStats {
     pub adopted_parts: u64,
     #[serde(default)]
     pub adopted_bytes: u64,
+    /// Of those, the parts a read claimed before the background had read their header.
+    #[serde(default)]
+    pub adopted_by_reads: u64,
     /// Part files of an earlier mount not (yet) claimed by a listed object; they count
     /// against the budget and are deleted first when room is needed.
     #[serde(default)]
@@ -195,6 +206,7 @@ pub struct DiskCache {
     budget_bytes: u64,
     adopted_parts: AtomicU64,
     adopted_bytes: AtomicU64,
+    adopted_by_reads: AtomicU64,
     stale_removed: AtomicU64,
     inner: Mutex<Inner>,
     advisor: RwLock<Option<Arc<dyn EvictionAdvisor>>>,
@@ -227,9 +239,10 @@ enum Step {
 
 impl DiskCache {
     /// Opens the cache under `dir` for `owner`'s source, taking an exclusive lock on
-    /// it. Part files an earlier daemon left count against the budget at once (the
-    /// oldest beyond it are deleted); [`DiskCache::adopt_in_background`] then reads
-    /// their headers so that listed objects can claim them.
+    /// it. Part files an earlier daemon left count against the budget at once, at the
+    /// lengths their names declare (the oldest beyond it are deleted);
+    /// [`DiskCache::adopt_in_background`] then reads their headers so that listed
+    /// objects can claim them.
     pub fn open(
         dir: &Path,
         owner: &CacheOwner,
@@ -237,7 +250,7 @@ impl DiskCache {
         max_groups: Option<usize>,
     ) -> io::Result<DiskCache> {
         let root = dir.join(adopt::layout_dir_name());
-        refuse_other_layouts(dir, &root, owner.reset)?;
+        refuse_other_layouts(dir, &root, owner)?;
         let parts_dir = root.join("parts");
         fs::DirBuilder::new()
             .recursive(true)
@@ -266,11 +279,13 @@ impl DiskCache {
             _ => error,
         })?;
         claim_for_source(dir, &root, &parts_dir, owner)?;
-        let scan = adopt::scan(&parts_dir)?;
+        let scan = adopt::scan(&parts_dir, budget_bytes)?;
         let mut strays = Strays::default();
         for found in scan.parts {
-            strays.total_bytes += found.bytes;
-            strays.bytes.insert(found.path.clone(), found.bytes);
+            strays.total_bytes += found.name.len;
+            strays.names.insert(found.path.clone(), found.name);
+            // Oldest first: a part's newest file wins.
+            strays.by_part.insert(found.name.part, found.path.clone());
             strays.order.push_back(found.path);
         }
         let mut over_budget = 0;
@@ -279,10 +294,10 @@ impl DiskCache {
             fs::remove_file(&path)?;
             over_budget += 1;
         }
-        strays.headers_read = strays.bytes.is_empty();
-        if !strays.bytes.is_empty() || scan.removed + over_budget > 0 {
+        strays.headers_read = strays.names.is_empty();
+        if !strays.names.is_empty() || scan.removed + over_budget > 0 {
             tracing::info!(
-                parts = strays.bytes.len(),
+                parts = strays.names.len(),
                 bytes = strays.total_bytes,
                 removed_torn_or_foreign = scan.removed,
                 removed_over_budget = over_budget,
@@ -295,6 +310,7 @@ impl DiskCache {
             budget_bytes,
             adopted_parts: AtomicU64::new(0),
             adopted_bytes: AtomicU64::new(0),
+            adopted_by_reads: AtomicU64::new(0),
             stale_removed: AtomicU64::new(scan.removed + over_budget),
             inner: Mutex::new(Inner {
                 policy: Policy::new(policy_budget, max_groups),
@@ -366,13 +382,13 @@ impl DiskCache {
     /// Reads one stray's header; removes it if the header is bad, files it under its
     /// key otherwise, and lets an object listed already claim it.
     fn read_stray(&self, path: PathBuf) {
-        if !self.inner.lock().strays.bytes.contains_key(&path) {
-            return; // deleted for room meanwhile
-        }
-        let read = adopt::read_header(&path);
+        let Some(name) = self.inner.lock().strays.names.get(&path).copied() else {
+            return; // claimed by a read, or deleted for room, meanwhile
+        };
+        let read = adopt::read_header(&path, &name);
         let mut inner = self.inner.lock();
         let (header, header_len) = match read {
-            Ok((_, header, header_len)) => (header, header_len),
+            Ok(read) => read,
             Err(reason) => {
                 self.remove_stray(&mut inner, &path, &reason);
                 return;
@@ -398,6 +414,7 @@ impl DiskCache {
         let mut inner = self.inner.lock();
         inner.strays.headers_read = true;
         inner.strays.listed = HashMap::new();
+        inner.strays.by_part = HashMap::new();
     }
 
     /// Tells the cache that the catalog listed `object`: it claims the earlier mount's
@@ -405,7 +422,7 @@ impl DiskCache {
     /// others of its key are deleted.
     pub fn object_listed(&self, object: ListedObject, part_size: u64) {
         let mut inner = self.inner.lock();
-        if inner.strays.bytes.is_empty() {
+        if inner.strays.names.is_empty() {
             return;
         }
         if !inner.strays.headers_read {
@@ -422,48 +439,120 @@ impl DiskCache {
             return;
         };
         for stray in strays {
-            if !inner.strays.bytes.contains_key(&stray.path) {
-                continue; // deleted for room meanwhile
+            if inner.strays.contains(&stray.path) {
+                self.judge_stray(inner, object, part_size, stray);
             }
-            let index = match adopt::judge(&stray.header, object, part_size) {
-                Verdict::Adopt { index } => index,
-                Verdict::Remove(reason) => {
-                    self.remove_stray(inner, &stray.path, reason);
-                    continue;
-                }
-            };
-            // Opened when first read: a large cache would not fit the descriptor limit.
-            let file = OpenFiles::closed(stray.path.clone());
-            let bytes = inner.strays.take(&stray.path).expect("checked above");
-            let budget = inner.policy.budget_bytes() + bytes;
-            inner.policy.set_budget_bytes(budget);
-            let key = PartKey {
-                object: object.id,
-                index,
-            };
-            if !inner.policy.adopt(key, object.group, bytes) {
-                // Downloaded again already, or over the chunk budget.
-                self.stale_removed.fetch_add(1, Ordering::Relaxed);
-                self.delete_files(vec![stray.path]);
-                continue;
-            }
-            self.adopted_parts.fetch_add(1, Ordering::Relaxed);
-            self.adopted_bytes.fetch_add(bytes, Ordering::Relaxed);
-            let header = stray.header;
-            inner.files.insert(
-                key,
-                (
-                    Arc::new(ResidentFile {
-                        file,
-                        data_offset: stray.header_len,
-                        data_len: header.data_len,
-                        block_len: header.block_len,
-                        block_crc32c: header.block_crc32c.into(),
-                    }),
-                    stray.path,
-                ),
-            );
         }
+    }
+
+    /// Whether some of the earlier mount's part files may still be claimed by a read
+    /// ([`DiskCache::claim_own`]): their headers are still being read.
+    pub fn claims_pending(&self) -> bool {
+        !self.inner.lock().strays.by_part.is_empty()
+    }
+
+    /// Claims the earlier mount's file of part `index` of `object` for a read that
+    /// comes before the background has read that file's header: the file its name
+    /// says holds the part is checked as adoption checks it and adopted. Returns
+    /// whether the part is resident now. Blocking file I/O (one header read), and only
+    /// while headers are still being read; at most once per file.
+    pub fn claim_own(&self, object: &ListedObject, part_size: u64, index: u64) -> bool {
+        let key = PartKey {
+            object: object.id,
+            index,
+        };
+        let offset = index * part_size;
+        let etag = object.etag.as_deref().unwrap_or_default();
+        let (path, name) = {
+            let inner = self.inner.lock();
+            if inner.strays.by_part.is_empty() || inner.policy.contains(key) {
+                return inner.policy.contains(key);
+            }
+            let part = adopt::part_id(&object.key, etag, offset);
+            let Some(path) = inner.strays.by_part.get(&part) else {
+                return false;
+            };
+            match inner.strays.names.get(path) {
+                Some(name) => (path.clone(), *name),
+                None => return false, // claimed or removed already
+            }
+        };
+        let read = adopt::read_header(&path, &name);
+        let mut inner = self.inner.lock();
+        if !inner.strays.contains(&path) {
+            return inner.policy.contains(key);
+        }
+        match read {
+            Ok((header, _)) if header.key != object.key => false, // ids of two parts met
+            Ok((header, header_len)) => {
+                let stray = ReadStray {
+                    path,
+                    header,
+                    header_len,
+                };
+                if self.judge_stray(&mut inner, object, part_size, stray) {
+                    self.adopted_by_reads.fetch_add(1, Ordering::Relaxed);
+                }
+                inner.policy.contains(key)
+            }
+            Err(reason) => {
+                self.remove_stray(&mut inner, &path, &reason);
+                false
+            }
+        }
+    }
+
+    /// Adopts a stray whose header names `object`'s key, if it is a part of the object
+    /// as listed now; deletes it otherwise. Returns whether it was adopted.
+    fn judge_stray(
+        &self,
+        inner: &mut Inner,
+        object: &ListedObject,
+        part_size: u64,
+        stray: ReadStray,
+    ) -> bool {
+        let index = match adopt::judge(&stray.header, object, part_size) {
+            Verdict::Adopt { index } => index,
+            Verdict::Remove(reason) => {
+                self.remove_stray(inner, &stray.path, reason);
+                return false;
+            }
+        };
+        // Opened when first read: a large cache would not fit the descriptor limit.
+        let file = OpenFiles::closed(stray.path.clone());
+        let bytes = inner
+            .strays
+            .take(&stray.path)
+            .expect("checked by the caller");
+        let budget = inner.policy.budget_bytes() + bytes;
+        inner.policy.set_budget_bytes(budget);
+        let key = PartKey {
+            object: object.id,
+            index,
+        };
+        if !inner.policy.adopt(key, object.group, bytes) {
+            // Downloaded again already, or over the chunk budget.
+            self.stale_removed.fetch_add(1, Ordering::Relaxed);
+            self.delete_files(vec![stray.path]);
+            return false;
+        }
+        self.adopted_parts.fetch_add(1, Ordering::Relaxed);
+        self.adopted_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let header = stray.header;
+        inner.files.insert(
+            key,
+            (
+                Arc::new(ResidentFile {
+                    file,
+                    data_offset: stray.header_len,
+                    data_len: header.data_len,
+                    block_len: header.block_len,
+                    block_crc32c: header.block_crc32c.into(),
+                }),
+                stray.path,
+            ),
+        );
+        true
     }
 
     /// Deletes a stray of no use, handing its room to the books.
@@ -568,7 +657,12 @@ impl DiskCache {
             self.refused_for_room.fetch_add(1, Ordering::Relaxed);
             return false;
         };
-        let written = self.write_part_file(&encoded, data);
+        let name = PartFileName {
+            seq: self.next_file.fetch_add(1, Ordering::Relaxed),
+            part: adopt::part_id(origin.key, origin.etag, origin.object_offset),
+            len: disk_bytes,
+        };
+        let written = self.write_part_file(name, &encoded, data);
         self.step(Step::Written);
         let mut inner = self.inner.lock();
         let (file, path) = match written {
@@ -672,10 +766,14 @@ impl DiskCache {
         }
     }
 
-    fn write_part_file(&self, header: &[u8], data: &[u8]) -> io::Result<(File, PathBuf)> {
-        let id = self.next_file.fetch_add(1, Ordering::Relaxed);
-        let path = self.parts_dir.join(format!("{id:016x}.part"));
-        let tmp = self.parts_dir.join(format!("{id:016x}.part.tmp"));
+    fn write_part_file(
+        &self,
+        name: PartFileName,
+        header: &[u8],
+        data: &[u8],
+    ) -> io::Result<(File, PathBuf)> {
+        let path = self.parts_dir.join(name.to_string());
+        let tmp = self.parts_dir.join(format!("{name}.tmp"));
         let result = (|| {
             let mut file = private_file().write(true).create_new(true).open(&tmp)?;
             file.write_all(header)?;
@@ -705,7 +803,8 @@ impl DiskCache {
             parts_not_cached_for_disk_errors: self.refused_for_disk.load(Ordering::Relaxed),
             adopted_parts: self.adopted_parts.load(Ordering::Relaxed),
             adopted_bytes: self.adopted_bytes.load(Ordering::Relaxed),
-            unclaimed_parts: inner.strays.bytes.len(),
+            adopted_by_reads: self.adopted_by_reads.load(Ordering::Relaxed),
+            unclaimed_parts: inner.strays.names.len(),
             unclaimed_bytes: inner.strays.total_bytes,
             stale_parts_removed: self.stale_removed.load(Ordering::Relaxed),
             adoption_done: inner.strays.headers_read,
@@ -767,9 +866,11 @@ fn lock_exclusively(path: &Path) -> io::Result<File> {
 }
 
 /// Refuses a `--cache-dir` that holds a cache of another layout version, or wipes it
-/// with `reset` (unless a daemon still holds it). The first layout (`scdlfs-v1`) is
-/// removed without asking: the versions that wrote it emptied it at every mount.
-fn refuse_other_layouts(dir: &Path, ours: &Path, reset: bool) -> io::Result<()> {
+/// with `reset` (unless a daemon still holds it). Removed without asking: the first
+/// layout (`scdlfs-v1`), which the versions that wrote it emptied at every mount, and
+/// the second (`scdlfs-cache-v2`) when it records `owner`'s source: this daemon's own
+/// cache, whose files it could count only by sizing each.
+fn refuse_other_layouts(dir: &Path, ours: &Path, owner: &CacheOwner) -> io::Result<()> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -784,8 +885,17 @@ fn refuse_other_layouts(dir: &Path, ours: &Path, reset: bool) -> io::Result<()> 
         if path == ours || !adopt::is_layout_dir_name(name) {
             continue;
         }
-        let emptied_at_every_mount = name == adopt::FIRST_LAYOUT_DIR;
-        if !reset && !emptied_at_every_mount {
+        let removed_unasked = match name {
+            adopt::FIRST_LAYOUT_DIR => Some(
+                "removing the cache of an older scdlfs, which that version emptied at every mount",
+            ),
+            adopt::SECOND_LAYOUT_DIR if records_source_of(&path, owner) => Some(
+                "removing this source's cache of an older scdlfs, whose part files this version \
+                 could count only by sizing each: the cache starts cold",
+            ),
+            _ => None,
+        };
+        if !owner.reset && removed_unasked.is_none() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
@@ -803,14 +913,24 @@ fn refuse_other_layouts(dir: &Path, ours: &Path, reset: bool) -> io::Result<()> 
                 )
             })?;
         }
-        if emptied_at_every_mount {
-            tracing::info!(path = %path.display(), "removing the cache of an older scdlfs, which that version emptied at every mount");
-        } else {
-            tracing::warn!(path = %path.display(), "--cache-reset: wiping the cache of another scdlfs version");
+        match removed_unasked {
+            Some(why) => tracing::warn!(path = %path.display(), "{why}"),
+            None => {
+                tracing::warn!(path = %path.display(), "--cache-reset: wiping the cache of another scdlfs version")
+            }
         }
         fs::remove_dir_all(&path)?;
     }
     Ok(())
+}
+
+/// Whether the layout directory `layout_dir` records `owner`'s source and endpoint.
+fn records_source_of(layout_dir: &Path, owner: &CacheOwner) -> bool {
+    let ours = SourceRecord::of(&owner.source, owner.endpoint.as_deref());
+    fs::read(layout_dir.join(adopt::SOURCE_RECORD))
+        .ok()
+        .and_then(|bytes| SourceRecord::decode(&bytes))
+        .is_some_and(|record| (record.source, record.endpoint) == (ours.source, ours.endpoint))
 }
 
 /// Checks that the layout directory belongs to `owner`'s source (recording it in a
@@ -1305,6 +1425,19 @@ mod tests {
         }
     }
 
+    /// The last ten bytes of a resident part of 1000 bytes.
+    fn last_bytes(cache: &Arc<DiskCache>, object: u64, index: u64) -> [u8; 10] {
+        let part = cache
+            .get(PartKey {
+                object: ObjectId(object),
+                index,
+            })
+            .expect("resident");
+        let mut buf = [0u8; 10];
+        part.read_exact_at(&mut buf, 990).unwrap();
+        buf
+    }
+
     #[test]
     fn a_remount_adopts_the_parts_of_an_unchanged_object_into_its_group() {
         let dir = tempfile::tempdir().unwrap();
@@ -1327,16 +1460,7 @@ mod tests {
             ),
             (3, 0, 1)
         );
-        let part = cache
-            .get(PartKey {
-                object: ObjectId(4),
-                index: 2,
-            })
-            .unwrap();
-        let mut buf = [0u8; 10];
-        part.read_exact_at(&mut buf, 990).unwrap();
-        assert_eq!(buf, [2; 10]);
-        drop(part);
+        assert_eq!(last_bytes(&cache, 4, 2), [2; 10]);
         assert!(
             cache.insert(key(5), None, ORIGIN, &[5; 1000]),
             "new files take new names"
@@ -1419,6 +1543,103 @@ mod tests {
         assert_eq!(fs::read_dir(&parts_dir).unwrap().count(), 1);
     }
 
+    /// The part files of a cache directory, oldest first.
+    fn part_files(dir: &Path) -> Vec<PathBuf> {
+        let mut files: Vec<_> = fs::read_dir(dir.join(adopt::layout_dir_name()).join("parts"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        files
+    }
+
+    #[test]
+    fn a_read_claims_its_own_part_before_the_headers_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        earlier_mount(dir.path(), 4);
+        let files = part_files(dir.path());
+        flip_bit(&files[2], 20); // part 2's header
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+        let object = listed(4, ORIGIN.etag, 4000, None);
+        assert!(cache.claims_pending());
+        assert!(cache.claim_own(&object, 1000, 1));
+        let stats = cache.stats();
+        assert_eq!(
+            (
+                stats.adopted_parts,
+                stats.adopted_by_reads,
+                stats.unclaimed_parts
+            ),
+            (1, 1, 3)
+        );
+        assert_eq!(last_bytes(&cache, 4, 1), [1; 10]);
+        assert!(!cache.claim_own(&object, 1000, 2), "a damaged header");
+        assert!(!files[2].exists(), "removed, never served");
+        let changed = listed(4, "\"v2\"", 4000, None);
+        assert!(
+            !cache.claim_own(&changed, 1000, 3),
+            "no file of that version"
+        );
+        assert!(files[3].exists());
+        // The background adopts the rest and finds the claimed part taken.
+        cache.adopt_now();
+        assert!(!cache.claims_pending());
+        cache.object_listed(object, 1000);
+        let stats = cache.stats();
+        assert_eq!(
+            (
+                stats.adopted_parts,
+                stats.unclaimed_parts,
+                stats.stale_parts_removed
+            ),
+            (3, 0, 1)
+        );
+    }
+
+    #[test]
+    fn a_read_of_another_part_size_removes_the_file_it_finds() {
+        let dir = tempfile::tempdir().unwrap();
+        earlier_mount(dir.path(), 2);
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+        // Part 0 at 2000 bytes a part starts where the earlier mount's part 0 did.
+        assert!(!cache.claim_own(&listed(4, ORIGIN.etag, 2000, None), 2000, 0));
+        let stats = cache.stats();
+        assert_eq!((stats.stale_parts_removed, stats.unclaimed_parts), (1, 1));
+    }
+
+    #[test]
+    fn the_budget_counts_what_the_names_declare_until_the_headers_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        earlier_mount(dir.path(), 3);
+        // Cut short behind the daemon's back (a power loss after the rename).
+        let cut = &part_files(dir.path())[0];
+        let full = fs::metadata(cut).unwrap().len();
+        File::options()
+            .write(true)
+            .open(cut)
+            .unwrap()
+            .set_len(full / 2)
+            .unwrap();
+        let budget = 3 * disk_len(1000);
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
+        assert_eq!(
+            cache.stats().cached_bytes,
+            budget,
+            "at least what is on disk"
+        );
+        assert!(dir_bytes(cache.parts_dir()) < budget);
+        cache.adopt_now();
+        let stats = cache.stats();
+        assert_eq!(
+            (stats.stale_parts_removed, stats.cached_bytes),
+            (1, 2 * disk_len(1000)),
+            "the cut file removed, its room released"
+        );
+        assert!(cache.insert(key(7), None, ORIGIN, &[7; 1000]));
+        assert_eq!(cache.stats().unclaimed_parts, 2, "no stray gave way");
+        assert_eq!(dir_bytes(cache.parts_dir()), budget);
+    }
+
     #[test]
     fn a_smaller_budget_shrinks_the_directory_at_open_oldest_first() {
         let dir = tempfile::tempdir().unwrap();
@@ -1484,6 +1705,36 @@ mod tests {
         assert!(
             !old.path().join("scdlfs-v1").exists(),
             "the first layout, emptied at every mount by its versions, is removed unasked"
+        );
+
+        let second = tempfile::tempdir().unwrap();
+        let record = |source: &str| {
+            let mut record = SourceRecord::of(source, None);
+            record.layout_version = 2;
+            record.encode()
+        };
+        fs::create_dir_all(second.path().join("scdlfs-cache-v2/parts")).unwrap();
+        fs::write(
+            second.path().join("scdlfs-cache-v2/source.json"),
+            record("s3://another/one"),
+        )
+        .unwrap();
+        let refused = DiskCache::open(second.path(), &owner(), 1 << 20, None)
+            .err()
+            .unwrap();
+        assert!(
+            refused.to_string().contains("(scdlfs-cache-v2)"),
+            "another source's cache of the second layout is refused: {refused}"
+        );
+        fs::write(
+            second.path().join("scdlfs-cache-v2/source.json"),
+            record(&owner().source),
+        )
+        .unwrap();
+        DiskCache::open(second.path(), &owner(), 1 << 20, None).unwrap();
+        assert!(
+            !second.path().join("scdlfs-cache-v2").exists(),
+            "the source's own cache of the second layout is removed unasked"
         );
 
         let newer = tempfile::tempdir().unwrap();

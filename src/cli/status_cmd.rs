@@ -77,9 +77,10 @@ fn render(s: &Status) -> String {
         s.cache.corrupt_parts_dropped,
     );
     out.push_str(&format!(
-        "earlier mount     {} parts ({}) adopted, {} ({}) not claimed yet, {} removed{}\n",
+        "earlier mount     {} parts ({}) adopted ({} by their first read), {} ({}) not claimed yet, {} removed{}\n",
         s.cache.adopted_parts,
         format_size(s.cache.adopted_bytes),
+        s.cache.adopted_by_reads,
         s.cache.unclaimed_parts,
         format_size(s.cache.unclaimed_bytes),
         s.cache.stale_parts_removed,

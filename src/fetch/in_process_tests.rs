@@ -50,28 +50,7 @@ async fn bench_with_cache<S: ObjectStore>(
     let put = memory.put(&key, PutPayload::from(content())).await.unwrap();
     let store = wrap(memory);
     let dir = tempfile::tempdir().unwrap();
-    let cache = Arc::new(
-        DiskCache::open(
-            dir.path(),
-            &crate::cache::CacheOwner {
-                source: "memory".into(),
-                endpoint: None,
-                reset: false,
-            },
-            cache_budget,
-            None,
-        )
-        .unwrap(),
-    );
-    let fetcher = Fetcher::new(
-        store.clone(),
-        cache,
-        PART,
-        slots,
-        READ_TIMEOUT,
-        MEMORY_CAP,
-        Arc::new(Metrics::default()),
-    );
+    let fetcher = fetcher_on(store.clone(), dir.path(), cache_budget, slots);
     let object = Arc::new(ObjectInfo {
         id: ObjectId(0),
         key,
@@ -87,6 +66,31 @@ async fn bench_with_cache<S: ObjectStore>(
             _dir: dir,
         },
         store,
+    )
+}
+
+/// A fetcher of `store` whose cache is (or takes over) the one in `cache_dir`; the
+/// earlier mount's part files are not adopted in the background.
+fn fetcher_on(
+    store: Arc<dyn ObjectStore>,
+    cache_dir: &std::path::Path,
+    cache_budget: u64,
+    slots: usize,
+) -> Arc<Fetcher> {
+    let owner = crate::cache::CacheOwner {
+        source: "memory".into(),
+        endpoint: None,
+        reset: false,
+    };
+    let cache = Arc::new(DiskCache::open(cache_dir, &owner, cache_budget, None).unwrap());
+    Fetcher::new(
+        store,
+        cache,
+        PART,
+        slots,
+        READ_TIMEOUT,
+        MEMORY_CAP,
+        Arc::new(Metrics::default()),
     )
 }
 
@@ -132,6 +136,50 @@ async fn many_readers_of_a_part_share_one_download() {
     // Cached now: more reads make no request.
     read_part(&bench, 2).await.unwrap();
     assert_eq!(counts.hook().total(), 5);
+}
+
+/// The next daemon on the same cache directory, before it has read any of the earlier
+/// mount's headers: a read claims its part's file by name, a prefetch too, and
+/// neither asks the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_after_a_remount_claim_their_parts_files_before_adoption() {
+    let (bench, counts) = bench(4, |s| Arc::new(HookedStore::new(s, CountReads::default()))).await;
+    for index in 0..5 {
+        read_part(&bench, index).await.unwrap();
+    }
+    settle(&bench.fetcher).await;
+    let Bench {
+        fetcher,
+        object,
+        _dir: dir,
+    } = bench;
+    drop(fetcher);
+    let fetcher = fetcher_on(counts.clone(), dir.path(), 1 << 20, 4);
+    // Another mount, other ids.
+    let object = Arc::new(ObjectInfo {
+        id: ObjectId(7),
+        key: object.key.clone(),
+        size: object.size,
+        etag: object.etag.clone(),
+        mtime: object.mtime,
+        group: None,
+    });
+    let bench = Bench {
+        fetcher,
+        object,
+        _dir: dir,
+    };
+    assert!(bench.fetcher.cache().claims_pending());
+    for index in 0..4 {
+        assert_eq!(read_part(&bench, index).await.unwrap(), expected(index));
+    }
+    assert!(
+        !bench.fetcher.prefetch(&bench.object, 4),
+        "claimed, not fetched"
+    );
+    assert_eq!(counts.hook().total(), 5, "only the first mount's requests");
+    let stats = bench.fetcher.cache().stats();
+    assert_eq!((stats.adopted_parts, stats.unclaimed_parts), (5, 0));
 }
 
 /// A double that records the order in which requests were sent (a request is sent

@@ -40,6 +40,7 @@ use object_store::{GetOptions, GetRange, GetResult, GetResultPayload, ObjectStor
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::cache::adopt::ListedObject;
 use crate::cache::{DiskCache, PartOrigin, PinnedPart};
 use crate::catalog::objects::canonical_etag;
 use crate::catalog::ObjectInfo;
@@ -80,6 +81,17 @@ impl PartBytes {
                 Ok(())
             }
         }
+    }
+}
+
+/// An object as the cache's adoption of an earlier mount's parts must know it.
+pub fn listed_object(object: &ObjectInfo) -> ListedObject {
+    ListedObject {
+        id: object.id,
+        key: object.key.to_string(),
+        etag: object.etag.clone(),
+        size: object.size,
+        group: object.group,
     }
 }
 
@@ -361,7 +373,8 @@ impl Fetcher {
     }
 
     /// The part's download and its arriving bytes, joined or started; `None` if the part
-    /// is cached by now.
+    /// is cached by now. While the earlier mount's part files are still being adopted,
+    /// the part's own file, if one is on disk, is claimed first (one header read).
     fn start(
         self: &Arc<Self>,
         object: &Arc<ObjectInfo>,
@@ -369,6 +382,13 @@ impl Fetcher {
         urgency: Arc<Urgency>,
     ) -> Option<(SharedDownload, Arc<Arriving>)> {
         let key = Self::key(object, index);
+        if self.cache.claims_pending()
+            && self
+                .cache
+                .claim_own(&listed_object(object), self.part_size, index)
+        {
+            return None;
+        }
         let mut in_flight = self.in_flight.lock();
         if let Some(existing) = in_flight.get(&key) {
             if urgency.is_demand() {

@@ -78,7 +78,11 @@ impl TestMount {
     }
 
     pub fn cache_parts_dir(&self) -> PathBuf {
-        self.dir.path().join("cache/scdlfs-cache-v2/parts")
+        self.dir
+            .path()
+            .join("cache")
+            .join(scdlfs::cache::adopt::layout_dir_name())
+            .join("parts")
     }
 
     pub fn status(&self) -> scdlfs::status::Status {
