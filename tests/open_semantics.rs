@@ -70,6 +70,7 @@ fn read_write_open_and_shared_writable_mmap_read_correct_data() {
     );
     eprintln!("msync after a write through the mapping: {sync_error}");
     assert_eq!(snapshot(src.path()), bucket_before, "the bucket changed");
+    mount.settle();
     assert_eq!(
         snapshot(&mount.cache_parts_dir()),
         cache_before,
@@ -123,6 +124,7 @@ fn writes_fail_with_erofs_and_change_nothing() {
     assert_eq!(missing.kind(), ErrorKind::NotFound);
 
     assert_eq!(snapshot(src.path()), before, "the bucket changed");
+    mount.settle();
     assert_eq!(
         snapshot(&mount.cache_parts_dir()),
         cache_before,

@@ -766,16 +766,25 @@ fn private_file() -> OpenOptions {
     options
 }
 
-/// Takes an exclusive lock on `path` (created if missing) for as long as the file lives.
+/// How long a mount waits for the cache directory's lock: a mount that just ended (a
+/// restart, a remount) may take a moment to let its threads go.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// Takes an exclusive lock on `path` (created if missing) for as long as the file lives,
+/// waiting at most [`LOCK_WAIT`] for another holder to let go.
 fn lock_exclusively(path: &Path) -> io::Result<File> {
     let lock = private_file()
         .create(true)
         .truncate(false)
         .write(true)
         .open(path)?;
+    let started = Instant::now();
     // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(io::Error::from(io::ErrorKind::WouldBlock));
+    while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        if started.elapsed() >= LOCK_WAIT {
+            return Err(io::Error::from(io::ErrorKind::WouldBlock));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
     Ok(lock)
 }

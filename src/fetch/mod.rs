@@ -304,6 +304,8 @@ impl Fetcher {
         let _slot = self.direct_reads.try_acquire().ok()?;
         let len = range.end - range.start;
         let memory = self.memory.try_reserve(len)?;
+        // Counted as sent: a reader answered by the download first drops this request.
+        Metrics::add(&self.metrics.direct_reads, 1);
         let read = tokio::time::timeout(self.read_timeout, async {
             let result = self.request(object, range).await?;
             result
@@ -320,7 +322,6 @@ impl Fetcher {
         });
         Some(match read {
             Ok(bytes) if bytes.len() as u64 == len => {
-                Metrics::add(&self.metrics.direct_reads, 1);
                 Metrics::add(&self.metrics.bytes_fetched, len);
                 Ok(memory.hold(bytes))
             }
