@@ -39,7 +39,7 @@ counters! {
     bytes_fetched,
     /// Part downloads completed.
     parts_fetched,
-    /// Reads that asked the store for their own bytes because their part's download was far from them (queued, or its body far short).
+    /// Requests a reader sent for its own bytes because its part's download was far from them (queued, or its body far short).
     direct_reads,
     /// Part downloads that failed after retries.
     fetch_errors,

@@ -51,6 +51,7 @@ fn flipped_bits_in_cached_parts_are_never_served_and_are_refetched() {
     for (name, bytes) in &want {
         assert!(&read_uncached(&mount.path().join(name)) == bytes, "{name}");
     }
+    mount.settle();
     let before = counted.hook().snapshot();
     assert!(before.values().all(|&n| n == 1), "one download per part");
 
@@ -88,6 +89,7 @@ fn flipped_bits_in_cached_parts_are_never_served_and_are_refetched() {
             );
         }
     }
+    mount.settle();
     let after = counted.hook().snapshot();
     let refetched: HashMap<_, _> = after
         .iter()

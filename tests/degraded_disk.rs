@@ -85,6 +85,7 @@ fn a_removed_cache_directory_serves_from_the_store() {
         .into_iter()
         .partition(|(name, _)| name.starts_with("nested"));
     read_all(&mount, &first);
+    mount.settle();
     std::fs::remove_dir_all(mount.cache_parts_dir()).unwrap();
     read_all(&mount, &rest);
     read_all(&mount, &want);

@@ -54,6 +54,7 @@ fn read_write_open_and_shared_writable_mmap_read_correct_data() {
     // SAFETY: the mapping is `len` bytes long and lives until munmap below.
     let mapped = unsafe { std::slice::from_raw_parts(map as *const u8, len) };
     assert_eq!(mapped, &mono.data[..]);
+    mount.settle();
     let cache_before = snapshot(&mount.cache_parts_dir());
     // Written through once: the write-back must be refused and change nothing.
     // SAFETY: byte 0 lies in the mapping, which is writable.
@@ -69,6 +70,7 @@ fn read_write_open_and_shared_writable_mmap_read_correct_data() {
     );
     eprintln!("msync after a write through the mapping: {sync_error}");
     assert_eq!(snapshot(src.path()), bucket_before, "the bucket changed");
+    mount.settle();
     assert_eq!(
         snapshot(&mount.cache_parts_dir()),
         cache_before,
@@ -89,6 +91,7 @@ fn writes_fail_with_erofs_and_change_nothing() {
     // Warm the cache, then record it.
     let _ = std::fs::read(mnt.join("nested/big.bin")).unwrap();
     let _ = std::fs::read(mnt.join("ds/data.npy")).unwrap();
+    mount.settle();
     let cache_before = snapshot(&mount.cache_parts_dir());
     assert!(!cache_before.is_empty());
 
@@ -121,6 +124,7 @@ fn writes_fail_with_erofs_and_change_nothing() {
     assert_eq!(missing.kind(), ErrorKind::NotFound);
 
     assert_eq!(snapshot(src.path()), before, "the bucket changed");
+    mount.settle();
     assert_eq!(
         snapshot(&mount.cache_parts_dir()),
         cache_before,

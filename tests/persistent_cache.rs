@@ -78,11 +78,13 @@ impl Setup {
         (mount, counted)
     }
 
+    /// Reads the files, checking every byte; returns once their parts are cached.
     fn read_all(&self, mount: &TestMount, names: &[&String]) {
         for name in names {
             let got = std::fs::read(mount.path().join(name)).unwrap();
             assert!(got == self.want[*name], "{name}: wrong bytes");
         }
+        mount.settle();
     }
 }
 

@@ -69,7 +69,16 @@ struct ResidentFile {
     data_len: u64,
     block_len: u32,
     block_crc32c: Box<[u32]>,
+    /// When the kernel was last told the whole part will be read
+    /// ([`ADVISE_AGAIN_AFTER`]), in milliseconds since the cache opened; 0: never.
+    advised_at_ms: AtomicU64,
 }
+
+/// A part read at all is soon read through (a chunk window's rows spread over all of
+/// it), so its first read asks the kernel to read the whole part from disk at once
+/// instead of a read-ahead window per FUSE read; asked again after this long, in case
+/// the page cache dropped it. Cheap when the pages are resident.
+const ADVISE_AGAIN_AFTER: Duration = Duration::from_secs(1);
 
 /// Where a part's bytes came from: what its file's header records.
 #[derive(Clone, Copy, Debug)]
@@ -218,6 +227,8 @@ pub struct DiskCache {
     disk_retry_after: Duration,
     refused_for_disk: AtomicU64,
     open_files: OpenFiles,
+    /// The clock of the read-ahead advice ([`ADVISE_AGAIN_AFTER`]).
+    opened: Instant,
     /// Held for the daemon's life: an exclusive lock on the cache directory.
     _lock: File,
     /// Lets a test act at the moments the directory grows or shrinks.
@@ -325,6 +336,7 @@ impl DiskCache {
             disk: Mutex::new(DiskState::default()),
             disk_retry_after: DISK_RETRY_AFTER,
             refused_for_disk: AtomicU64::new(0),
+            opened: Instant::now(),
             open_files: OpenFiles::new(open_files::bound_for_this_process()),
             _lock: lock,
             #[cfg(test)]
@@ -548,6 +560,7 @@ impl DiskCache {
                     data_len: header.data_len,
                     block_len: header.block_len,
                     block_crc32c: header.block_crc32c.into(),
+                    advised_at_ms: AtomicU64::new(0),
                 }),
                 stray.path,
             ),
@@ -693,6 +706,7 @@ impl DiskCache {
                     data_len: header.data_len,
                     block_len: header.block_len,
                     block_crc32c: header.block_crc32c.into(),
+                    advised_at_ms: AtomicU64::new(0),
                 }),
                 path,
             ),
@@ -851,16 +865,25 @@ fn private_file() -> OpenOptions {
     options
 }
 
-/// Takes an exclusive lock on `path` (created if missing) for as long as the file lives.
+/// How long a mount waits for the cache directory's lock: a mount that just ended (a
+/// restart, a remount) may take a moment to let its threads go.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// Takes an exclusive lock on `path` (created if missing) for as long as the file lives,
+/// waiting at most [`LOCK_WAIT`] for another holder to let go.
 fn lock_exclusively(path: &Path) -> io::Result<File> {
     let lock = private_file()
         .create(true)
         .truncate(false)
         .write(true)
         .open(path)?;
+    let started = Instant::now();
     // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(io::Error::from(io::ErrorKind::WouldBlock));
+    while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        if started.elapsed() >= LOCK_WAIT {
+            return Err(io::Error::from(io::ErrorKind::WouldBlock));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
     Ok(lock)
 }
@@ -1017,6 +1040,7 @@ impl PinnedPart {
             .open_files
             .file(&file.file, |path| private_file().read(true).open(path))
             .map_err(|error| self.vanished(error))?;
+        self.advise_whole_part(&handle);
         let range = offset..offset + buf.len() as u64;
         assert!(range.end <= file.data_len, "read past the part's end");
         let block_len = file.block_len as u64;
@@ -1052,6 +1076,30 @@ impl PinnedPart {
             })?;
         }
         Ok(())
+    }
+
+    /// Asks the kernel to bring the whole part into the page cache, at most once per
+    /// [`ADVISE_AGAIN_AFTER`]. Advice only: a failure changes nothing but speed.
+    fn advise_whole_part(&self, handle: &File) {
+        let now = self.cache.opened.elapsed().as_millis() as u64 + 1;
+        let last = self.file.advised_at_ms.load(Ordering::Relaxed);
+        if last != 0 && now - last < ADVISE_AGAIN_AFTER.as_millis() as u64 {
+            return;
+        }
+        if self
+            .file
+            .advised_at_ms
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            let len = std::num::NonZeroU64::new(self.file.data_len);
+            let _ = rustix::fs::fadvise(
+                handle,
+                self.file.data_offset,
+                len,
+                rustix::fs::Advice::WillNeed,
+            );
+        }
     }
 
     /// A part file that cannot be opened again (deleted behind the daemon's back) is

@@ -285,11 +285,11 @@ impl Fetcher {
                     }),
                 }
             };
-            if !self.worth_a_direct_read(&arriving, &within) {
+            let part = self.part_range(object, index);
+            if !self.worth_a_direct_read(&arriving, &within, part.end - part.start) {
                 return streamed.await;
             }
-            let part_start = self.part_range(object, index).start;
-            let own = part_start + within.start..part_start + within.end;
+            let own = part.start + within.start..part.start + within.end;
             tokio::select! {
                 read = streamed => return read,
                 // A failed or refused direct read leaves the reader to the download.
@@ -301,9 +301,12 @@ impl Fetcher {
     }
 
     /// Whether a reader of `within` should ask for its own bytes beside the download:
-    /// they are few, and the download waits for a slot or its body is far short of them.
-    fn worth_a_direct_read(&self, arriving: &Arriving, within: &Range<u64>) -> bool {
-        within.end - within.start <= DIRECT_READ_MAX
+    /// they are few, less than half their part (more would repeat the download), and
+    /// the download waits for a slot or its body is far short of them.
+    fn worth_a_direct_read(&self, arriving: &Arriving, within: &Range<u64>, part_len: u64) -> bool {
+        let len = within.end - within.start;
+        len <= DIRECT_READ_MAX
+            && 2 * len < part_len
             && (!arriving.is_sent() || within.end > arriving.received() + DIRECT_READ_LEAD)
     }
 
@@ -313,6 +316,8 @@ impl Fetcher {
         let _slot = self.direct_reads.try_acquire().ok()?;
         let len = range.end - range.start;
         let memory = self.memory.try_reserve(len)?;
+        // Counted as sent: a reader answered by the download first drops this request.
+        Metrics::add(&self.metrics.direct_reads, 1);
         let read = tokio::time::timeout(self.read_timeout, async {
             let result = self.request(object, range).await?;
             result
@@ -329,7 +334,6 @@ impl Fetcher {
         });
         Some(match read {
             Ok(bytes) if bytes.len() as u64 == len => {
-                Metrics::add(&self.metrics.direct_reads, 1);
                 Metrics::add(&self.metrics.bytes_fetched, len);
                 Ok(memory.hold(bytes))
             }

@@ -88,6 +88,19 @@ impl TestMount {
     pub fn status(&self) -> scdlfs::status::Status {
         self.mount.as_ref().unwrap().status()
     }
+
+    /// Waits (at most 30 s) until no download is under way: a read returns once its
+    /// own bytes have arrived, and its part lands in the cache a little later.
+    pub fn settle(&self) {
+        let started = std::time::Instant::now();
+        while self.status().downloads_in_flight > 0 {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(30),
+                "downloads still under way after 30 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
 }
 
 impl Drop for TestMount {
