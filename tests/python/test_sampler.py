@@ -346,17 +346,22 @@ def _epoch_over_link(sampler_bucket, link, tmp_path, hints: bool, digests):
     return counters, plans
 
 
-def test_hints_cut_the_reads_that_wait(sampler_bucket, link, tmp_path, generated):
+def test_hints_foresee_the_parts_the_reads_need(sampler_bucket, link, tmp_path, generated):
+    """With hints the prefetcher asks for the parts before the reader needs them; without,
+    the reader starts most downloads itself. Counted as downloads a reader had to start,
+    not as reads that waited: how long a prefetched part takes to arrive depends on the
+    machine's load, and speed belongs to the benchmarks."""
     _, digests = generated
     hinted, plans = _epoch_over_link(sampler_bucket, link, tmp_path, True, digests)
     unhinted, no_plans = _epoch_over_link(sampler_bucket, link, tmp_path, False, digests)
-    print(f"reads that waited: {hinted['demand_reads_waited']} with hints, "
-          f"{unhinted['demand_reads_waited']} without; prefetch hits {hinted['prefetch_hits']}; fetched "
-          f"{hinted['bytes_fetched']} and {unhinted['bytes_fetched']} bytes")  # fmt: skip
+    print(f"downloads a reader started: {hinted['demand_downloads']} with hints, "
+          f"{unhinted['demand_downloads']} without, of {hinted['parts_fetched']} and "
+          f"{unhinted['parts_fetched']} parts; reads that waited: {hinted['demand_reads_waited']} and "
+          f"{unhinted['demand_reads_waited']}; prefetch hits {hinted['prefetch_hits']}")  # fmt: skip
     assert [p["dataset"] for p in plans] == [DATASET] and plans[0]["epoch"] == 0, plans
     assert no_plans == []
-    assert unhinted["demand_reads_waited"] >= 10, unhinted
-    assert hinted["demand_reads_waited"] * 3 <= unhinted["demand_reads_waited"], (hinted, unhinted)
+    assert unhinted["demand_downloads"] >= 10, unhinted
+    assert hinted["demand_downloads"] * 3 <= unhinted["demand_downloads"], (hinted, unhinted)
 
 
 def test_two_ranks_fetch_their_own_shares(sampler_bucket, link, tmp_path, generated):
