@@ -8,6 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +47,17 @@ impl Setup {
             .path()
             .join(scdlfs::cache::adopt::layout_dir_name())
             .join("parts")
+    }
+
+    /// `scdlfs mount --foreground` of the source on `mountpoint` with the shared cache
+    /// directory and a 256 MiB budget, as a daemon of its own (for kills and fd limits).
+    fn daemon_command(&self, mountpoint: &Path, part_size: &str) -> Command {
+        foreground_mount(
+            self.src.path(),
+            mountpoint,
+            self.cache.path(),
+            &["--cache-size", "256MiB", "--read-part-size", part_size],
+        )
     }
 
     /// Mounts the source through a request counter on the shared cache directory, and
@@ -233,12 +245,7 @@ fn a_daemon_killed_while_downloading_leaves_a_cache_the_next_mount_can_trust() {
     let setup = Setup::new();
     let mountpoint = tempfile::tempdir().unwrap();
     let mut guard = Cleanup::unmounting(mountpoint.path().to_owned());
-    let mut command = foreground_mount(
-        setup.src.path(),
-        mountpoint.path(),
-        setup.cache.path(),
-        &["--cache-size", "256MiB", "--read-part-size", "64KiB"],
-    );
+    let mut command = setup.daemon_command(mountpoint.path(), "64KiB");
     let daemon = guard.spawn(&mut command);
     wait_until_mounted(mountpoint.path(), daemon);
     // Readers of every file at once; the daemon dies under them.
@@ -334,12 +341,7 @@ fn more_cached_parts_than_open_files_allowed_still_read_right() {
     for round in 0..2 {
         let mountpoint = tempfile::tempdir().unwrap();
         let mut guard = Cleanup::unmounting(mountpoint.path().to_owned());
-        let mut command = foreground_mount(
-            setup.src.path(),
-            mountpoint.path(),
-            setup.cache.path(),
-            &["--cache-size", "256MiB", "--read-part-size", "4KiB"],
-        );
+        let mut command = setup.daemon_command(mountpoint.path(), "4KiB");
         command.args(["--fuse-threads", "1", "--max-concurrent-requests", "2"]);
         // SAFETY: setrlimit before exec, on the child's own limits.
         unsafe {

@@ -449,6 +449,16 @@ impl crate::store::wrapper::GetHook for Trickle {
     }
 }
 
+/// A reader of bytes `within` of part `index`, on a task of its own.
+fn spawn_read_within(
+    bench: &Arc<Bench>,
+    index: u64,
+    within: Range<u64>,
+) -> tokio::task::JoinHandle<FsResult<Vec<u8>>> {
+    let bench = bench.clone();
+    tokio::spawn(async move { read_within(&bench, index, within).await })
+}
+
 async fn read_within(bench: &Bench, index: u64, within: Range<u64>) -> FsResult<Vec<u8>> {
     let bytes = bench
         .fetcher
@@ -467,10 +477,7 @@ fn expected_within(index: u64, within: Range<u64>) -> Vec<u8> {
 async fn a_reader_is_answered_once_the_body_has_passed_its_bytes() {
     let (bench, trickle) = bench(4, |s| Arc::new(HookedStore::new(s, Trickle::new(200)))).await;
     let bench = Arc::new(bench);
-    let reader = tokio::spawn({
-        let bench = bench.clone();
-        async move { read_within(&bench, 1, 300..380).await }
-    });
+    let reader = spawn_read_within(&bench, 1, 300..380);
     // Two pieces (bytes 0..400) are not enough for the whole part, but for the reader.
     trickle.hook().pieces.add_permits(2);
     let read = tokio::time::timeout(Duration::from_secs(5), reader).await;
@@ -550,10 +557,7 @@ async fn a_reader_whose_part_waits_for_a_slot_asks_for_its_own_bytes() {
 async fn a_reader_whose_part_is_on_the_wire_waits_for_its_body_alone() {
     let (bench, trickle) = bench(4, |s| Arc::new(HookedStore::new(s, Trickle::new(100)))).await;
     let bench = Arc::new(bench);
-    let reader = tokio::spawn({
-        let bench = bench.clone();
-        async move { read_within(&bench, 2, 100..200).await }
-    });
+    let reader = spawn_read_within(&bench, 2, 100..200);
     trickle.hook().pieces.add_permits(1000);
     assert_eq!(reader.await.unwrap().unwrap(), expected_within(2, 100..200));
     assert_eq!(*trickle.hook().asked.lock(), vec![2000..3000]);
@@ -570,10 +574,7 @@ async fn a_direct_read_of_a_changed_object_is_refused_not_mixed() {
         .put(&bench.object.key, PutPayload::from(replaced))
         .await
         .unwrap();
-    let reader = tokio::spawn({
-        let bench = bench.clone();
-        async move { read_within(&bench, 4, 10..20).await }
-    });
+    let reader = spawn_read_within(&bench, 4, 10..20);
     // The direct read is refused; the part's own download, once it has a slot, too.
     trickle.hook().pieces.add_permits(1000);
     let read = tokio::time::timeout(Duration::from_secs(5), reader).await;
