@@ -403,55 +403,124 @@ fn entry(array: &[u8], width: usize, index: u64) -> u64 {
     u64::from_le_bytes(bytes)
 }
 
+/// A monolithic dataset of `chunks` virtual chunks of the default rows, opened through
+/// a core configured by `configure` (given the dataset's bytes): its three arrays and
+/// its hint file open.
+struct MonolithicReader {
+    core: Core,
+    mono: Monolithic,
+    rows: u64,
+    /// `(inode, handle)` of each array, in [`ArrayKind::ALL`] order.
+    arrays: Vec<(u64, u64)>,
+    hints: u64,
+    dataset_bytes: u64,
+}
+
+impl MonolithicReader {
+    async fn open(
+        chunks: u64,
+        configure: impl FnOnce(&mut MountSettings, u64),
+    ) -> MonolithicReader {
+        let spec = SyntheticDataset {
+            rows: chunks * scdlfs::catalog::monolithic::DEFAULT_VIRTUAL_CHUNK_ROWS,
+            genes: 300,
+            chunk_rows: 1024, // unused: the archive is monolithic
+            mean_values: 40,
+            seed: 5,
+        };
+        let mono = Monolithic::of(&spec);
+        let dataset_bytes = ArrayKind::ALL
+            .iter()
+            .map(|&k| mono.array(k).len() as u64)
+            .sum::<u64>();
+        let core = core_of(&monolithic_files(&spec), |s| configure(s, dataset_bytes)).await;
+        let mut arrays = Vec::new();
+        for kind in ArrayKind::ALL {
+            let attr = core
+                .resolve(&format!("ds/{}", kind.file_name()))
+                .await
+                .unwrap();
+            arrays.push((attr.ino.0, core.core.open(attr.ino.0).unwrap().handle));
+        }
+        let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
+        let hints = core.core.open(hints.ino.0).unwrap().handle;
+        MonolithicReader {
+            core,
+            mono,
+            rows: spec.rows,
+            arrays,
+            hints,
+            dataset_bytes,
+        }
+    }
+
+    /// Reads virtual chunk `chunk` as a reader of the arrays does: its rows' offsets,
+    /// then their values and column ids, in 4 KiB reads, each checked.
+    async fn read_chunk(&self, chunk: u64) {
+        let chunk_rows = scdlfs::catalog::monolithic::DEFAULT_VIRTUAL_CHUNK_ROWS;
+        let mono = &self.mono;
+        let rows = chunk * chunk_rows..(chunk + 1) * chunk_rows;
+        let row_width = mono.row_ptr.len() / (self.rows as usize + 1);
+        let col_width = mono.col_ptr.len() / (mono.data.len() / 4);
+        let (start, end) = (
+            entry(&mono.row_ptr, row_width, rows.start),
+            entry(&mono.row_ptr, row_width, rows.end),
+        );
+        let widths = [4, row_width as u64, col_width as u64];
+        for (k, kind) in ArrayKind::ALL.into_iter().enumerate() {
+            let bytes = match kind {
+                ArrayKind::RowPtr => rows.start * widths[k]..(rows.end + 1) * widths[k],
+                _ => start * widths[k]..end * widths[k],
+            };
+            let (ino, handle) = self.arrays[k];
+            for offset in bytes.clone().step_by(4096) {
+                let len = (bytes.end - offset).min(4096);
+                let got = self
+                    .core
+                    .core
+                    .read(ino, handle, offset, len as u32)
+                    .await
+                    .unwrap();
+                let want = &mono.array(kind)[offset as usize..(offset + len) as usize];
+                assert!(got == want, "{kind:?} at {offset} of chunk {chunk}");
+            }
+        }
+    }
+
+    fn plan_position(&self) -> usize {
+        self.core.observer.status().active_plans[0].position
+    }
+}
+
 /// A reader that goes through a monolithic dataset larger than its cache in
 /// the same order every epoch, one virtual chunk a step. Least-recently-used eviction
 /// throws out each virtual chunk just before the reader comes back to it, and fetches
 /// the whole dataset again every epoch. The plan ranks the parts of the steps it has
 /// located: the second epoch fetches about what the cache cannot hold, and nothing
-/// the plan needs is evicted between its prefetch and its read.
+/// the plan needs is evicted between its prefetch and its read, nor fetched for a step
+/// the reader has passed or for the end of the next epoch as it starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_keeps_what_a_monolithic_reader_needs_next_in_a_cache_smaller_than_the_dataset() {
-    let chunk_rows = scdlfs::catalog::monolithic::DEFAULT_VIRTUAL_CHUNK_ROWS;
     let chunks = 24u64;
-    let spec = SyntheticDataset {
-        rows: chunks * chunk_rows,
-        genes: 300,
-        chunk_rows: 1024, // unused: the archive is monolithic
-        mean_values: 40,
-        seed: 5,
-    };
-    let mono = Monolithic::of(&spec);
-    let dataset_bytes = ArrayKind::ALL
-        .iter()
-        .map(|&k| mono.array(k).len() as u64)
-        .sum::<u64>();
-    let cache_bytes = dataset_bytes * 3 / 4;
-    let core = core_of(&monolithic_files(&spec), |s| {
+    let reader = MonolithicReader::open(chunks, |s, dataset_bytes| {
         s.part_size = 64 << 10;
-        s.cache_bytes = cache_bytes;
+        s.cache_bytes = dataset_bytes * 3 / 4;
         s.prefetch_lookahead_steps = 2;
         // No kernel reads around pages here: small margins for it.
         s.read_ahead = Some(16 << 10);
     })
     .await;
-    let mut arrays = Vec::new();
-    for kind in ArrayKind::ALL {
-        let attr = core
-            .resolve(&format!("ds/{}", kind.file_name()))
-            .await
-            .unwrap();
-        arrays.push((attr.ino.0, core.core.open(attr.ino.0).unwrap().handle));
-    }
-    let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
-    let hints = core.core.open(hints.ino.0).unwrap().handle;
-    let row_width = mono.row_ptr.len() / (spec.rows as usize + 1);
-    let col_width = mono.col_ptr.len() / (mono.data.len() / 4);
+    let (core, dataset_bytes) = (&reader.core, reader.dataset_bytes);
+    let cache_bytes = dataset_bytes * 3 / 4;
     let windows: String = (0..chunks).map(|c| format!("window {c}\n")).collect();
     let mut fetched = Vec::new();
     let mut twice = Vec::new();
     for epoch in 0..2 {
         let greeting = match epoch {
-            0 => format!("scdlfs-hints 2\nchunk-rows {chunk_rows}\n"),
+            0 => format!(
+                "scdlfs-hints 2\nchunk-rows {}\n",
+                scdlfs::catalog::monolithic::DEFAULT_VIRTUAL_CHUNK_ROWS
+            ),
             _ => String::new(),
         };
         let lines = format!("{greeting}plan {epoch}\n{windows}");
@@ -459,32 +528,9 @@ async fn a_plan_keeps_what_a_monolithic_reader_needs_next_in_a_cache_smaller_tha
             core.observer.status().counters.bytes_fetched,
             core.reads.hook().snapshot(),
         );
-        core.core.write(hints, lines.as_bytes()).unwrap();
+        core.core.write(reader.hints, lines.as_bytes()).unwrap();
         for chunk in 0..chunks {
-            // The rows' offsets, then their values and column ids, in 4 KiB reads.
-            let rows = chunk * chunk_rows..(chunk + 1) * chunk_rows;
-            let (start, end) = (
-                entry(&mono.row_ptr, row_width, rows.start),
-                entry(&mono.row_ptr, row_width, rows.end),
-            );
-            let widths = [4, row_width as u64, col_width as u64];
-            for (k, kind) in ArrayKind::ALL.into_iter().enumerate() {
-                let bytes = match kind {
-                    ArrayKind::RowPtr => rows.start * widths[k]..(rows.end + 1) * widths[k],
-                    _ => start * widths[k]..end * widths[k],
-                };
-                let (ino, handle) = arrays[k];
-                for offset in bytes.clone().step_by(4096) {
-                    let len = (bytes.end - offset).min(4096);
-                    let got = core
-                        .core
-                        .read(ino, handle, offset, len as u32)
-                        .await
-                        .unwrap();
-                    let want = &mono.array(kind)[offset as usize..(offset + len) as usize];
-                    assert!(got == want, "{kind:?} at {offset} in epoch {epoch}");
-                }
-            }
+            reader.read_chunk(chunk).await;
         }
         fetched.push(core.observer.status().counters.bytes_fetched - bytes_before);
         let again = requested_again(&requests_before, core.reads.hook().snapshot());
@@ -492,6 +538,32 @@ async fn a_plan_keeps_what_a_monolithic_reader_needs_next_in_a_cache_smaller_tha
     }
     assert_a_second_epoch_reuses_the_cache("in-process", dataset_bytes, cache_bytes, &fetched);
     assert_eq!(twice, [vec![], vec![]], "parts fetched twice in one epoch");
+}
+
+/// The reader of a monolithic dataset is followed by the row offsets it reads itself,
+/// not only through the steps the prefetch has located: with no lookahead the prefetch
+/// locates the current step alone, and a reader that moves on (as one that outruns
+/// a lagging prefetch does) is found at its new step by its reads of values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_monolithic_reader_is_followed_before_the_prefetch_locates_its_step() {
+    let reader = MonolithicReader::open(16, |s, _| s.prefetch_lookahead_steps = 0).await;
+    let windows: String = (0..16).map(|c| format!("window {c}\n")).collect();
+    let lines = format!("scdlfs-hints 2\nchunk-rows 1024\nplan 0\n{windows}");
+    reader
+        .core
+        .core
+        .write(reader.hints, lines.as_bytes())
+        .unwrap();
+    reader.read_chunk(0).await;
+    assert_eq!(reader.plan_position(), 0);
+    reader.read_chunk(9).await;
+    assert_eq!(
+        reader.plan_position(),
+        9,
+        "the reader's values name its step"
+    );
+    reader.read_chunk(10).await;
+    assert_eq!(reader.plan_position(), 10);
 }
 
 proptest::proptest! {

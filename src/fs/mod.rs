@@ -206,6 +206,7 @@ impl FsCore {
         };
         match &result {
             Ok(bytes) => {
+                self.prefetcher.observe_served(&file.content, offset, bytes);
                 Metrics::add(&self.metrics.reads, 1);
                 Metrics::add(&self.metrics.bytes_read, bytes.len() as u64);
             }

@@ -415,15 +415,49 @@ impl Prefetcher {
                     for part in self.fetcher.parts_of(range) {
                         touched.push((active.dataset.clone(), None, Fetcher::key(object, part)));
                     }
+                    // Once the offsets around the values were read, the read names its
+                    // virtual chunks too: steps not resolved yet are matched by those.
+                    let width = dataset.width(kind);
+                    let values = range.start / width..range.end.div_ceil(width);
+                    if let Some((first, last)) = dataset.chunks_of_values(values) {
+                        let part = Fetcher::key(object, range.start / self.fetcher.part_size());
+                        for chunk in first..=last {
+                            touched.push((active.dataset.clone(), Some(chunk as usize), part));
+                        }
+                    }
                 }
             }
+        }
+    }
+
+    /// Called with the bytes of every read served while plans exist: the row offsets a
+    /// reader of a monolithic dataset reads locate its virtual chunks, for matching its
+    /// reads to steps and for ranking their parts, however far the prefetch lags.
+    pub fn observe_served(&self, content: &FileContent, offset: u64, bytes: &[u8]) {
+        if self.plan_count.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let FileContent::Object(object) = content else {
+            return;
+        };
+        let plans = self.plans.lock();
+        let mut located = false;
+        for active in plans.values() {
+            if let Dataset::Monolithic(dataset) = &active.dataset {
+                if Arc::ptr_eq(dataset.array(ArrayKind::RowPtr), object) {
+                    located |= dataset.remember_served_row_offsets(offset, bytes);
+                }
+            }
+        }
+        if located {
+            self.after_plans_changed(&plans);
         }
     }
 
     /// Issues prefetches for every plan's next steps, within the bounds, and records
     /// the parts of each step it could resolve for matching reads to steps.
     fn top_up(&self) {
-        let snapshot: Vec<(u64, Dataset, usize, Vec<Step>)> = self
+        let snapshot: Vec<(u64, u64, Dataset, usize, Vec<Step>)> = self
             .plans
             .lock()
             .iter()
@@ -432,22 +466,44 @@ impl Prefetcher {
                 let end = (start + 1 + self.config.lookahead_steps).min(a.plan.steps.len());
                 (
                     *handle,
+                    a.plan.revision(),
                     a.dataset.clone(),
                     start,
                     a.plan.steps[start..end].to_vec(),
                 )
             })
             .collect();
+        // Resolving a monolithic step locates its virtual chunks, which ranks its parts.
+        let monolithic: Vec<Arc<MonolithicDataset>> = snapshot
+            .iter()
+            .filter_map(|(_, _, dataset, ..)| match dataset {
+                Dataset::Monolithic(dataset) => Some(dataset.clone()),
+                Dataset::Chunked(_) => None,
+            })
+            .collect();
+        let located = || -> usize { monolithic.iter().map(|d| d.known_boundaries()).sum() };
+        let located_before = located();
         let max_in_flight = 2 * self.fetcher.max_concurrent_requests();
         let mut ahead_bytes = 0u64;
         let mut seen = HashSet::new();
         let mut resolved = Vec::new();
-        'plans: for (handle, dataset, first, steps) in snapshot {
+        'plans: for (handle, revision, dataset, first, steps) in snapshot {
             for (offset, step) in steps.into_iter().enumerate() {
                 let reads = match &dataset {
                     Dataset::Chunked(dataset) => self.step_reads(dataset, &step),
                     Dataset::Monolithic(dataset) => self.monolithic_step_reads(dataset, &step),
                 };
+                // The reader may have moved on since the snapshot, and the eviction
+                // freed the steps it passed: those are not fetched again. Checked under
+                // the lock that moves positions, so no move slips in before the
+                // prefetches are issued.
+                let plans = self.plans.lock();
+                let upcoming = plans
+                    .get(&handle)
+                    .is_some_and(|a| a.plan.is_upcoming(revision, first + offset));
+                if !upcoming {
+                    continue;
+                }
                 let mut parts = HashSet::new();
                 let around = reads.read_around.iter().map(|r| (r, false));
                 for ((object, range), of_the_step) in
@@ -469,6 +525,7 @@ impl Prefetcher {
                         self.fetcher.prefetch(object, index);
                     }
                 }
+                drop(plans);
                 if reads.complete {
                     resolved.push((handle, first + offset, step, parts));
                 }
@@ -482,6 +539,9 @@ impl Prefetcher {
             if let Some(active) = plans.get_mut(&handle) {
                 active.plan.resolve(index, &step, parts);
             }
+        }
+        if located() != located_before {
+            self.after_plans_changed(&plans);
         }
     }
 

@@ -113,6 +113,9 @@ pub struct Plan {
     pub position: usize,
     /// Reads of other steps since the position last moved, by step.
     reads_elsewhere: HashMap<usize, u32>,
+    /// Counts the batches applied: step indices taken before a batch may name other
+    /// steps after it (a new epoch, retired steps).
+    revision: u64,
 }
 
 impl Plan {
@@ -135,6 +138,7 @@ impl Plan {
             parts: Vec::new(),
             position: self.position,
             reads_elsewhere: HashMap::new(),
+            revision: self.revision,
         };
         let mut replaced = false;
         let mut appended = Vec::new();
@@ -209,6 +213,7 @@ impl Plan {
         self.epoch = next.epoch;
         self.position = next.position.min(self.steps.len());
         self.reads_elsewhere.clear();
+        self.revision += 1;
         Ok(())
     }
 
@@ -217,6 +222,19 @@ impl Plan {
         if self.steps.get(index) == Some(step) {
             self.parts[index] = Some(parts);
         }
+    }
+
+    /// Which batch of lines the step indices refer to: see [`Plan::is_upcoming`].
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// Whether step `index`, as of `revision`, is not behind the reader (the step just
+    /// left counts as current, as in [`Plan::chunks_ahead`]). A top-up computed on an
+    /// older position or plan must not fetch what the reader has passed and the
+    /// eviction has freed, nor what a new epoch needs only at its end.
+    pub fn is_upcoming(&self, revision: u64, index: usize) -> bool {
+        self.revision == revision && index + 1 >= self.position
     }
 
     fn touches(&self, index: usize, touched: &Touched, layout: &ChunkGeometry) -> bool {
@@ -464,6 +482,29 @@ mod tests {
         }
         assert!(plan.observe(&read_of(1), &l));
         assert_eq!(plan.position, 1);
+    }
+
+    /// A top-up takes its steps from the plan as it was; by the time it fetches them
+    /// the reader may have passed them, or a new batch may have renumbered them.
+    #[test]
+    fn steps_are_upcoming_until_passed_and_only_in_their_revision() {
+        let l = layout(6, 10);
+        let mut plan = Plan::default();
+        let lines: Vec<HintLine> = std::iter::once(HintLine::Plan { epoch: 1 })
+            .chain((0..6).map(|c| window(&[c])))
+            .collect();
+        plan.apply(&lines, &l, usize::MAX).unwrap();
+        let revision = plan.revision();
+        assert!(plan.is_upcoming(revision, 0));
+        while !plan.observe(&chunks(&[2]), &l) {}
+        assert!(!plan.is_upcoming(revision, 0), "passed");
+        assert!(plan.is_upcoming(revision, 1), "just left: still current");
+        assert!(plan.is_upcoming(revision, 5));
+        // The next epoch in the same order names the same steps at the same places,
+        // but the end of the last epoch is the far end of the new one.
+        plan.apply(&lines, &l, usize::MAX).unwrap();
+        assert!(!plan.is_upcoming(revision, 5));
+        assert!(plan.is_upcoming(plan.revision(), 5));
     }
 
     #[test]
