@@ -80,8 +80,9 @@ impl ReadPath {
         needs
     }
 
-    /// Serves the read from the disk cache alone, if every part is there and every
-    /// chunk check has passed; `None` if the read must wait for something.
+    /// Serves the read from the disk cache (and the bytes the fetcher holds in memory)
+    /// alone, if every part is there and every chunk check has passed; `None` if the
+    /// read must wait for something.
     pub fn read_cached(&self, plan: &ReadPlan) -> Option<FsResult<Vec<u8>>> {
         if let Some((dataset, chunks)) = &plan.chunks_to_check {
             for &chunk in chunks {
@@ -94,8 +95,11 @@ impl ReadPath {
         }
         let mut parts = HashMap::new();
         for need in self.parts_needed(plan) {
-            let part = self.fetcher.cache().get(need.key)?;
-            parts.insert(need.key, PartBytes::Cached(part));
+            let part = match self.fetcher.cache().get(need.key) {
+                Some(part) => PartBytes::Cached(part),
+                None => self.fetcher.in_memory(need.key, &need.within)?,
+            };
+            parts.insert(need.key, part);
         }
         match self.finish(plan, &parts) {
             // The bad part is out of the cache now: the read goes to the network.
@@ -112,7 +116,9 @@ impl ReadPath {
         let started = Instant::now();
         let needed = self.parts_needed(&plan);
         let cache = self.fetcher.cache();
-        let mut on_network = needed.iter().any(|need| !cache.contains(need.key));
+        let mut on_network = needed.iter().any(|need| {
+            !cache.contains(need.key) && self.fetcher.in_memory(need.key, &need.within).is_none()
+        });
         let checks = async {
             if let Some((dataset, chunks)) = &plan.chunks_to_check {
                 // Pieces come in file order, so a chunk's repeats are adjacent.

@@ -695,6 +695,80 @@ mod prefetcher_events {
         );
     }
 
+    /// The ranges a store was asked for of `key`.
+    fn requested(core: &Core, key: &str) -> Vec<std::ops::Range<u64>> {
+        let reads = core.reads.hook().snapshot();
+        reads
+            .into_keys()
+            .filter(|(k, _)| k == key)
+            .map(|(_, range)| range.expect("ranged reads only"))
+            .collect()
+    }
+
+    /// A window's readers map the flat arrays, and the kernel reads around the rows
+    /// they touch, across the window's chunk edges into the neighbouring chunks. Those
+    /// few bytes are fetched on their own, not as their parts (here each a whole array,
+    /// which would be the neighbour fetched for its own window, long before it), and a
+    /// read of them is served from memory, without another request.
+    #[tokio::test(start_paused = true)]
+    async fn a_window_fetches_the_edges_of_its_neighbours_not_their_parts() {
+        let files = dataset_files("ds");
+        let core = core_of(&files, |s| {
+            s.part_size = 1 << 20;
+            s.read_ahead = Some(32 << 10);
+            s.prefetch_lookahead_steps = 0;
+        })
+        .await;
+        plan(&core, "scdlfs-hints 1\nplan 0\nwindow 5\n").await;
+        let raw = |chunk: u32, kind: ArrayKind| format!("ds/chunk_{chunk:05}/{}", kind.file_name());
+        let edges = [
+            (raw(4, ArrayKind::Data), true),
+            (raw(4, ArrayKind::ColPtr), true),
+            (raw(6, ArrayKind::Data), false),
+            (raw(6, ArrayKind::ColPtr), false),
+        ];
+        assert!(
+            without_timers(|| edges.iter().all(|(key, _)| fetched(&core, key))).await,
+            "the edges are prefetched: {:?}",
+            core.reads.hook().snapshot()
+        );
+        for (key, at_end) in &edges {
+            let size = files[key].len() as u64;
+            let ranges = requested(&core, key);
+            assert_eq!(ranges.len(), 1, "{key}: {ranges:?}");
+            let range = &ranges[0];
+            let at_its_edge = if *at_end {
+                range.end == size
+            } else {
+                range.start == 0
+            };
+            assert!(
+                at_its_edge && range.end - range.start < size,
+                "{key}: {range:?} of {size}"
+            );
+        }
+        // The first 16 KiB of chunk 6's values, as the kernel's read-around would ask.
+        let key = &edges[2].0;
+        let path = format!(
+            "ds/{CHUNKED_DIR}/chunk_00006/{}",
+            ArrayKind::Data.file_name()
+        );
+        let attr = core.resolve(&path).await.unwrap();
+        let handle = core.core.open(attr.ino.0).unwrap().handle;
+        let before = core.reads.hook().total();
+        let got = core
+            .core
+            .read(attr.ino.0, handle, 0, 16 << 10)
+            .await
+            .unwrap();
+        assert_eq!(got, files[key][..16 << 10]);
+        assert_eq!(
+            core.reads.hook().total(),
+            before,
+            "served from the edge in memory"
+        );
+    }
+
     /// A `rows` step: the prefetcher fetches the chunk's row offsets, checks them once
     /// they are local, and only then knows which values to fetch.
     #[tokio::test(start_paused = true)]

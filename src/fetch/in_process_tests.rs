@@ -585,3 +585,52 @@ async fn a_direct_read_of_a_changed_object_is_refused_not_mixed() {
     // What was on the wire before the change is the pinned version, whole.
     assert_eq!(blocked.await.unwrap().unwrap(), expected(3));
 }
+
+/// Waits until no edge is on its way (a bounded poll of the fetcher's own set).
+async fn settle_edges(fetcher: &Fetcher) {
+    for _ in 0..500 {
+        if fetcher.edges_in_flight.lock().is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// An edge is one request for its own bytes: reads within it are served from memory
+/// with no other request, a read reaching past it downloads the part, and once the
+/// part is cached no edge of it is fetched again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_serves_the_reads_it_covers_and_no_more() {
+    let (bench, counts) = bench(4, |s| Arc::new(HookedStore::new(s, CountReads::default()))).await;
+    let bench = Arc::new(bench);
+    bench.fetcher.prefetch_edge(&bench.object, 2100..2300);
+    bench.fetcher.prefetch_edge(&bench.object, 2100..2300);
+    settle_edges(&bench.fetcher).await;
+    assert_eq!(counts.hook().total(), 1, "one request, however often asked");
+    assert_eq!(bench.fetcher.metrics.snapshot().edges_fetched, 1);
+    for within in [100..300, 150..160, 299..300] {
+        let read = read_within(&bench, 2, within.clone()).await.unwrap();
+        assert_eq!(read, expected_within(2, within));
+    }
+    assert_eq!(
+        counts.hook().total(),
+        1,
+        "covered reads are served from memory"
+    );
+    let read = read_within(&bench, 2, 250..400).await.unwrap();
+    assert_eq!(read, expected_within(2, 250..400));
+    settle(&bench.fetcher).await;
+    let snapshot = counts.hook().snapshot();
+    assert_eq!(snapshot.len(), 2, "{snapshot:?}");
+    assert!(bench
+        .fetcher
+        .cache()
+        .contains(Fetcher::key(&bench.object, 2)));
+    bench.fetcher.prefetch_edge(&bench.object, 2500..2600);
+    settle_edges(&bench.fetcher).await;
+    assert_eq!(
+        counts.hook().total(),
+        2,
+        "the part is cached: no edge of it"
+    );
+}

@@ -58,6 +58,9 @@ pub const DIRECT_READ_LEAD: u64 = 1 << 20;
 
 /// The most bytes a reader asks for on its own: more is the part's download's work.
 const DIRECT_READ_MAX: u64 = 1 << 20;
+/// Edges kept in memory at most: the read-around margins of a few windows of chunks
+/// (each window of four chunks has up to sixteen).
+const EDGES_KEPT: usize = 256;
 
 /// Bytes of one part: from the disk cache, or in memory from `offset` on (a whole
 /// part from its download, or the range a reader waited for).
@@ -116,6 +119,12 @@ pub struct Fetcher {
     /// that follow do not download them again (bounded: one per download slot, and
     /// only while the memory budget has room for another download).
     uncached: Mutex<lru::LruCache<PartKey, Bytes>>,
+    /// Small ranges of parts fetched on their own ([`Fetcher::prefetch_edge`]), by part:
+    /// the bytes from the offset in the part on. Bounded in count ([`EDGES_KEPT`]), and
+    /// each held against the memory budget.
+    edges: Mutex<lru::LruCache<PartKey, (u64, Bytes)>>,
+    /// The parts whose edge is being fetched.
+    edges_in_flight: Mutex<HashSet<PartKey>>,
     memory: MemoryBudget,
     in_flight: Mutex<HashMap<PartKey, InFlight>>,
     /// Readers' requests for their own bytes ([`DIRECT_READ_LEAD`]), at most one per
@@ -153,6 +162,10 @@ impl Fetcher {
             uncached: Mutex::new(lru::LruCache::new(
                 std::num::NonZeroUsize::new(max_concurrent_requests.max(1)).unwrap(),
             )),
+            edges: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(EDGES_KEPT).unwrap(),
+            )),
+            edges_in_flight: Mutex::new(HashSet::new()),
             in_flight: Mutex::new(HashMap::new()),
             direct_reads: tokio::sync::Semaphore::new(max_concurrent_requests.max(1)),
             metrics,
@@ -268,8 +281,8 @@ impl Fetcher {
             if let Some(part) = self.cache.get(key) {
                 return Ok(PartBytes::Cached(part));
             }
-            if let Some(bytes) = self.uncached.lock().get(&key) {
-                return Ok(PartBytes::whole(bytes.clone()));
+            if let Some(held) = self.in_memory(key, &within) {
+                return Ok(held);
             }
             // None: it landed in the cache meanwhile (or was evicted again: retry).
             let Some((download, arriving)) = self.start(object, index, Urgency::demand()) else {
@@ -298,6 +311,77 @@ impl Fetcher {
                 }
             }
         }
+    }
+
+    /// Bytes `within` of the part, if memory holds them: the whole part (one the cache
+    /// had no room for), or an edge covering them.
+    pub fn in_memory(&self, key: PartKey, within: &Range<u64>) -> Option<PartBytes> {
+        if let Some(bytes) = self.uncached.lock().get(&key) {
+            return Some(PartBytes::whole(bytes.clone()));
+        }
+        let mut edges = self.edges.lock();
+        let (offset, bytes) = edges.get(&key)?;
+        let covers = *offset <= within.start && within.end <= offset + bytes.len() as u64;
+        covers.then(|| PartBytes::InMemory {
+            offset: *offset,
+            bytes: bytes.clone(),
+        })
+    }
+
+    /// Fetches bytes `range` of the object (within one part) on their own, at prefetch
+    /// priority, and keeps them in memory for reads: the few bytes of a neighbouring
+    /// chunk that the kernel reads around a window's chunk edges, which would otherwise
+    /// cost their whole part, long before (or instead of) that chunk's own window. Not
+    /// if the part is cached or on its way, its edge is held or coming, or the memory
+    /// budget has no room now.
+    pub fn prefetch_edge(self: &Arc<Self>, object: &Arc<ObjectInfo>, range: Range<u64>) {
+        let index = range.start / self.part_size;
+        let key = Self::key(object, index);
+        let part_start = index * self.part_size;
+        let within = range.start - part_start..range.end - part_start;
+        debug_assert!(
+            range.end <= part_start + self.part_size,
+            "an edge within one part"
+        );
+        if self.cache.contains(key)
+            || self.is_in_flight(key)
+            || self.in_memory(key, &within).is_some()
+            || !self.edges_in_flight.lock().insert(key)
+        {
+            return;
+        }
+        let Some(memory) = self.memory.try_reserve(range.end - range.start) else {
+            self.edges_in_flight.lock().remove(&key);
+            return;
+        };
+        let slot = self.permits.request(Urgency::prefetch());
+        let (this, object) = (self.clone(), object.clone());
+        self.runtime.spawn(async move {
+            let _permit = slot.granted().await;
+            let len = range.end - range.start;
+            // Counted as sent, so that the store's count of requests can be accounted.
+            Metrics::add(&this.metrics.edges_fetched, 1);
+            let read = tokio::time::timeout(this.read_timeout, async {
+                let result = this.request(&object, range).await?;
+                result
+                    .bytes()
+                    .await
+                    .map_err(|e| FsError::store(object.key.as_ref(), &e))
+            })
+            .await;
+            match read {
+                Ok(Ok(bytes)) if bytes.len() as u64 == len => {
+                    Metrics::add(&this.metrics.bytes_fetched, len);
+                    let bytes = memory.hold(bytes);
+                    this.edges.lock().put(key, (within.start, bytes));
+                }
+                // An edge is advice: a reader that needs the bytes fetches their part.
+                Ok(Ok(_)) | Ok(Err(_)) | Err(_) => {
+                    tracing::debug!(object = %object.key, "an edge's prefetch failed");
+                }
+            }
+            this.edges_in_flight.lock().remove(&key);
+        });
     }
 
     /// Whether a reader of `within` should ask for its own bytes beside the download:

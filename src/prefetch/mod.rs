@@ -41,14 +41,21 @@ use plan::{Plan, PlanError, Step, Touched, MAX_PLANNED_ENTRIES};
 
 /// What a step reads: its own byte ranges, the bytes it needs that serve other steps
 /// too (the margins the kernel reads around its ranges in memory-mapped arrays, a
-/// monolithic dataset's row offsets), and whether the ranges are all known yet (a row
-/// step needs its chunks' row offsets first).
+/// monolithic dataset's row offsets), the few bytes its readers' read-around takes from
+/// neighbouring chunks (`edges`, worth fetching on their own where their part is much
+/// larger), and whether the ranges are all known yet (a row step needs its chunks' row
+/// offsets first).
 #[derive(Default)]
 struct StepReads {
     ranges: Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)>,
     read_around: Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)>,
+    edges: Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)>,
     complete: bool,
 }
+
+/// Bytes added to each side of an edge: the page the kernel rounds its read-around to,
+/// and the `.npy` header before a chunk's first value.
+const EDGE_SLACK: u64 = 8 << 10;
 use scatter::{Decision, ScatterDetector};
 use sequential::SequentialWindow;
 
@@ -505,9 +512,21 @@ impl Prefetcher {
                     continue;
                 }
                 let mut parts = HashSet::new();
-                let around = reads.read_around.iter().map(|r| (r, false));
-                for ((object, range), of_the_step) in
-                    reads.ranges.iter().map(|r| (r, true)).chain(around)
+                let mut whole_parts = Vec::new();
+                for (object, range) in &reads.edges {
+                    if !self.worth_an_edge(range) {
+                        whole_parts.push((object.clone(), range.clone()));
+                    } else if ahead_bytes < self.config.max_ahead_bytes {
+                        ahead_bytes += range.end - range.start;
+                        self.fetcher.prefetch_edge(object, range.clone());
+                    }
+                }
+                let around = reads.read_around.iter().chain(&whole_parts);
+                for ((object, range), of_the_step) in reads
+                    .ranges
+                    .iter()
+                    .map(|r| (r, true))
+                    .chain(around.map(|r| (r, false)))
                 {
                     for index in self.fetcher.parts_of(range) {
                         let key = Fetcher::key(object, index);
@@ -545,6 +564,13 @@ impl Prefetcher {
         }
     }
 
+    /// Whether an edge is fetched on its own: it lies within one part, and is a small
+    /// share of it (else its whole part is fetched, and cached).
+    fn worth_an_edge(&self, range: &std::ops::Range<u64>) -> bool {
+        let parts = self.fetcher.parts_of(range);
+        parts.end - parts.start == 1 && 4 * (range.end - range.start) <= self.fetcher.part_size()
+    }
+
     /// How far on either side of a touched page the kernel reads a memory-mapped file:
     /// half its read-ahead window, which it centres on the fault.
     fn kernel_read_around(&self) -> u64 {
@@ -566,16 +592,15 @@ impl Prefetcher {
                         let object = dataset.array(chunk, kind);
                         reads.ranges.push((object.clone(), 0..object.size));
                     }
+                    let margin = margin + EDGE_SLACK;
                     for kind in [ArrayKind::Data, ArrayKind::ColPtr] {
                         if let Some(before) = chunk.checked_sub(1).map(|c| dataset.array(c, kind)) {
                             let edge = before.size.saturating_sub(margin)..before.size;
-                            reads.read_around.push((before.clone(), edge));
+                            reads.edges.push((before.clone(), edge));
                         }
                         if chunk + 1 < dataset.chunks.len() {
                             let after = dataset.array(chunk + 1, kind);
-                            reads
-                                .read_around
-                                .push((after.clone(), 0..after.size.min(margin)));
+                            reads.edges.push((after.clone(), 0..after.size.min(margin)));
                         }
                     }
                 }
