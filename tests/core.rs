@@ -67,8 +67,13 @@ async fn core_of(
 
 /// The files of a chunked synthetic dataset under `prefix/`.
 fn dataset_files(prefix: &str) -> BTreeMap<String, Vec<u8>> {
+    chunked_files(&small_dataset(), prefix)
+}
+
+/// The files of chunked dataset `spec` under `prefix/`.
+fn chunked_files(spec: &SyntheticDataset, prefix: &str) -> BTreeMap<String, Vec<u8>> {
     let dir = tempfile::tempdir().unwrap();
-    small_dataset().write_chunked(dir.path()).unwrap();
+    spec.write_chunked(dir.path()).unwrap();
     snapshot(dir.path())
         .into_iter()
         .map(|(name, bytes)| (format!("{prefix}/{name}"), bytes))
@@ -538,6 +543,65 @@ async fn a_plan_keeps_what_a_monolithic_reader_needs_next_in_a_cache_smaller_tha
     }
     assert_a_second_epoch_reuses_the_cache("in-process", dataset_bytes, cache_bytes, &fetched);
     assert_eq!(twice, [vec![], vec![]], "parts fetched twice in one epoch");
+}
+
+/// A reader that announces a few steps ahead, as the sampler does, goes through a
+/// dataset larger than the cache in the same order every epoch. Least-recently-used
+/// eviction would throw out each chunk just before the reader comes back to it. The
+/// chunks a plan has read this epoch go first: the second epoch keeps what it has not
+/// read yet, and fetches little more than what the cache cannot hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_read_this_epoch_are_evicted_before_those_not_read_yet() {
+    let (chunks, cached_chunks) = (30u32, 20usize);
+    let spec = SyntheticDataset {
+        rows: chunks as u64 * 100,
+        genes: 3_000,
+        chunk_rows: 100,
+        mean_values: 60,
+        seed: 11,
+    };
+    let files = chunked_files(&spec, "ds");
+    let chunk_bytes = |c: u32| -> u64 {
+        let dir = format!("ds/chunk_{c:05}/");
+        let of_chunk = files.iter().filter(|(name, _)| name.starts_with(&dir));
+        of_chunk.map(|(_, bytes)| bytes.len() as u64).sum()
+    };
+    let core = core_of(&files, |s| {
+        s.max_cached_chunks = Some(cached_chunks);
+        s.prefetch_lookahead_steps = 1;
+    })
+    .await;
+    let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
+    let hints = core.core.open(hints.ino.0).unwrap().handle;
+    let mut fetched = Vec::new();
+    for epoch in 0..2 {
+        let greeting = if epoch == 0 { "scdlfs-hints 1\n" } else { "" };
+        let lines = format!("{greeting}plan {epoch}\nwindow 0\nwindow 1\n");
+        core.core.write(hints, lines.as_bytes()).unwrap();
+        let before = core.observer.status().counters.bytes_fetched;
+        for chunk in 0..chunks {
+            for kind in ArrayKind::ALL {
+                let path = format!("ds/{CHUNKED_DIR}/chunk_{chunk:05}/{}", kind.file_name());
+                core.read_all(&path, 16 << 10).await;
+            }
+            if chunk + 2 < chunks {
+                let next = format!("window {}\n", chunk + 2);
+                core.core.write(hints, next.as_bytes()).unwrap();
+            }
+        }
+        fetched.push(core.observer.status().counters.bytes_fetched - before);
+    }
+    let dataset: u64 = (0..chunks).map(chunk_bytes).sum();
+    let floor = dataset - (0..cached_chunks as u32).map(chunk_bytes).sum::<u64>();
+    eprintln!("fetched {fetched:?} of {dataset}; floor {floor}");
+    // Room for the step being read, the one just left, the one ahead and the parts of
+    // their neighbours the kernel reads around into is made before any chunk is done:
+    // each costs a fetch more, and more under load, when the reader's position lags.
+    // Least recently used, the epoch would fetch it all again.
+    assert!(
+        fetched[1].saturating_sub(floor) <= (dataset - floor) / 2,
+        "the second epoch keeps the chunks it has not read yet"
+    );
 }
 
 /// The reader of a monolithic dataset is followed by the row offsets it reads itself,

@@ -45,6 +45,10 @@ pub enum NextUse {
     Current,
     /// Needed this many steps ahead.
     Ahead(u64),
+    /// Read this epoch by a plan that reads each row once an epoch, and not needed by
+    /// any plan's announced steps: needed again in the next epoch at the soonest, after
+    /// everything the plans have not read yet. Evicted first.
+    Done,
 }
 
 #[derive(Debug)]
@@ -386,14 +390,16 @@ impl Policy {
         let Some(advisor) = advisor else {
             return candidates.into_iter().next();
         };
-        // Groups no plan needs, in LRU order; then lone parts no plan needs, in LRU
-        // order; then the units needed furthest ahead.
+        // What the plans are done with this epoch, in LRU order; then groups no plan
+        // needs, in LRU order; then lone parts no plan needs, in LRU order; then the
+        // units needed furthest ahead.
         candidates
             .enumerate()
             .min_by_key(|(position, unit)| match (advisor.next_use(*unit), unit) {
-                (Some(NextUse::Ahead(steps)), _) => (2, u64::MAX - steps),
-                (_, Unit::Group(_)) => (0, *position as u64),
-                (_, Unit::Part(_)) => (1, *position as u64),
+                (Some(NextUse::Done), _) => (0, *position as u64),
+                (Some(NextUse::Ahead(steps)), _) => (3, u64::MAX - steps),
+                (_, Unit::Group(_)) => (1, *position as u64),
+                (_, Unit::Part(_)) => (2, *position as u64),
             })
             .map(|(_, unit)| unit)
     }
@@ -530,6 +536,20 @@ mod tests {
             (None, vec![]),
             "the current step's data stays"
         );
+    }
+
+    #[test]
+    fn what_the_plans_are_done_with_goes_before_what_they_have_not_read() {
+        let mut p = Policy::new(300, None);
+        for group in 1..=3 {
+            fill(&mut p, part(group, 0), Some(GroupId(group)), 100);
+        }
+        // Least recent first: 1, 2, 3. Group 3 was read this epoch; 1 and 2 were not.
+        let plan = Plan(HashMap::from([(Unit::Group(GroupId(3)), NextUse::Done)]));
+        let key = part(4, 0);
+        let (r, evicted) = p.reserve(100, Unit::Group(GroupId(4)), Some(&plan));
+        assert!(p.commit(r.expect("room"), key, Some(GroupId(4))));
+        assert_eq!(evicted, vec![part(3, 0)], "the most recent, but done with");
     }
 
     #[test]

@@ -108,11 +108,21 @@ pub struct Prefetcher {
 #[derive(Default)]
 struct Advice {
     ranks: RwLock<HashMap<Unit, NextUse>>,
+    /// By plan (its hint handle): the units of the chunks it has finished this epoch
+    /// ([`Plan::finished_chunks`]), which rank [`NextUse::Done`] unless a plan's steps
+    /// rank them otherwise.
+    done: RwLock<HashMap<u64, HashSet<Unit>>>,
 }
 
 impl EvictionAdvisor for Advice {
     fn next_use(&self, unit: Unit) -> Option<NextUse> {
-        self.ranks.read().get(&unit).copied()
+        if let Some(rank) = self.ranks.read().get(&unit) {
+            return Some(*rank);
+        }
+        let done = self.done.read();
+        done.values()
+            .any(|units| units.contains(&unit))
+            .then_some(NextUse::Done)
     }
 }
 
@@ -146,6 +156,14 @@ impl Prefetcher {
         lines: &[HintLine],
     ) -> Result<(), PlanError> {
         let geometry = dataset.geometry();
+        if lines
+            .iter()
+            .any(|line| matches!(line, HintLine::Plan { .. }))
+        {
+            // A new epoch: what the plan read in the last one is needed again. (Cleared
+            // even if the batch is refused: that only ranks the chunks as unread.)
+            self.advice.done.write().remove(&handle);
+        }
         let mut plans = self.plans.lock();
         let others: usize = plans
             .iter()
@@ -185,6 +203,7 @@ impl Prefetcher {
     pub fn drop_plan(&self, handle: u64) {
         let mut plans = self.plans.lock();
         plans.remove(&handle);
+        self.advice.done.write().remove(&handle);
         self.chunk_of_group.lock().retain(|_, (dataset, _)| {
             plans
                 .values()
@@ -229,6 +248,26 @@ impl Prefetcher {
             Some(self.advice.clone())
         };
         self.fetcher.cache().set_advisor(advisor);
+    }
+
+    /// Records the chunks of a chunked dataset that the plan on `handle` has finished
+    /// this epoch. (A monolithic dataset's virtual chunks share their row offsets' parts
+    /// with other chunks, so none of its parts is done while any chunk is not.)
+    fn note_finished(&self, handle: u64, active: &mut ActivePlan) {
+        let finished = active.plan.finished_chunks(&active.dataset.geometry());
+        if finished.is_empty() || !matches!(active.dataset, Dataset::Chunked(_)) {
+            return;
+        }
+        let units: Vec<Unit> = finished
+            .into_iter()
+            .flat_map(|chunk| self.units_of_chunk(&active.dataset, chunk))
+            .collect();
+        self.advice
+            .done
+            .write()
+            .entry(handle)
+            .or_default()
+            .extend(units);
     }
 
     /// The cache units that hold a chunk's bytes: a chunked dataset's chunk is its
@@ -361,7 +400,7 @@ impl Prefetcher {
             return false;
         }
         let mut moved = false;
-        for active in plans.values_mut() {
+        for (handle, active) in plans.iter_mut() {
             let mut read = Touched::default();
             for (dataset, chunk, part) in &touched {
                 if dataset.same(&active.dataset) {
@@ -369,8 +408,9 @@ impl Prefetcher {
                     read.parts.push(*part);
                 }
             }
-            if !read.parts.is_empty() {
-                moved |= active.plan.observe(&read, &active.dataset.geometry());
+            if !read.parts.is_empty() && active.plan.observe(&read, &active.dataset.geometry()) {
+                moved = true;
+                self.note_finished(*handle, active);
             }
         }
         if moved {

@@ -116,6 +116,10 @@ pub struct Plan {
     /// Counts the batches applied: step indices taken before a batch may name other
     /// steps after it (a new epoch, retired steps).
     revision: u64,
+    /// The steps before this one have been counted in [`Plan::finished_chunks`].
+    counted: usize,
+    /// Rows of each chunk the counted row steps read this epoch.
+    rows_read: HashMap<usize, u64>,
 }
 
 impl Plan {
@@ -139,6 +143,8 @@ impl Plan {
             position: self.position,
             reads_elsewhere: HashMap::new(),
             revision: self.revision,
+            counted: 0,
+            rows_read: HashMap::new(),
         };
         let mut replaced = false;
         let mut appended = Vec::new();
@@ -201,12 +207,15 @@ impl Plan {
         if replaced {
             self.steps.clear();
             self.parts.clear();
+            self.counted = 0;
+            self.rows_read.clear();
         } else {
             // The step just left stays: it is still protected from eviction.
             let retired = self.position.saturating_sub(1);
             self.steps.drain(..retired);
             self.parts.drain(..retired);
             next.position = self.position - retired;
+            self.counted = self.counted.saturating_sub(retired);
         }
         self.parts.resize(self.steps.len() + appended.len(), None);
         self.steps.extend(appended);
@@ -274,6 +283,37 @@ impl Plan {
         self.position = step;
         self.reads_elsewhere.clear();
         true
+    }
+
+    /// The chunks the reader has finished since the last call, in this epoch: those of
+    /// the window steps it has passed (behind the step just left), and those whose
+    /// every row the row steps it passed have read. A plan reads each row once an epoch,
+    /// so a finished chunk is not needed again until the next.
+    pub fn finished_chunks(&mut self, layout: &ChunkGeometry) -> Vec<usize> {
+        let passed = self.position.saturating_sub(1).min(self.steps.len());
+        let mut finished = Vec::new();
+        for step in &self.steps[self.counted.min(passed)..passed] {
+            match step {
+                Step::Window(chunks) => finished.extend(chunks.iter().map(|&c| c as usize)),
+                Step::Rows(ranges) => {
+                    for rows in ranges {
+                        for chunk in layout.chunks_of_rows(rows.clone()) {
+                            let of_chunk = layout.chunk_rows(chunk);
+                            let read = rows.end.min(of_chunk.end) - rows.start.max(of_chunk.start);
+                            let total = self.rows_read.entry(chunk as usize).or_default();
+                            let before = *total;
+                            *total += read;
+                            let size = of_chunk.end - of_chunk.start;
+                            if before < size && *total >= size {
+                                finished.push(chunk as usize);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.counted = self.counted.max(passed);
+        finished
     }
 
     /// For each chunk the plan still needs, how many steps ahead of the current step
@@ -482,6 +522,50 @@ mod tests {
         }
         assert!(plan.observe(&read_of(1), &l));
         assert_eq!(plan.position, 1);
+    }
+
+    /// Each chunk is reported finished once, when the reader has passed the step just
+    /// left after it: whole for a window, and for row steps once all its rows were read.
+    #[test]
+    fn chunks_are_finished_once_every_row_was_read_by_passed_steps() {
+        let l = layout(4, 10);
+        let mut plan = Plan::default();
+        let lines = [
+            HintLine::Plan { epoch: 1 },
+            window(&[3]),
+            HintLine::Rows {
+                ranges: vec![0..10, 12..16],
+            },
+            HintLine::Rows {
+                ranges: vec![10..12, 16..20],
+            },
+            window(&[2]),
+            window(&[3]),
+        ];
+        plan.apply(&lines, &l, usize::MAX).unwrap();
+        assert!(plan.finished_chunks(&l).is_empty());
+        while !plan.observe(&chunks(&[1]), &l) {}
+        assert_eq!(plan.position, 1);
+        assert!(
+            plan.finished_chunks(&l).is_empty(),
+            "the step just left is current"
+        );
+        while !plan.observe(&chunks(&[2]), &l) {}
+        assert_eq!(plan.position, 3);
+        // Window 3 passed; the first row step read all of chunk 0 and part of chunk 1.
+        assert_eq!(plan.finished_chunks(&l), vec![3, 0]);
+        assert!(plan.finished_chunks(&l).is_empty(), "reported once");
+        plan.apply(&[window(&[1])], &l, usize::MAX).unwrap();
+        while !plan.observe(&chunks(&[3]), &l) {}
+        // The rest of chunk 1 was read by a step counted after the first ones retired.
+        assert_eq!(plan.finished_chunks(&l), vec![1]);
+        plan.apply(&lines, &l, usize::MAX).unwrap();
+        while !plan.observe(&chunks(&[2]), &l) {}
+        assert_eq!(
+            plan.finished_chunks(&l),
+            vec![3, 0],
+            "a new epoch counts anew"
+        );
     }
 
     /// A top-up takes its steps from the plan as it was; by the time it fetches them
