@@ -167,7 +167,12 @@ impl PartHeader {
         let (key_len, etag_len) = (u16_at(36), u16_at(38));
         let blocks = data_len.div_ceil(block_len as u64);
         let table = Self::table_offset(key_len, etag_len);
-        if (table as u64 + 4 * blocks + 4).next_multiple_of(PAGE as u64) != len as u64 {
+        // Checked: a forged header may declare more blocks than any length can hold.
+        let declared = blocks
+            .checked_mul(4)
+            .and_then(|table_len| table_len.checked_add(table as u64 + 4))
+            .and_then(|end| end.checked_next_multiple_of(PAGE as u64));
+        if declared != Some(len as u64) {
             return Err(HeaderError::Inconsistent(
                 "header length does not match its fields",
             ));
@@ -256,6 +261,22 @@ mod tests {
         let encoded = header.encode();
         assert_eq!(encoded.len(), 3 * 4096);
         assert_eq!(PartHeader::decode(&encoded).unwrap(), header);
+    }
+
+    /// Found by the fuzzer: a header whose checksum holds but whose value count, in
+    /// blocks of one byte, overflows the arithmetic that checks its length.
+    #[test]
+    fn a_header_declaring_more_blocks_than_fit_is_refused() {
+        let mut bytes = sample().encode();
+        let len = bytes.len();
+        bytes[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+        bytes[32..36].copy_from_slice(&1u32.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[..len - 4]);
+        bytes[len - 4..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            PartHeader::decode(&bytes),
+            Err(HeaderError::Inconsistent(_))
+        ));
     }
 
     proptest! {

@@ -604,15 +604,15 @@ impl Fetcher {
         Ok(bytes)
     }
 
-    /// Reserves `len` bytes of the budget, first dropping parts kept in memory if the
-    /// budget is short. Parts are kept only while a whole part more fits, so a waiter
-    /// here never waits behind kept parts, only behind downloads and readers.
+    /// Reserves `len` bytes of the budget, first dropping parts and edges kept in memory
+    /// if the budget is short. Parts are kept only while a whole part more fits, so a
+    /// waiter here never waits behind kept bytes, only behind downloads and readers.
     async fn reserve_memory(&self, len: u64) -> memory::Reservation {
         loop {
             if let Some(reservation) = self.memory.try_reserve(len) {
                 return reservation;
             }
-            if self.uncached.lock().pop_lru().is_none() {
+            if self.uncached.lock().pop_lru().is_none() && self.edges.lock().pop_lru().is_none() {
                 return self.memory.reserve(len).await;
             }
         }
