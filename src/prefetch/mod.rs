@@ -552,16 +552,12 @@ impl Prefetcher {
                     continue;
                 }
                 let mut parts = HashSet::new();
-                let mut whole_parts = Vec::new();
-                for (object, range) in &reads.edges {
-                    if !self.worth_an_edge(range) {
-                        whole_parts.push((object.clone(), range.clone()));
-                    } else if ahead_bytes < self.config.max_ahead_bytes {
-                        ahead_bytes += range.end - range.start;
-                        self.fetcher.prefetch_edge(object, range.clone());
-                    }
-                }
-                let around = reads.read_around.iter().chain(&whole_parts);
+                // The step's own parts queue first; its neighbours' edges after them.
+                let (edges, whole_parts): (Vec<_>, Vec<_>) = reads
+                    .edges
+                    .iter()
+                    .partition(|(_, range)| self.worth_an_edge(range));
+                let around = reads.read_around.iter().chain(whole_parts);
                 for ((object, range), of_the_step) in reads
                     .ranges
                     .iter()
@@ -582,6 +578,12 @@ impl Prefetcher {
                         let part = self.fetcher.part_range(object, index);
                         ahead_bytes += part.end - part.start;
                         self.fetcher.prefetch(object, index);
+                    }
+                }
+                for (object, range) in edges {
+                    if ahead_bytes < self.config.max_ahead_bytes {
+                        ahead_bytes += range.end - range.start;
+                        self.fetcher.prefetch_edge(object, range.clone());
                     }
                 }
                 drop(plans);
