@@ -254,8 +254,11 @@ impl Prefetcher {
     /// this epoch. (A monolithic dataset's virtual chunks share their row offsets' parts
     /// with other chunks, so none of its parts is done while any chunk is not.)
     fn note_finished(&self, handle: u64, active: &mut ActivePlan) {
+        if !matches!(active.dataset, Dataset::Chunked(_)) {
+            return;
+        }
         let finished = active.plan.finished_chunks(&active.dataset.geometry());
-        if finished.is_empty() || !matches!(active.dataset, Dataset::Chunked(_)) {
+        if finished.is_empty() {
             return;
         }
         let units: Vec<Unit> = finished
@@ -488,15 +491,16 @@ impl Prefetcher {
             return;
         };
         let plans = self.plans.lock();
-        let mut located = false;
-        for active in plans.values() {
-            if let Dataset::Monolithic(dataset) = &active.dataset {
-                if Arc::ptr_eq(dataset.array(ArrayKind::RowPtr), object) {
-                    located |= dataset.remember_served_row_offsets(offset, bytes);
-                }
+        // The object is one dataset's, however many plans follow that dataset.
+        let dataset = plans.values().find_map(|active| match &active.dataset {
+            Dataset::Monolithic(dataset)
+                if Arc::ptr_eq(dataset.array(ArrayKind::RowPtr), object) =>
+            {
+                Some(dataset)
             }
-        }
-        if located {
+            _ => None,
+        });
+        if dataset.is_some_and(|d| d.remember_served_row_offsets(offset, bytes)) {
             self.after_plans_changed(&plans);
         }
     }
