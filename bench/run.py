@@ -125,6 +125,19 @@ def cleanup():
         unmount(m)
 
 
+def disk_read_ahead_kib(path):
+    """The read-ahead of the disk holding `path` (a partition reads ahead as its disk), in
+    KiB, or None where the machine does not say."""
+    dev = os.stat(path).st_dev
+    block = "/sys/dev/block/%d:%d" % (os.major(dev), os.minor(dev))
+    for f in (block + "/queue/read_ahead_kb", block + "/../queue/read_ahead_kb",
+              "/sys/class/bdi/%d:%d/read_ahead_kb" % (os.major(dev), os.minor(dev))):
+        if os.path.exists(f):
+            with open(f) as fh:
+                return int(fh.read().strip())
+    return None
+
+
 def peak_rss_kib(pid):
     try:
         with open("/proc/%d/status" % pid) as f:
@@ -318,7 +331,7 @@ def probe(endpoint, prefix, concurrency, max_mb):
 # ---------------------------------------------------------------- systems
 
 class Ctx:
-    pass
+    mount_args = []
 
 
 # The page-cache states an epoch starts in. Every reader is a new process, so no memory
@@ -449,7 +462,7 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_
                    scdlfs=False):
     """Mounts with `cmd` (foreground), runs `epochs` with `reader`, records each, then
     unmounts. After each epoch: the daemon's peak RSS so far (VmHWM) and, for scdlfs, the
-    daemon's CPU seconds and the bytes it served during the epoch (its status attribute)."""
+    daemon's CPU seconds during the epoch and its cache's status after it."""
     MOUNTS.append(mnt)
     logf = open(os.path.join(ctx.work, "logs", system.split()[0] + ".log"), "a")
     proc = spawn(cmd, system, env=env, stderr=logf, stdout=logf)
@@ -460,15 +473,15 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_
             prepare(dataset_dir, e)
             before = proxy_bytes(ctx.stats)
             cpu0 = cpu_seconds(proc.pid)
-            served0 = scdlfs_status(mnt)["counters"]["bytes_read"] if scdlfs else None
             r = reader(ctx, dataset_dir, e.order, e.epoch, e.hints, e.limit)
             r["bytes_fetched"] = proxy_bytes(ctx.stats) - before
             r["daemon_cpu_s"] = cpu_seconds(proc.pid) - cpu0
             r["daemon_peak_rss_kib"] = peak_rss_kib(proc.pid)
             if scdlfs:
-                status = scdlfs_status(mnt)
-                r["bytes_served"] = status["counters"]["bytes_read"] - served0
-                r["cache"] = status["cache"]
+                # The rows' bytes the reader got: through FUSE reads, or pages the daemon
+                # stored around them (--cache-read-around), or the page cache.
+                r["bytes_served"] = r["bytes_read"]
+                r["cache"] = scdlfs_status(mnt)["cache"]
             results.append(tag(r, e, layout))
     finally:
         if proc.poll() is None:
@@ -522,7 +535,8 @@ def sys_local(ctx, order, run_i, reader=read_epoch, prefix=""):
 
 def scdlfs_cmd(ctx, mnt, cache, cache_size=None):
     return [SCDLFS, "mount", "s3://" + BUCKET, mnt, "--endpoint-url", ctx.proxy, "--region", "us-east-1",
-            "--cache-dir", cache, "--cache-size", cache_size or ctx.cache_size, "--foreground", "--log-level", "warn"]
+            "--cache-dir", cache, "--cache-size", cache_size or ctx.cache_size, "--foreground", "--log-level", "warn"
+            ] + ctx.mount_args
 
 
 HALF = "scdlfs half cache"
@@ -1028,6 +1042,13 @@ def write_report(saved, path_md, path_png, font, readme):
       "they all need." % (saved["versions"].get("s3fs", "?"), saved["versions"].get("rclone", "?"),
                           PYTHON_LOADER_CHUNKS))
     loads = [r["load_1m"] for r in saved["results"] if r.get("load_1m") is not None]
+    ra = saved.get("read_ahead_kib", {})
+    w("- **Read-ahead**: around a fault, local disk reads its disk's read-ahead (%s KiB); an scdlfs mount "
+      "asks the network for the kernel's 128 KiB around a fault, and a read its disk cache serves stores the "
+      "window of the cache's disk read-ahead (%s KiB, `--cache-read-around`) from cached parts into the page "
+      "cache. Options of the scdlfs mounts beyond their defaults: %s." % (
+          ra.get("local_disk", "?"), ra.get("cache_disk", "?"),
+          "`%s`" % " ".join(saved["mount_args"]) if saved.get("mount_args") else "none"))
     w("- **Binaries**: cargo profile `%s`%s. **Machine load**: the 1-minute load average at the end of the "
       "epochs was %s on %d cores (the reader and the daemon count in it; other jobs may have shared the "
       "machine)." % (args.get("profile", "release"),
@@ -1039,8 +1060,8 @@ def write_report(saved, path_md, path_png, font, readme):
       "1 ms (the loader: time waiting for a chunk); *fetched / dataset* = bytes through the link per row read × "
       "rows ÷ dataset bytes (for a time-bounded epoch, extrapolated to a whole one); *RSS* = the daemon's peak "
       "resident memory (VmHWM) at the end of that epoch, since its mount (for the loader, the loader process); "
-      "*CPU s/GB* = the daemon's user + system CPU seconds during the epoch (/proc/<pid>/stat) per GB it served "
-      "to the reader (its status counter of bytes read)." % args["runs"])
+      "*CPU s/GB* = the daemon's user + system CPU seconds during the epoch (/proc/<pid>/stat) per GB of rows "
+      "the reader read." % args["runs"])
     w("")
     for order in ORDERS:
         w("### Order: %s" % order)
@@ -1123,7 +1144,7 @@ def readme_summary(rep, link):
             "%.0f MB/s, %.0f ms link (link limit %.1f s), read in %s order; medians "
             "of %d runs on a %d-core machine (%s). A cold scdlfs epoch with hints takes %s the link limit. From "
             "the disk cache with the page cache dropped, scdlfs reads at %s the rows/s of local disk in the same "
-            "state (same flat layout, same epoch). The daemon's CPU seconds per GB it served, chunk-window order "
+            "state (same flat layout, same epoch). The daemon's CPU seconds per GB of rows read, chunk-window order "
             "with hints: %s. Targets: %d met, %d missed, %d not measured in this run. "
             "Figures, method and every target: [%s](%s)." % (
                 info["bytes"] / 1e9, args["rate_mbps"], args["latency_ms"], rep.link_s,
@@ -1298,6 +1319,9 @@ def main():
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--time-limit", type=float, default=15.0, help="seconds per epoch at most")
     p.add_argument("--cache-size", default="3GiB")
+    p.add_argument("--mount-args", default="",
+                   help="more options for every scdlfs mount of the main tables, e.g. "
+                        "'--cache-read-around 0' (shown on the page)")
     p.add_argument("--server", choices=["s3s-nginx", "moto"], default=None)
     p.add_argument("--systems", default="local,scdlfs,halfcache,s3fs,rclone,python,torch,restart")
     p.add_argument("--orders", default=",".join(ORDERS))
@@ -1342,6 +1366,7 @@ def main():
     ctx.work, ctx.seed, ctx.limit, ctx.python = args.work, 1, args.time_limit, args.python
     ctx.torch_python = getattr(args, "torch_python", None)
     ctx.cache_size = args.cache_size
+    ctx.mount_args = args.mount_args.split()
     ctx.name = "ds-%d" % args.size_mb
     ctx.info = generate(args, ctx.name, args.size_mb)
     systems = args.systems.split(",")
@@ -1446,6 +1471,9 @@ def main():
                  args=vars(args), info=ctx.info, name=ctx.name,
                  sizes=dict({ctx.name: ctx.info["bytes"]}, **{n: i["bytes"] for n, i in extra.items()}),
                  versions=versions, cache_size=ctx.cache_size, minutes=(time.time() - started) / 60,
+                 read_ahead_kib=dict(local_disk=disk_read_ahead_kib(os.path.join(args.work, "local-flat")),
+                                     cache_disk=disk_read_ahead_kib(os.path.join(args.work, "cache"))),
+                 mount_args=ctx.mount_args,
                  host=socket.gethostname(), cores=os.cpu_count(), date=time.strftime("%Y-%m-%d"))
     with open(saved["path"], "w") as f:
         json.dump(saved, f, indent=1)

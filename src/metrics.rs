@@ -51,6 +51,10 @@ counters! {
     bytes_read,
     /// Reads answered from the disk cache without waiting.
     reads_from_cache,
+    /// Bytes around reads the disk cache served, stored into the kernel's page cache from local parts (`--cache-read-around`).
+    read_around_bytes,
+    /// Windows of `--cache-read-around` stored into the kernel's page cache.
+    read_around_windows,
     /// Reads that found a part they needed not yet on local disk, so waited on the network.
     demand_reads_waited,
     /// Total time those reads waited, in microseconds.

@@ -15,6 +15,8 @@ use object_store::ObjectStore;
 use crate::cache::{CacheOwner, DiskCache};
 use crate::catalog::{DirMode, ObjectInfo, ObjectRegistry, Tree};
 use crate::fetch::{listed_object, Fetcher};
+use crate::fs::fuse::KernelPageCache;
+use crate::fs::read_around::ReadAround;
 use crate::fs::{read_ahead, FsCore, Ownership, ScdlFs};
 use crate::metrics::Metrics;
 use crate::prefetch::{PrefetchConfig, Prefetcher};
@@ -55,6 +57,9 @@ pub struct MountSettings {
     /// The kernel's read-ahead for the mount ([`crate::fs::read_ahead`]); `None` leaves
     /// the kernel's default.
     pub read_ahead: Option<u64>,
+    /// The window a read served from the disk cache brings into the page cache
+    /// ([`crate::fs::read_around`]); 0: off.
+    pub cache_read_around: u64,
     /// How long a directory listing stands before the store is listed again
     /// ([`crate::catalog::tree`]); `None`: for the mount's life.
     pub metadata_ttl: Option<Duration>,
@@ -182,9 +187,15 @@ pub fn assemble(
         fetcher,
         prefetcher.clone(),
     );
+    let read_around = ReadAround::new(
+        settings.cache_read_around,
+        read_path.clone(),
+        metrics.clone(),
+    );
     let core = FsCore::new(
         tree,
         read_path,
+        read_around,
         prefetcher,
         metrics,
         observer.clone(),
@@ -219,7 +230,8 @@ impl Mount {
             })?;
         let _entered = runtime.enter();
         let (core, observer) = assemble(store, prefix, settings)?;
-        let fs = ScdlFs::new(Arc::new(core), runtime.handle().clone());
+        let core = Arc::new(core);
+        let fs = ScdlFs::new(core.clone(), runtime.handle().clone());
         let mut config = Config::default();
         config.mount_options = vec![
             MountOption::FSName(settings.fs_name.clone()),
@@ -239,6 +251,8 @@ impl Mount {
         config.n_threads = Some(settings.fuse_threads.max(1));
         config.clone_fd = settings.fuse_threads > 1;
         let session = fuser::spawn_mount(fs, &mountpoint, &config).map_err(MountError::Fuse)?;
+        core.read_around()
+            .connect(Arc::new(KernelPageCache::new(session.notifier())));
         drop(_entered);
         let mount = Mount {
             session: Some(session),

@@ -13,6 +13,7 @@ use futures::future::try_join_all;
 use scdl_format::flat::rebase_row_offsets;
 use scdl_format::ArrayKind;
 
+use crate::cache::Recency;
 use crate::catalog::{FlatDataset, ObjectInfo};
 use crate::error::{FsError, FsResult};
 use crate::fetch::{Fetcher, PartBytes};
@@ -64,7 +65,6 @@ impl ReadPath {
                             *known = known.start.min(within.start)..known.end.max(within.end);
                         }
                         None => {
-                            self.fetcher.note_demand(key);
                             at.insert(key, needs.len());
                             needs.push(Need {
                                 key,
@@ -80,10 +80,41 @@ impl ReadPath {
         needs
     }
 
+    /// The parts a reader's read needs, noted as demanded (a prefetched one is a hit).
+    fn parts_demanded<'a>(&self, plan: &'a ReadPlan) -> Vec<Need<'a>> {
+        let needs = self.parts_needed(plan);
+        for need in &needs {
+            self.fetcher.note_demand(need.key);
+        }
+        needs
+    }
+
     /// Serves the read from the disk cache (and the bytes the fetcher holds in memory)
     /// alone, if every part is there and every chunk check has passed; `None` if the
     /// read must wait for something.
     pub fn read_cached(&self, plan: &ReadPlan) -> Option<FsResult<Vec<u8>>> {
+        let needs = self.parts_demanded(plan);
+        let mut out = Vec::new();
+        let result = self.read_local(plan, needs, Recency::Use, &mut out)?;
+        Metrics::add(&self.metrics.reads_from_cache, 1);
+        Some(result.map(|()| out))
+    }
+
+    /// Bytes no reader has asked for yet, for the read-around, into `out` (reused from
+    /// push to push): served like [`ReadPath::read_cached`] if every part is local, but
+    /// neither a use of the parts for the eviction order nor a demand, and never a
+    /// download.
+    pub fn read_around(&self, plan: &ReadPlan, out: &mut Vec<u8>) -> Option<FsResult<()>> {
+        self.read_local(plan, self.parts_needed(plan), Recency::Keep, out)
+    }
+
+    fn read_local(
+        &self,
+        plan: &ReadPlan,
+        needs: Vec<Need<'_>>,
+        recency: Recency,
+        out: &mut Vec<u8>,
+    ) -> Option<FsResult<()>> {
         if let Some((dataset, chunks)) = &plan.chunks_to_check {
             for &chunk in chunks {
                 match dataset.row_ptr_check(chunk).get() {
@@ -94,27 +125,24 @@ impl ReadPath {
             }
         }
         let mut parts = HashMap::new();
-        for need in self.parts_needed(plan) {
-            let part = match self.fetcher.cache().get(need.key) {
+        for need in needs {
+            let part = match self.fetcher.cache().get(need.key, recency) {
                 Some(part) => PartBytes::Cached(part),
                 None => self.fetcher.in_memory(need.key, &need.within)?,
             };
             parts.insert(need.key, part);
         }
-        match self.finish(plan, &parts) {
+        match self.finish_into(plan, &parts, out) {
             // The bad part is out of the cache now: the read goes to the network.
             Err(FsError::CacheCorrupt(_)) => None,
-            result => {
-                Metrics::add(&self.metrics.reads_from_cache, 1);
-                Some(result)
-            }
+            result => Some(result),
         }
     }
 
     /// Serves the read, downloading what is missing.
     pub async fn read(self: &Arc<Self>, plan: ReadPlan) -> FsResult<Vec<u8>> {
         let started = Instant::now();
-        let needed = self.parts_needed(&plan);
+        let needed = self.parts_demanded(&plan);
         let cache = self.fetcher.cache();
         let mut on_network = needed.iter().any(|need| {
             !cache.contains(need.key) && self.fetcher.in_memory(need.key, &need.within).is_none()
@@ -142,7 +170,7 @@ impl ReadPath {
                 Err(FsError::CacheCorrupt(_)) if attempt < CORRUPT_PART_ATTEMPTS => {
                     attempt += 1;
                     on_network = true;
-                    parts = self.fetch_all(self.parts_needed(&plan)).await?;
+                    parts = self.fetch_all(self.parts_demanded(&plan)).await?;
                 }
                 result => break result,
             }
@@ -188,7 +216,7 @@ impl ReadPath {
                     len: object.size,
                     chunks_to_check: None,
                 };
-                let parts = self.fetch_all(self.parts_needed(&whole)).await;
+                let parts = self.fetch_all(self.parts_demanded(&whole)).await;
                 let bytes = parts.and_then(|parts| self.finish(&whole, &parts.into_iter().collect()));
                 // A failed download is not a verdict on the data: a later read retries.
                 let verdict = dataset.verify_row_ptr(chunk, &bytes?);
@@ -207,6 +235,19 @@ impl ReadPath {
 
     /// Assembles a plan's bytes from its parts.
     fn finish(&self, plan: &ReadPlan, parts: &HashMap<PartKey, PartBytes>) -> FsResult<Vec<u8>> {
+        let mut out = Vec::new();
+        self.finish_into(plan, parts, &mut out)?;
+        Ok(out)
+    }
+
+    /// Assembles a plan's bytes from its parts into `out`, whatever it held: the pieces
+    /// cover every byte, so a reused buffer needs no clearing.
+    fn finish_into(
+        &self,
+        plan: &ReadPlan,
+        parts: &HashMap<PartKey, PartBytes>,
+        out: &mut Vec<u8>,
+    ) -> FsResult<()> {
         let total: u64 = plan
             .pieces
             .iter()
@@ -215,7 +256,7 @@ impl ReadPath {
                 Piece::Bytes(b) => b.len() as u64,
             })
             .sum();
-        let mut out = vec![0u8; total as usize];
+        out.resize(total as usize, 0);
         let mut at = 0usize;
         let part_size = self.fetcher.part_size();
         for piece in &plan.pieces {
@@ -258,6 +299,6 @@ impl ReadPath {
             out.drain(..skip);
         }
         out.truncate(plan.len as usize);
-        Ok(out)
+        Ok(())
     }
 }

@@ -27,6 +27,7 @@ use parking_lot::Mutex;
 use scdl_format::ArrayKind;
 use serde::{Deserialize, Serialize};
 
+use crate::cache::Recency;
 use crate::catalog::{Dataset, ObjectInfo};
 use crate::error::{FsError, FsResult};
 use crate::fetch::Fetcher;
@@ -356,7 +357,7 @@ async fn warm_part(job: &Job, fetcher: &Arc<Fetcher>, object: Arc<ObjectInfo>, i
     let len = range_len(&fetcher.part_range(&object, index));
     // Reading it pins it, which makes it the most recently used: what this job warms
     // later does not evict it.
-    if fetcher.cache().get(key).is_some() {
+    if fetcher.cache().get(key, Recency::Use).is_some() {
         job.update(|p| {
             p.parts_already_cached += 1;
             p.bytes_already_cached += len;

@@ -19,6 +19,7 @@ use scdl_format::hint::HINT_FILE;
 use scdl_format::layout::CHUNKED_DIR;
 use scdl_format::ArrayKind;
 use scdlfs::error::FsError;
+use scdlfs::fs::read_around::PageCache;
 use scdlfs::fs::FsCore;
 use scdlfs::mount::{assemble, MountSettings};
 use scdlfs::status::Observer;
@@ -81,6 +82,19 @@ fn chunked_files(spec: &SyntheticDataset, prefix: &str) -> BTreeMap<String, Vec<
 }
 
 impl Core {
+    /// Waits (at most 30 s) until no download is under way: a read returns once its
+    /// own bytes have arrived, and its part lands in the cache a little later.
+    async fn settle(&self) {
+        let started = Instant::now();
+        while self.observer.status().downloads_in_flight > 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "downloads still under way"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     async fn resolve(&self, path: &str) -> Result<fuser::FileAttr, FsError> {
         let mut attr = self.core.getattr(ROOT)?;
         for name in path.split('/').filter(|n| !n.is_empty()) {
@@ -1049,4 +1063,134 @@ mod metadata_ttl {
             (0, 0, 0)
         );
     }
+}
+
+/// What the read-around stored into the "kernel": (inode, offset, bytes), in order.
+#[derive(Default)]
+struct RecordedPageCache(parking_lot::Mutex<Vec<(u64, u64, Vec<u8>)>>);
+
+impl PageCache for RecordedPageCache {
+    fn store(&self, ino: u64, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
+        self.0.lock().push((ino, offset, bytes.to_vec()));
+        Ok(())
+    }
+}
+
+impl RecordedPageCache {
+    /// Waits (at most 10 s) for `n` stores, then a little more for any beyond them, and
+    /// takes them all.
+    async fn take(&self, n: usize) -> Vec<(u64, u64, Vec<u8>)> {
+        let started = Instant::now();
+        while self.0.lock().len() < n && started.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        std::mem::take(&mut *self.0.lock())
+    }
+}
+
+/// A read the disk cache serves offers the aligned window around it, and the pages of
+/// that window the kernel was not given (by a read it asked for, or a push), exactly
+/// the file's bytes, go into the page cache: without a request to the store. Reads that
+/// waited on the network, and windows with a part not local, store nothing; a read of
+/// a page given before (the kernel dropped it) makes the whole window go again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_served_from_the_cache_stores_the_pages_of_its_window_the_kernel_lacks() {
+    let page = 4096u64;
+    let part = 64u64 << 10;
+    let window = 4 * part;
+    // Part 10 is a page and a bit: the last window ends inside a page.
+    let blob = pattern(9, (10 * part + page + 1000) as usize);
+    let end = blob.len() as u64;
+    let partial = pattern(10, (4 * part) as usize);
+    let files = BTreeMap::from([
+        ("blob.bin".to_string(), blob.clone()),
+        ("partial.bin".to_string(), partial),
+    ]);
+    // A kernel read-ahead of two pages: the margins a read prefetches around itself
+    // stay inside its part.
+    let core = core_of(&files, |s| {
+        s.cache_read_around = window;
+        s.read_ahead = Some(2 * page);
+    })
+    .await;
+    let pages = Arc::new(RecordedPageCache::default());
+    core.core.read_around().connect(pages.clone());
+    let ino = core.resolve("blob.bin").await.unwrap().ino.0;
+    // Each read through a handle of its own, so that none looks sequential.
+    let read = |offset: u64, len: u32| {
+        let core = &core.core;
+        async move {
+            let h = core.open(ino).unwrap().handle;
+            let bytes = core.read(ino, h, offset, len).await.unwrap();
+            core.release(h);
+            bytes
+        }
+    };
+    let expect = |from: u64, to: u64| (ino, from, blob[from as usize..to as usize].to_vec());
+    // What a push of `window` stores: its bytes but the pages at `given`, in runs.
+    let all_but = |window: std::ops::Range<u64>, given: &[u64]| {
+        let mut given = given.to_vec();
+        given.sort();
+        let (mut runs, mut from) = (Vec::new(), window.start);
+        for at in given {
+            if at > from {
+                runs.push(expect(from, at));
+            }
+            from = at + page;
+        }
+        if from < window.end {
+            runs.push(expect(from, window.end));
+        }
+        runs
+    };
+
+    // One page of each part: every read waits on the network, and its part lands in
+    // the cache.
+    let first_read_of = |index: u64| index * part + if index < 10 { part / 2 } else { 0 };
+    for index in [3, 7, 1, 9, 5, 0, 8, 2, 10, 4, 6] {
+        read(first_read_of(index), page as u32).await;
+    }
+    core.settle().await;
+    assert!(
+        pages.take(0).await.is_empty(),
+        "reads from the network push nothing"
+    );
+
+    // Its window's other three parts are not local: nothing is pushed, nothing fetched.
+    let partial_ino = core.resolve("partial.bin").await.unwrap().ino.0;
+    for offset in [0, 8192] {
+        let h = core.core.open(partial_ino).unwrap().handle;
+        core.core.read(partial_ino, h, offset, 4096).await.unwrap();
+        core.core.release(h);
+        core.settle().await;
+    }
+    let requests = core.reads.hook().total();
+    assert!(
+        pages.take(0).await.is_empty(),
+        "a window not all local is not pushed"
+    );
+
+    // A read in the second window: every page of it but those the kernel asked for.
+    let at = window + part / 4;
+    assert_eq!(read(at, 4096).await, blob[at as usize..at as usize + 4096]);
+    let asked: Vec<u64> = (4..8).map(first_read_of).chain([at]).collect();
+    let pushed = all_but(window..2 * window, &asked);
+    assert_eq!(pages.take(pushed.len()).await, pushed);
+    // The kernel asks for a page it was given: it dropped pages of that window, so all
+    // of them go again but that one.
+    read(first_read_of(5), 4096).await;
+    let pushed = all_but(window..2 * window, &[first_read_of(5)]);
+    assert_eq!(pages.take(pushed.len()).await, pushed);
+    // The last window ends with the file.
+    let at = 2 * window + 3 * page;
+    read(at, 100).await;
+    let asked: Vec<u64> = (8..11).map(first_read_of).chain([at]).collect();
+    let pushed = all_but(2 * window..end, &asked);
+    assert_eq!(
+        pushed.last().unwrap().2.len() as u64,
+        end - 10 * part - page
+    );
+    assert_eq!(pages.take(pushed.len()).await, pushed);
+    assert_eq!(core.reads.hook().total(), requests, "pushes fetch nothing");
 }

@@ -185,3 +185,54 @@ fn the_kernel_read_ahead_is_set_as_asked() {
         "a mount that asks nothing keeps the kernel's default"
     );
 }
+
+/// A read the disk cache serves brings the window around it into the kernel's page
+/// cache: the other reads of that window never reach the daemon, and they read the
+/// file's exact bytes.
+#[test]
+fn a_read_from_the_cache_brings_its_window_into_the_page_cache() {
+    let (src, files) = source();
+    let part = 64u64 << 10;
+    let window = 4 * part;
+    let mount = TestMount::start(local_store(src.path()), "", |s| {
+        s.cache_read_around = window
+    });
+    let name = "nested/big.bin";
+    let want = &files[name];
+    let path = mount.path().join(name);
+    // Each part read once, out of order and each through a file of its own so that no
+    // read looks sequential: every read waits on the network, none pushes.
+    for index in [3, 7, 1, 9, 5, 0, 8, 2, 10, 4, 6] {
+        check_range(&open_random(&path), want, index * part, part as usize, name);
+        mount.settle();
+    }
+    assert_eq!(mount.status().counters.read_around_windows, 0);
+
+    let file = open_random(&path);
+    forget_cached_pages(&file);
+    check_range(&file, want, window + 8192, 4096, name);
+    wait_for_pushes(&mount, 1);
+    let reads = mount.status().counters.reads;
+    for offset in (window..2 * window).step_by(4096) {
+        check_range(&file, want, offset, 4096, name);
+    }
+    assert_eq!(
+        mount.status().counters.reads,
+        reads,
+        "reads of the pushed window reached the daemon"
+    );
+    // SAFETY: the mount's files do not change while mapped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+    assert_eq!(&map[..], &want[..], "mapped after the push");
+}
+
+fn wait_for_pushes(mount: &TestMount, windows: u64) {
+    let started = std::time::Instant::now();
+    while mount.status().counters.read_around_windows < windows {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "no window pushed in 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}

@@ -48,7 +48,7 @@ use crate::parts::{span, spans_touched, GroupId, PartKey};
 use adopt::{ListedObject, PartFileName, SourceRecord, Verdict};
 use open_files::{OpenFiles, PartFile};
 use part_file::PartHeader;
-pub use policy::{EvictionAdvisor, NextUse, Policy, Unit};
+pub use policy::{EvictionAdvisor, NextUse, Policy, Recency, Unit};
 
 /// How long caching stays off after a failed write before one insert tries again.
 pub const DISK_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -614,10 +614,11 @@ impl DiskCache {
         self.inner.lock().policy.contains(key)
     }
 
-    /// The part, pinned while the returned handle lives, if it is resident.
-    pub fn get(self: &Arc<Self>, key: PartKey) -> Option<PinnedPart> {
+    /// The part, pinned while the returned handle lives, if it is resident; `recency`
+    /// says whether this counts as a use.
+    pub fn get(self: &Arc<Self>, key: PartKey, recency: Recency) -> Option<PinnedPart> {
         let mut inner = self.inner.lock();
-        if !inner.policy.pin(key) {
+        if !inner.policy.pin(key, recency) {
             return None;
         }
         let file = inner.files[&key].0.clone();
@@ -1196,11 +1197,11 @@ mod tests {
             assert!(cache.insert(key(object), None, ORIGIN, &data));
             assert!(dir_bytes(cache.parts_dir()) <= budget);
         }
-        let pinned = cache.get(key(9)).unwrap();
+        let pinned = cache.get(key(9), Recency::Use).unwrap();
         let mut buf = [0u8; 4];
         pinned.read_exact_at(&mut buf, 5).unwrap();
         assert_eq!(buf, [9; 4]);
-        assert!(cache.get(key(0)).is_none());
+        assert!(cache.get(key(0), Recency::Use).is_none());
         assert_eq!(cache.stats().evicted_parts, 7);
     }
 
@@ -1304,7 +1305,7 @@ mod tests {
         let budget = 3 * unit;
         let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
         assert!(cache.insert(key(2), None, ORIGIN, &[2; 10_000]));
-        let _kept = cache.get(key(2)).unwrap();
+        let _kept = cache.get(key(2), Recency::Use).unwrap();
         // Two downloads of part 5 both reserve and write; the loser's reservation must
         // not be reused by part 6 while the loser's file is still on disk.
         let largest = race(
@@ -1329,7 +1330,7 @@ mod tests {
         cache.disk_retry_after = Duration::from_millis(200);
         let cache = Arc::new(cache);
         assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
-        let kept = cache.get(key(1)).unwrap();
+        let kept = cache.get(key(1), Recency::Use).unwrap();
         fs::remove_dir_all(dir.path()).unwrap();
         assert!(!cache.insert(key(2), None, ORIGIN, &[2; 100]));
         let stats = cache.stats();
@@ -1387,7 +1388,7 @@ mod tests {
         let budget = disk_len(100);
         let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
         assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
-        let pinned = cache.get(key(1)).unwrap();
+        let pinned = cache.get(key(1), Recency::Use).unwrap();
         assert!(!cache.insert(key(2), None, ORIGIN, &[2; 100]));
         drop(pinned);
         assert!(cache.insert(key(2), None, ORIGIN, &[2; 100]));
@@ -1406,7 +1407,7 @@ mod tests {
         let data_offset = fs::metadata(&path).unwrap().len() - data.len() as u64;
         // A byte in the third block.
         flip_bit(&path, data_offset + 2 * BLOCK_LEN as u64 + 7);
-        let pinned = cache.get(key(1)).unwrap();
+        let pinned = cache.get(key(1), Recency::Use).unwrap();
         let mut buf = vec![0u8; 1000];
         pinned.read_exact_at(&mut buf, 10).unwrap();
         assert_eq!(
@@ -1421,7 +1422,10 @@ mod tests {
             matches!(error, CacheError::Corrupt { block: 2, .. }),
             "{error}"
         );
-        assert!(cache.get(key(1)).is_none(), "dropped from the index");
+        assert!(
+            cache.get(key(1), Recency::Use).is_none(),
+            "dropped from the index"
+        );
         assert_eq!(
             fs::read_dir(cache.parts_dir()).unwrap().count(),
             0,
@@ -1436,7 +1440,7 @@ mod tests {
         drop(pinned);
         assert_eq!(cache.stats().corrupt_parts_dropped, 1);
         assert!(cache.insert(key(1), None, ORIGIN, &data), "fetched again");
-        let again = cache.get(key(1)).unwrap();
+        let again = cache.get(key(1), Recency::Use).unwrap();
         again
             .read_exact_at(&mut buf, 2 * BLOCK_LEN as u64 + 500)
             .unwrap();
@@ -1476,10 +1480,13 @@ mod tests {
     /// The last ten bytes of a resident part of 1000 bytes.
     fn last_bytes(cache: &Arc<DiskCache>, object: u64, index: u64) -> [u8; 10] {
         let part = cache
-            .get(PartKey {
-                object: ObjectId(object),
-                index,
-            })
+            .get(
+                PartKey {
+                    object: ObjectId(object),
+                    index,
+                },
+                Recency::Use,
+            )
             .expect("resident");
         let mut buf = [0u8; 10];
         part.read_exact_at(&mut buf, 990).unwrap();
@@ -1572,16 +1579,22 @@ mod tests {
             "{stats:?}"
         );
         assert!(cache
-            .get(PartKey {
-                object: ObjectId(0),
-                index: 0
-            })
+            .get(
+                PartKey {
+                    object: ObjectId(0),
+                    index: 0
+                },
+                Recency::Use
+            )
             .is_none());
         let bad = cache
-            .get(PartKey {
-                object: ObjectId(0),
-                index: 1,
-            })
+            .get(
+                PartKey {
+                    object: ObjectId(0),
+                    index: 1,
+                },
+                Recency::Use,
+            )
             .unwrap();
         let mut buf = [0u8; 10];
         assert!(matches!(
@@ -1823,7 +1836,7 @@ mod tests {
                 let path = only_file(cache.parts_dir());
                 flip_bit(&path, fs::metadata(&path).unwrap().len() - len as u64 + at);
             }
-            let pinned = cache.get(key(1)).unwrap();
+            let pinned = cache.get(key(1), Recency::Use).unwrap();
             for (a, b) in reads {
                 let start = (a * len as f64) as u64;
                 let end = start + (b * (len as u64 - start) as f64) as u64;

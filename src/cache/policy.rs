@@ -38,6 +38,15 @@ pub trait EvictionAdvisor: Send + Sync {
     fn next_use(&self, unit: Unit) -> Option<NextUse>;
 }
 
+/// Whether pinning a part counts as a use of it for the least-recently-used order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recency {
+    /// A reader's read: the part's unit becomes the most recently used.
+    Use,
+    /// Bytes no reader has asked for yet (the read-around): the order stays.
+    Keep,
+}
+
 /// A unit's rank in the planners' view of the future.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum NextUse {
@@ -131,12 +140,17 @@ impl Policy {
         self.parts.contains_key(&key)
     }
 
-    /// Pins a resident part (and marks its unit used); `false` if it is not resident.
-    pub fn pin(&mut self, key: PartKey) -> bool {
+    /// Pins a resident part; `false` if it is not resident. `Recency::Use` marks its
+    /// unit used, `Recency::Keep` leaves the unit's place in the order as it is.
+    pub fn pin(&mut self, key: PartKey, recency: Recency) -> bool {
         let Some(state) = self.parts.get(&key) else {
             return false;
         };
-        if let Some(unit) = self.units.get_mut(&state.unit) {
+        let unit = match recency {
+            Recency::Use => self.units.get_mut(&state.unit),
+            Recency::Keep => self.units.peek_mut(&state.unit),
+        };
+        if let Some(unit) = unit {
             unit.pins += 1;
         }
         *self.pins.entry(key).or_default() += 1;
@@ -431,9 +445,20 @@ mod tests {
         fill(&mut p, part(1, 0), None, 100);
         fill(&mut p, part(2, 0), None, 100);
         fill(&mut p, part(3, 0), None, 100);
-        assert!(p.pin(part(1, 0)));
+        assert!(p.pin(part(1, 0), Recency::Use));
         p.unpin(part(1, 0));
         assert_eq!(fill(&mut p, part(4, 0), None, 100), vec![part(2, 0)]);
+    }
+
+    #[test]
+    fn a_part_pinned_without_use_keeps_its_place_in_the_order() {
+        let mut p = Policy::new(300, None);
+        fill(&mut p, part(1, 0), None, 100);
+        fill(&mut p, part(2, 0), None, 100);
+        fill(&mut p, part(3, 0), None, 100);
+        assert!(p.pin(part(1, 0), Recency::Keep));
+        p.unpin(part(1, 0));
+        assert_eq!(fill(&mut p, part(4, 0), None, 100), vec![part(1, 0)]);
     }
 
     #[test]
@@ -478,8 +503,8 @@ mod tests {
         let mut p = Policy::new(200, None);
         fill(&mut p, part(1, 0), None, 100);
         fill(&mut p, part(2, 0), None, 100);
-        assert!(p.pin(part(1, 0)));
-        assert!(p.pin(part(2, 0)));
+        assert!(p.pin(part(1, 0), Recency::Use));
+        assert!(p.pin(part(2, 0), Recency::Use));
         assert_eq!(p.reserve(100, Unit::Part(part(3, 0)), None), (None, vec![]));
         assert_eq!(
             p.resident_parts(),
@@ -640,7 +665,7 @@ mod tests {
                     }
                     Op::Pin { object, index } => {
                         let key = part(object, index);
-                        if p.pin(key) { pinned.push(key); }
+                        if p.pin(key, Recency::Use) { pinned.push(key); }
                     }
                     Op::UnpinOne => {
                         if let Some(key) = pinned.pop() { p.unpin(key); }

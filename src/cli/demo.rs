@@ -104,6 +104,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         read_timeout: crate::store::NetworkBounds::default().read_timeout,
         fetch_memory: 64 * part_size,
         read_ahead: None,
+        cache_read_around: super::mount_cmd::default_read_around(&cache_dir),
         metadata_ttl: None,
     };
     let mount = Mount::start(store, ObjectPath::default(), &mountpoint, &settings)

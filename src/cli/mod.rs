@@ -184,6 +184,12 @@ pub struct MountArgs {
     /// Also keep at most this many SCDL chunks cached (the Python loader's knob).
     #[arg(long, value_name = "N", help_heading = "Cache")]
     pub max_cached_chunks: Option<usize>,
+    /// A read the cache serves also brings the window of this size around it into the
+    /// page cache, from cached parts only (never a download), as a read of the cache's
+    /// disk would; 0: off [default: the read-ahead of the cache directory's disk, at
+    /// most 16MiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Cache")]
+    pub cache_read_around: Option<u64>,
 
     #[command(flatten)]
     pub store: StoreArgs,

@@ -112,6 +112,9 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
         read_timeout: args.store.read_timeout,
         fetch_memory: args.max_fetch_memory,
         read_ahead: args.read_ahead,
+        cache_read_around: args
+            .cache_read_around
+            .unwrap_or_else(|| default_read_around(cache_dir)),
         metadata_ttl: args.metadata_ttl,
     };
     // Each resident part keeps its file open while the limit allows; the rest are
@@ -124,6 +127,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
         mountpoint = %mount.mountpoint().display(),
         cache = %format_size(cache_bytes),
         cache_dir = %cache_dir.display(),
+        cache_read_around = %format_size(settings.cache_read_around),
         open_file_limit,
         "mounted"
     );
@@ -204,4 +208,13 @@ fn default_cache_dir(mountpoint: &Path) -> anyhow::Result<PathBuf> {
 fn default_cache_size(cache_dir: &Path) -> u64 {
     let free = rustix::fs::statvfs(cache_dir).map_or(0, |stat| stat.f_bavail * stat.f_frsize);
     (free / 2).max(MIN_DEFAULT_CACHE)
+}
+
+/// The read-ahead of the cache directory's disk; nothing past the kernel's own if it
+/// cannot be read.
+pub fn default_read_around(cache_dir: &Path) -> u64 {
+    crate::fs::read_ahead::of_disk_holding(cache_dir).unwrap_or_else(|error| {
+        tracing::info!(%error, cache_dir = %cache_dir.display(), "no read-ahead known for the cache's disk: no read-around");
+        0
+    })
 }

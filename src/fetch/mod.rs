@@ -41,7 +41,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::cache::adopt::ListedObject;
-use crate::cache::{DiskCache, PartOrigin, PinnedPart};
+use crate::cache::{DiskCache, PartOrigin, PinnedPart, Recency};
 use crate::catalog::objects::canonical_etag;
 use crate::catalog::ObjectInfo;
 use crate::error::{FsError, FsResult};
@@ -278,7 +278,7 @@ impl Fetcher {
     ) -> FsResult<PartBytes> {
         let key = Self::key(object, index);
         loop {
-            if let Some(part) = self.cache.get(key) {
+            if let Some(part) = self.cache.get(key, Recency::Use) {
                 return Ok(PartBytes::Cached(part));
             }
             if let Some(held) = self.in_memory(key, &within) {

@@ -20,6 +20,7 @@ use fuser::{
 };
 use tokio::runtime::Handle;
 
+use super::read_around::PageCache;
 use super::{FsCore, BLOCK_SIZE};
 use crate::error::{FsError, FsResult};
 
@@ -27,6 +28,21 @@ use crate::error::{FsError, FsResult};
 /// attributes it learns; what a name stands for it keeps as long as the lookup says,
 /// at most this long.
 const TTL: Duration = Duration::from_secs(3600);
+
+/// The mount's page cache in the kernel, filled through FUSE's store notification.
+pub struct KernelPageCache(fuser::Notifier);
+
+impl KernelPageCache {
+    pub fn new(notifier: fuser::Notifier) -> KernelPageCache {
+        KernelPageCache(notifier)
+    }
+}
+
+impl PageCache for KernelPageCache {
+    fn store(&self, ino: u64, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
+        self.0.store(INodeNo(ino), offset, bytes)
+    }
+}
 
 /// The filesystem handed to fuser.
 pub struct ScdlFs {

@@ -13,6 +13,7 @@
 pub mod fuse;
 pub mod handles;
 pub mod read_ahead;
+pub mod read_around;
 
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -33,6 +34,7 @@ use crate::view::plan_read;
 use crate::warm::{Warmer, WARM_XATTR};
 pub use fuse::ScdlFs;
 use handles::{HandleState, HandleTable};
+use read_around::ReadAround;
 
 pub const BLOCK_SIZE: u32 = 128 * 1024;
 
@@ -71,6 +73,7 @@ pub struct Capacity {
 pub struct FsCore {
     tree: Arc<Tree>,
     read_path: Arc<ReadPath>,
+    read_around: Arc<ReadAround>,
     prefetcher: Arc<Prefetcher>,
     metrics: Arc<Metrics>,
     handles: HandleTable,
@@ -111,9 +114,12 @@ impl Ownership {
 }
 
 impl FsCore {
+    // The core's parts, each built once by `mount::assemble`, its one caller.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         tree: Arc<Tree>,
         read_path: Arc<ReadPath>,
+        read_around: Arc<ReadAround>,
         prefetcher: Arc<Prefetcher>,
         metrics: Arc<Metrics>,
         observer: Observer,
@@ -123,6 +129,7 @@ impl FsCore {
         FsCore {
             tree,
             read_path,
+            read_around,
             prefetcher,
             metrics,
             handles: HandleTable::default(),
@@ -140,6 +147,11 @@ impl FsCore {
             attr: self.getattr(ino)?,
             valid_for: listing.valid_for(),
         })
+    }
+
+    /// The read-around from the disk cache, to connect to the kernel's page cache.
+    pub fn read_around(&self) -> &Arc<ReadAround> {
+        &self.read_around
     }
 
     pub fn getattr(&self, ino: u64) -> FsResult<FileAttr> {
@@ -184,6 +196,10 @@ impl FsCore {
         let node = self.tree.node(ino)?;
         let file = file_of(&node)?;
         let plan = plan_read(&file.content, file.size, offset, size as u64);
+        if !matches!(file.content, FileContent::Hints(..)) {
+            let asked = offset.min(file.size)..offset.saturating_add(size as u64).min(file.size);
+            self.read_around.note_asked(ino, file.size, &asked);
+        }
         {
             let state = self.handles.get(handle);
             let mut state = state.as_ref().map(|s| s.lock());
@@ -201,7 +217,13 @@ impl FsCore {
             );
         }
         let result = match self.read_path.read_cached(&plan) {
-            Some(result) => result,
+            Some(result) => {
+                if let Ok(bytes) = &result {
+                    let read = offset..offset + bytes.len() as u64;
+                    self.read_around.offer(ino, &node, read);
+                }
+                result
+            }
             None => self.read_path.read(plan).await,
         };
         match &result {

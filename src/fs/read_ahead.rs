@@ -23,6 +23,33 @@ fn bdi_file(mountpoint: &Path) -> io::Result<PathBuf> {
     )))
 }
 
+/// The read-ahead of the disk holding `path`: what a read of a file there brings in
+/// around each fault. A partition reads ahead as its disk does.
+pub fn of_disk_holding(path: &Path) -> io::Result<u64> {
+    let dev = std::fs::metadata(path)?.dev();
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    let block = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let candidates = [
+        block.join("queue/read_ahead_kb"),
+        block.join("../queue/read_ahead_kb"),
+        PathBuf::from(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb")),
+    ];
+    let file = candidates
+        .iter()
+        .find(|file| file.exists())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no read-ahead for this device"))?;
+    read_kib(file)
+}
+
+fn read_kib(file: &Path) -> io::Result<u64> {
+    let text = std::fs::read_to_string(file)?;
+    let kib: u64 = text
+        .trim()
+        .parse()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok(kib << 10)
+}
+
 /// Sets the read-ahead of the mount at `mountpoint` to `bytes` (rounded down to KiB).
 pub fn set(mountpoint: &Path, bytes: u64) -> io::Result<()> {
     std::fs::write(bdi_file(mountpoint)?, format!("{}\n", bytes >> 10))
@@ -30,10 +57,5 @@ pub fn set(mountpoint: &Path, bytes: u64) -> io::Result<()> {
 
 /// The read-ahead in force for the mount at `mountpoint`, in bytes.
 pub fn get(mountpoint: &Path) -> io::Result<u64> {
-    let text = std::fs::read_to_string(bdi_file(mountpoint)?)?;
-    let kib: u64 = text
-        .trim()
-        .parse()
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    Ok(kib << 10)
+    read_kib(&bdi_file(mountpoint)?)
 }

@@ -30,7 +30,7 @@ use scdl_format::ArrayKind;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use crate::cache::{EvictionAdvisor, NextUse, Unit};
+use crate::cache::{EvictionAdvisor, NextUse, Recency, Unit};
 use crate::catalog::{Dataset, FileContent, FlatDataset, MonolithicDataset, ObjectInfo};
 use crate::fetch::Fetcher;
 use crate::metrics::Metrics;
@@ -749,7 +749,7 @@ impl Prefetcher {
         let part = self
             .fetcher
             .cache()
-            .get(Fetcher::key(row_ptr, part_index))?;
+            .get(Fetcher::key(row_ptr, part_index), Recency::Use)?;
         let mut bytes = [0u8; 8];
         let bytes = &mut bytes[..width as usize];
         part.read_exact_at(bytes, offset - part_index * self.fetcher.part_size())

@@ -45,6 +45,7 @@ pub fn settings(cache_dir: &Path) -> MountSettings {
         read_timeout: scdlfs::store::NetworkBounds::default().read_timeout,
         fetch_memory: 64 << 20,
         read_ahead: None,
+        cache_read_around: 1 << 20,
         metadata_ttl: None,
     }
 }

@@ -1,0 +1,395 @@
+//! Read-around from the disk cache: a read served from local parts also brings the
+//! window of the file around it into the kernel's page cache, as a read of the cache's
+//! own disk would.
+//!
+//! The kernel asks a FUSE mount for at most its read-ahead per fault (128 KiB), while
+//! a local disk's read-around is the device's (8 MiB on many virtual disks). A reader
+//! warm from the disk cache then pays a FUSE round trip and a disk read per 128 KiB
+//! where it would pay one disk read per window on the cache's disk itself. Raising the
+//! mount's read-ahead instead would widen every fault, cold ones too: a cold fault
+//! would then wait on, or fetch, megabytes it does not need. So the mount's read-ahead
+//! stays small and the daemon pushes the rest of a window itself, with FUSE's store
+//! notification, and only when every byte of the window is already local: a push never
+//! downloads, never waits, and never counts as a use of the parts for the eviction
+//! order ([`Recency::Keep`](crate::cache::Recency)).
+//!
+//! A push sends only the pages the kernel was not given already ([`GivenPages`]): the
+//! daemon marks the pages of every read it is asked for and of every push, and a read
+//! of a marked page shows the kernel dropped it, which clears its window's marks. So a
+//! cold epoch, whose reader read most of a window while its parts arrived, pushes only
+//! the rest, and a warm one after the page cache was dropped pushes each window whole.
+//!
+//! Windows are aligned to their size, so that the reads of one window offer it once.
+//! Pushes run on [`PUSHERS`] threads of their own, never in a FUSE thread (a store
+//! notification waits for pages the kernel has locked for reads in flight, which FUSE
+//! threads answer), each with one buffer reused from push to push, so the memory they
+//! hold stays at a window each. A read offered while every pusher is busy is just a
+//! read.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::ops::Range;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use crate::catalog::{FileContent, Node, NodeKind};
+use crate::metrics::Metrics;
+use crate::read::ReadPath;
+use crate::view::plan_read;
+
+/// Threads pushing windows; the disk and the copies are shared with the reads.
+pub const PUSHERS: usize = 2;
+
+/// The largest window: each pusher holds one in memory.
+pub const MAX_WINDOW: u64 = 16 << 20;
+
+/// Where pushed bytes go: the mount's page cache in the kernel, or a test's record.
+pub trait PageCache: Send + Sync {
+    /// Stores `bytes` as the contents of file `ino` from `offset` on.
+    fn store(&self, ino: u64, offset: u64, bytes: &[u8]) -> io::Result<()>;
+}
+
+/// The window, aligned to `window` bytes, that holds every byte of `read`, clipped to
+/// the file's `file_size` bytes.
+pub fn window_around(read: &Range<u64>, window: u64, file_size: u64) -> Range<u64> {
+    let start = read.start / window * window;
+    let end = read
+        .end
+        .div_ceil(window)
+        .saturating_mul(window)
+        .min(file_size);
+    start..end.max(read.end.min(file_size))
+}
+
+/// One window to push: the pages of `around` the kernel was not given, of file `ino`.
+struct Push {
+    ino: u64,
+    node: Arc<Node>,
+    around: Range<u64>,
+}
+
+/// The pages of one file the kernel was given (asked for by a read, or pushed) and has
+/// not been seen to drop: one bit per page.
+#[derive(Debug, Default)]
+struct GivenPages {
+    words: Vec<u64>,
+}
+
+impl GivenPages {
+    fn bit(page: u64) -> (usize, u64) {
+        ((page / 64) as usize, 1 << (page % 64))
+    }
+
+    fn is_given(&self, page: u64) -> bool {
+        let (word, mask) = Self::bit(page);
+        self.words.get(word).is_some_and(|w| w & mask != 0)
+    }
+
+    fn any_given(&self, pages: Range<u64>) -> bool {
+        pages.into_iter().any(|page| self.is_given(page))
+    }
+
+    fn give(&mut self, pages: Range<u64>) {
+        for page in pages {
+            let (word, mask) = Self::bit(page);
+            if word >= self.words.len() {
+                self.words.resize(word + 1, 0);
+            }
+            self.words[word] |= mask;
+        }
+    }
+
+    fn forget(&mut self, pages: Range<u64>) {
+        for page in pages {
+            let (word, mask) = Self::bit(page);
+            if let Some(w) = self.words.get_mut(word) {
+                *w &= !mask;
+            }
+        }
+    }
+
+    /// The runs of pages within `pages` not given, in order.
+    fn missing(&self, pages: Range<u64>) -> Vec<Range<u64>> {
+        let mut runs: Vec<Range<u64>> = Vec::new();
+        for page in pages {
+            if self.is_given(page) {
+                continue;
+            }
+            match runs.last_mut() {
+                Some(run) if run.end == page => run.end += 1,
+                _ => runs.push(page..page + 1),
+            }
+        }
+        runs
+    }
+}
+
+/// The pages holding bytes `bytes`, of `page` bytes each.
+fn pages_of(bytes: &Range<u64>, page: u64) -> Range<u64> {
+    bytes.start / page..bytes.end.div_ceil(page)
+}
+
+/// What the kernel holds of each file, as far as the daemon knows, shared by the
+/// reads that mark it and the pushers.
+#[derive(Default)]
+struct Given {
+    files: Mutex<HashMap<u64, GivenPages>>,
+}
+
+pub struct ReadAround {
+    /// Window bytes; 0 turns the read-around off.
+    window: u64,
+    read_path: Arc<ReadPath>,
+    metrics: Arc<Metrics>,
+    /// The pushers' queue, once connected to a page cache.
+    queue: OnceLock<SyncSender<Push>>,
+    /// (inode, window start) of the pushes queued or running.
+    pushing: Arc<Mutex<HashSet<(u64, u64)>>>,
+    given: Arc<Given>,
+    page: u64,
+}
+
+impl ReadAround {
+    /// A read-around of `window` bytes (whole pages, at most [`MAX_WINDOW`]; 0: off)
+    /// that pushes nothing until [`ReadAround::connect`]ed to a page cache.
+    pub fn new(window: u64, read_path: Arc<ReadPath>, metrics: Arc<Metrics>) -> Arc<ReadAround> {
+        let page = rustix::param::page_size() as u64;
+        Arc::new(ReadAround {
+            window: window.min(MAX_WINDOW).div_ceil(page) * page,
+            read_path,
+            metrics,
+            queue: OnceLock::new(),
+            pushing: Arc::new(Mutex::new(HashSet::new())),
+            given: Arc::new(Given::default()),
+            page,
+        })
+    }
+
+    /// Starts the pushers, which send windows to `page_cache` (once: the mount's kernel
+    /// connection). They stop when the read-around is dropped.
+    pub fn connect(&self, page_cache: Arc<dyn PageCache>) {
+        if self.window == 0 {
+            return;
+        }
+        // Room for one waiting window per pusher: more would be stale when its turn came.
+        let (sender, receiver) = sync_channel(PUSHERS);
+        if self.queue.set(sender).is_err() {
+            tracing::warn!("the read-around is connected to a page cache already");
+            return;
+        }
+        let receiver = Arc::new(Mutex::new(receiver));
+        for n in 0..PUSHERS {
+            let pusher = Pusher {
+                read_path: self.read_path.clone(),
+                metrics: self.metrics.clone(),
+                page_cache: page_cache.clone(),
+                pushing: self.pushing.clone(),
+                given: self.given.clone(),
+                page: self.page,
+                buffer: Vec::new(),
+            };
+            let receiver = receiver.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("scdlfs-push-{n}"))
+                .spawn(move || pusher.run(&receiver));
+            if let Err(error) = spawned {
+                tracing::warn!(%error, "cannot start a read-around thread");
+            }
+        }
+    }
+
+    /// The window in force, in bytes (0: off).
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
+    /// Notes that the kernel asks for bytes `read` of data file `ino` of `file_size`
+    /// bytes: it will hold their pages, and if it was given any of them before, it has
+    /// dropped pages of that window since.
+    pub fn note_asked(&self, ino: u64, file_size: u64, read: &Range<u64>) {
+        if self.queue.get().is_none() {
+            return;
+        }
+        let pages = pages_of(read, self.page);
+        let mut files = self.given.files.lock();
+        let given = files.entry(ino).or_default();
+        if given.any_given(pages.clone()) {
+            given.forget(pages_of(
+                &window_around(read, self.window, file_size),
+                self.page,
+            ));
+        }
+        given.give(pages);
+    }
+
+    /// Offers the window around `read`, which the disk cache has just served from file
+    /// `ino` (`node`), for a push in the background.
+    pub fn offer(&self, ino: u64, node: &Arc<Node>, read: Range<u64>) {
+        let Some(queue) = self.queue.get() else {
+            return;
+        };
+        let NodeKind::File(file) = &node.kind else {
+            return;
+        };
+        if matches!(file.content, FileContent::Hints(..)) {
+            return;
+        }
+        let around = window_around(&read, self.window, file.size);
+        if around.end - around.start <= read.end - read.start
+            || !self.pushing.lock().insert((ino, around.start))
+        {
+            return;
+        }
+        let push = Push {
+            ino,
+            node: node.clone(),
+            around,
+        };
+        if let Err(TrySendError::Full(push) | TrySendError::Disconnected(push)) =
+            queue.try_send(push)
+        {
+            self.pushing.lock().remove(&(push.ino, push.around.start));
+        }
+    }
+}
+
+/// One pusher thread's state.
+struct Pusher {
+    read_path: Arc<ReadPath>,
+    metrics: Arc<Metrics>,
+    page_cache: Arc<dyn PageCache>,
+    pushing: Arc<Mutex<HashSet<(u64, u64)>>>,
+    given: Arc<Given>,
+    page: u64,
+    buffer: Vec<u8>,
+}
+
+impl Pusher {
+    fn run(mut self, queue: &Mutex<Receiver<Push>>) {
+        loop {
+            let next = queue.lock().recv();
+            let Ok(push) = next else {
+                return;
+            };
+            self.push(&push);
+            self.pushing.lock().remove(&(push.ino, push.around.start));
+        }
+    }
+
+    /// Pushes the pages of the window the kernel was not given, if every byte of the
+    /// window is local.
+    fn push(&mut self, push: &Push) {
+        let NodeKind::File(file) = &push.node.kind else {
+            return;
+        };
+        let Push { ino, around, .. } = push;
+        let missing = match self.given.files.lock().get(ino) {
+            Some(given) => given.missing(pages_of(around, self.page)),
+            None => vec![pages_of(around, self.page)],
+        };
+        if missing.is_empty() {
+            return;
+        }
+        let plan = plan_read(
+            &file.content,
+            file.size,
+            around.start,
+            around.end - around.start,
+        );
+        match self.read_path.read_around(&plan, &mut self.buffer) {
+            Some(Ok(())) if self.buffer.len() as u64 == around.end - around.start => {}
+            Some(Err(error)) => {
+                tracing::debug!(ino, ?around, %error, "read-around skipped");
+                return;
+            }
+            // Not all local, or the file is shorter than it said.
+            _ => return,
+        }
+        for pages in missing {
+            let start = pages.start * self.page;
+            let end = (pages.end * self.page).min(around.end);
+            let bytes =
+                &self.buffer[(start - around.start) as usize..(end - around.start) as usize];
+            if let Err(error) = self.page_cache.store(*ino, start, bytes) {
+                // The file may be gone from the kernel's inode cache: nothing to fill.
+                tracing::debug!(ino, start, end, %error, "page cache store refused");
+                return;
+            }
+            self.given.files.lock().entry(*ino).or_default().give(pages);
+            Metrics::add(&self.metrics.read_around_bytes, end - start);
+        }
+        Metrics::add(&self.metrics.read_around_windows, 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn a_read_takes_the_aligned_window_it_falls_in() {
+        assert_eq!(window_around(&(100..200), 1000, 10_000), 0..1000);
+        assert_eq!(window_around(&(1500..1600), 1000, 10_000), 1000..2000);
+        assert_eq!(window_around(&(900..1100), 1000, 10_000), 0..2000);
+        assert_eq!(window_around(&(9500..9800), 1000, 9800), 9000..9800);
+    }
+
+    /// What `GivenPages` should say: a plain set of pages.
+    fn runs_missing_from(set: &BTreeSet<u64>, pages: Range<u64>) -> Vec<Range<u64>> {
+        let mut runs: Vec<Range<u64>> = Vec::new();
+        for page in pages.filter(|page| !set.contains(page)) {
+            match runs.last_mut() {
+                Some(run) if run.end == page => run.end = page + 1,
+                _ => runs.push(page..page + 1),
+            }
+        }
+        runs
+    }
+
+    proptest! {
+        #[test]
+        fn given_pages_are_the_set_of_pages_given_and_not_forgotten(
+            changes in proptest::collection::vec((any::<bool>(), 0u64..300, 0u64..80), 0..40),
+            asked in (0u64..300, 0u64..80),
+        ) {
+            let mut given = GivenPages::default();
+            let mut model = BTreeSet::new();
+            for (give, start, len) in changes {
+                let pages = start..start + len;
+                if give {
+                    given.give(pages.clone());
+                    model.extend(pages);
+                } else {
+                    given.forget(pages.clone());
+                    for page in pages {
+                        model.remove(&page);
+                    }
+                }
+            }
+            let asked = asked.0..asked.0 + asked.1;
+            prop_assert_eq!(given.missing(asked.clone()), runs_missing_from(&model, asked.clone()));
+            prop_assert_eq!(given.any_given(asked.clone()), asked.clone().any(|p| model.contains(&p)));
+        }
+
+        #[test]
+        fn the_window_covers_the_read_and_stays_in_the_file(
+            file_size in 1u64..1 << 40,
+            start_frac in 0.0f64..1.0,
+            len in 1u64..1 << 22,
+            window in 1u64..1 << 25,
+        ) {
+            let start = ((file_size - 1) as f64 * start_frac) as u64;
+            let read = start..(start + len).min(file_size);
+            let around = window_around(&read, window, file_size);
+            prop_assert!(around.start <= read.start && read.end <= around.end);
+            prop_assert!(around.end <= file_size);
+            prop_assert!(around.start.is_multiple_of(window));
+            prop_assert!(around.end == file_size || around.end.is_multiple_of(window));
+            prop_assert!(around.end - around.start < (read.end - read.start) + 2 * window);
+        }
+    }
+}
