@@ -200,11 +200,6 @@ impl ReadAround {
         }
     }
 
-    /// The window in force, in bytes (0: off).
-    pub fn window(&self) -> u64 {
-        self.window
-    }
-
     /// Notes that the kernel asks for bytes `read` of data file `ino` of `file_size`
     /// bytes: it will hold their pages, and if it was given any of them before, it has
     /// dropped pages of that window since.
