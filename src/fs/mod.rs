@@ -196,7 +196,9 @@ impl FsCore {
         let node = self.tree.node(ino)?;
         let file = file_of(&node)?;
         let plan = plan_read(&file.content, file.size, offset, size as u64);
-        if !matches!(file.content, FileContent::Hints(..)) {
+        // Hint files are read past the page cache (direct I/O): nothing to read around.
+        let paged = !matches!(file.content, FileContent::Hints(..));
+        if paged {
             let asked = offset.min(file.size)..offset.saturating_add(size as u64).min(file.size);
             self.read_around.note_asked(ino, file.size, &asked);
         }
@@ -218,7 +220,7 @@ impl FsCore {
         }
         let result = match self.read_path.read_cached(&plan) {
             Some(result) => {
-                if let Ok(bytes) = &result {
+                if let (true, Ok(bytes)) = (paged, &result) {
                     let read = offset..offset + bytes.len() as u64;
                     self.read_around.offer(ino, &node, read);
                 }
