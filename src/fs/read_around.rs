@@ -9,7 +9,7 @@
 //! mount's read-ahead instead would widen every fault, cold ones too: a cold fault
 //! would then wait on, or fetch, megabytes it does not need. So the mount's read-ahead
 //! stays small and the daemon pushes the rest of a window itself, with FUSE's store
-//! notification, and only bytes already local: a push never
+//! notification, and only when every byte of the window is already local: a push never
 //! downloads, never waits, and never counts as a use of the parts for the eviction
 //! order ([`Recency::Keep`](crate::cache::Recency)).
 //!
@@ -270,8 +270,8 @@ impl Pusher {
         }
     }
 
-    /// Pushes the pages of the window the kernel was not given, if every byte from the
-    /// first of them to the last is local: only those bytes are read.
+    /// Pushes the pages of the window the kernel was not given, if every byte of the
+    /// window is local.
     fn push(&mut self, push: &Push) {
         let NodeKind::File(file) = &push.node.kind else {
             return;
@@ -281,15 +281,19 @@ impl Pusher {
             Some(given) => given.missing(pages_of(around, self.page)),
             None => vec![pages_of(around, self.page)],
         };
-        let (Some(first), Some(last)) = (missing.first(), missing.last()) else {
+        if missing.is_empty() {
             return;
-        };
-        let span = first.start * self.page..(last.end * self.page).min(around.end);
-        let plan = plan_read(&file.content, file.size, span.start, span.end - span.start);
+        }
+        let plan = plan_read(
+            &file.content,
+            file.size,
+            around.start,
+            around.end - around.start,
+        );
         match self.read_path.read_around(&plan, &mut self.buffer) {
-            Some(Ok(())) if self.buffer.len() as u64 == span.end - span.start => {}
+            Some(Ok(())) if self.buffer.len() as u64 == around.end - around.start => {}
             Some(Err(error)) => {
-                tracing::debug!(ino, ?span, %error, "read-around skipped");
+                tracing::debug!(ino, ?around, %error, "read-around skipped");
                 return;
             }
             // Not all local, or the file is shorter than it said.
@@ -297,8 +301,9 @@ impl Pusher {
         }
         for pages in missing {
             let start = pages.start * self.page;
-            let end = (pages.end * self.page).min(span.end);
-            let bytes = &self.buffer[(start - span.start) as usize..(end - span.start) as usize];
+            let end = (pages.end * self.page).min(around.end);
+            let bytes =
+                &self.buffer[(start - around.start) as usize..(end - around.start) as usize];
             if let Err(error) = self.page_cache.store(*ino, start, bytes) {
                 // The file may be gone from the kernel's inode cache: nothing to fill.
                 tracing::debug!(ino, start, end, %error, "page cache store refused");
