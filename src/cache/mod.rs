@@ -31,6 +31,7 @@ pub mod adopt;
 pub mod open_files;
 pub mod part_file;
 pub mod policy;
+pub mod spool;
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
@@ -629,90 +630,28 @@ impl DiskCache {
         })
     }
 
-    /// Stores a downloaded part. Blocking file I/O: call from a blocking context.
-    /// Returns `Ok(false)` when the part cannot be cached because pinned or protected
-    /// data fills the budget; the caller still has the bytes to serve.
+    /// Stores a downloaded part whole ([`DiskCache::spool`], one write, commit).
+    /// Blocking file I/O: call from a blocking context. Returns `false` when the part
+    /// cannot be cached (pinned or protected data fills the budget, or the disk
+    /// failed); the caller still has the bytes to serve.
     pub fn insert(
-        &self,
+        self: &Arc<Self>,
         key: PartKey,
         group: Option<GroupId>,
         origin: PartOrigin,
         data: &[u8],
     ) -> bool {
-        if !PartHeader::fits(origin.key, origin.etag) {
-            return false;
+        if self.contains(key) {
+            return true;
         }
-        if !self.disk_usable() {
+        let Some(spool) = self.spool(key, group, origin, data.len() as u64) else {
+            return false;
+        };
+        if spool.write_next(data).is_err() {
             self.refused_for_disk.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        let header = PartHeader::of(origin.key, origin.etag, origin.object_offset, data);
-        let encoded = header.encode();
-        let disk_bytes = (encoded.len() + data.len()) as u64;
-        let advisor = self.advisor.read().clone();
-        // The books credit freed bytes as soon as they are told; so every file whose
-        // bytes they credit is deleted before the lock is released, or another insert
-        // could write into room that is still taken on disk.
-        let reservation = {
-            let mut inner = self.inner.lock();
-            if inner.policy.contains(key) {
-                return true;
-            }
-            self.make_room_from_strays(&mut inner, disk_bytes);
-            let (reservation, victims) =
-                inner
-                    .policy
-                    .reserve(disk_bytes, Unit::of(key, group), advisor.as_deref());
-            let victims = self.forget_files(&mut inner, victims);
-            self.delete_files(victims);
-            reservation
-        };
-        let Some(reservation) = reservation else {
-            self.refused_for_room.fetch_add(1, Ordering::Relaxed);
-            return false;
-        };
-        let name = PartFileName {
-            seq: self.next_file.fetch_add(1, Ordering::Relaxed),
-            part: adopt::part_id(origin.key, origin.etag, origin.object_offset),
-            len: disk_bytes,
-        };
-        let written = self.write_part_file(name, &encoded, data);
-        self.step(Step::Written);
-        let mut inner = self.inner.lock();
-        let (file, path) = match written {
-            Ok((file, path)) => (self.open_files.opened(path.clone(), file), path),
-            Err(error) => {
-                inner.policy.cancel(reservation);
-                drop(inner);
-                self.disk_failed(&error);
-                self.refused_for_disk.fetch_add(1, Ordering::Relaxed);
-                return false;
-            }
-        };
-        self.disk_ok();
-        if inner.policy.contains(key) {
-            // Another download of the same part landed first.
-            self.delete_files(vec![path]);
-            inner.policy.cancel(reservation);
-            return true;
-        }
-        let committed = inner.policy.commit(reservation, key, group);
-        debug_assert!(committed, "checked under the same lock");
-        inner.files.insert(
-            key,
-            (
-                Arc::new(ResidentFile {
-                    file,
-                    data_offset: encoded.len() as u64,
-                    data_len: header.data_len,
-                    block_len: header.block_len,
-                    block_crc32c: header.block_crc32c.into(),
-                    advised_at_ms: AtomicU64::new(0),
-                }),
-                path,
-            ),
-        );
-        true
+        spool.commit()
     }
 
     /// Whether an insert may write: always while the disk works; after a failure,
@@ -779,28 +718,6 @@ impl DiskCache {
                 _ => {}
             }
         }
-    }
-
-    fn write_part_file(
-        &self,
-        name: PartFileName,
-        header: &[u8],
-        data: &[u8],
-    ) -> io::Result<(File, PathBuf)> {
-        let path = self.parts_dir.join(name.to_string());
-        let tmp = self.parts_dir.join(format!("{name}.tmp"));
-        let result = (|| {
-            let mut file = private_file().write(true).create_new(true).open(&tmp)?;
-            file.write_all(header)?;
-            file.write_all(data)?;
-            fs::rename(&tmp, &path)?;
-            private_file().read(true).open(&path)
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-            let _ = fs::remove_file(&path);
-        }
-        Ok((result?, path))
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -1012,6 +929,85 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// A part's data in a file, with the CRC32C of each of its blocks (all of them, or
+/// the first ones of a part still being written, whose reads stay within them).
+struct CheckedBlocks<'a> {
+    file: &'a File,
+    data_offset: u64,
+    data_len: u64,
+    block_len: u64,
+    block_crc32c: &'a [u32],
+}
+
+enum BlockReadFailure {
+    Io(io::Error),
+    BadBlock(u64),
+}
+
+impl From<io::Error> for BlockReadFailure {
+    fn from(error: io::Error) -> Self {
+        BlockReadFailure::Io(error)
+    }
+}
+
+/// Fills `buf` from `offset` within the data of `blocks`, checking every block it
+/// touches against its CRC32C. Blocks the request covers whole are read straight into
+/// `buf`; the (at most two) blocks it covers in part are read whole into a scratch
+/// buffer.
+fn read_checked(
+    blocks: &CheckedBlocks<'_>,
+    buf: &mut [u8],
+    offset: u64,
+) -> Result<(), BlockReadFailure> {
+    let range = offset..offset + buf.len() as u64;
+    assert!(range.end <= blocks.data_len, "read past the part's end");
+    let block_len = blocks.block_len;
+    let block_range = |block: u64| span(block, block_len, blocks.data_len);
+    let check = |block: u64, bytes: &[u8]| {
+        let expected = blocks.block_crc32c.get(block as usize);
+        assert!(expected.is_some(), "read of a block not yet written");
+        if expected == Some(&crc32c::crc32c(bytes)) {
+            Ok(())
+        } else {
+            Err(BlockReadFailure::BadBlock(block))
+        }
+    };
+    let touched = spans_touched(&range, block_len);
+    let covered = |block: u64| {
+        let bytes = block_range(block);
+        range.start <= bytes.start && bytes.end <= range.end
+    };
+    let whole_start = touched.start + u64::from(!covered(touched.start));
+    let whole_end = touched.end - u64::from(touched.end > whole_start && !covered(touched.end - 1));
+    if whole_start < whole_end {
+        let bytes = block_range(whole_start).start..block_range(whole_end - 1).end;
+        let dest = &mut buf[(bytes.start - offset) as usize..(bytes.end - offset) as usize];
+        blocks
+            .file
+            .read_exact_at(dest, blocks.data_offset + bytes.start)?;
+        for (i, block) in dest.chunks(block_len as usize).enumerate() {
+            check(whole_start + i as u64, block)?;
+        }
+    }
+    for block in touched.filter(|b| !(whole_start..whole_end).contains(b)) {
+        let bytes = block_range(block);
+        SCRATCH.with_borrow_mut(|scratch| {
+            scratch.resize((bytes.end - bytes.start) as usize, 0);
+            blocks
+                .file
+                .read_exact_at(scratch, blocks.data_offset + bytes.start)?;
+            check(block, scratch)?;
+            let from = range.start.max(bytes.start);
+            let to = range.end.min(bytes.end);
+            buf[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
+                &scratch[(from - bytes.start) as usize..(to - bytes.start) as usize],
+            );
+            Ok::<_, BlockReadFailure>(())
+        })?;
+    }
+    Ok(())
+}
+
 /// A resident part, kept from eviction while this handle lives.
 pub struct PinnedPart {
     cache: Arc<DiskCache>,
@@ -1029,8 +1025,7 @@ impl PinnedPart {
     }
 
     /// Fills `buf` from `offset` within the part's data, checking every block it
-    /// touches. Blocks the request covers whole are read straight into `buf`; the
-    /// (at most two) blocks it covers in part are read whole into a scratch buffer.
+    /// touches ([`read_checked`]).
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<(), CacheError> {
         if buf.is_empty() {
             return Ok(());
@@ -1042,41 +1037,23 @@ impl PinnedPart {
             .file(&file.file, |path| private_file().read(true).open(path))
             .map_err(|error| self.vanished(error))?;
         self.advise_whole_part(&handle);
-        let range = offset..offset + buf.len() as u64;
-        assert!(range.end <= file.data_len, "read past the part's end");
-        let block_len = file.block_len as u64;
-        let block_range = |block: u64| span(block, block_len, file.data_len);
-        let blocks = spans_touched(&range, block_len);
-        let covered = |block: u64| {
-            let bytes = block_range(block);
-            range.start <= bytes.start && bytes.end <= range.end
+        let blocks = CheckedBlocks {
+            file: &handle,
+            data_offset: file.data_offset,
+            data_len: file.data_len,
+            block_len: file.block_len as u64,
+            block_crc32c: &file.block_crc32c,
         };
-        let whole_start = blocks.start + u64::from(!covered(blocks.start));
-        let whole_end =
-            blocks.end - u64::from(blocks.end > whole_start && !covered(blocks.end - 1));
-        if whole_start < whole_end {
-            let bytes = block_range(whole_start).start..block_range(whole_end - 1).end;
-            let dest = &mut buf[(bytes.start - offset) as usize..(bytes.end - offset) as usize];
-            handle.read_exact_at(dest, file.data_offset + bytes.start)?;
-            for (i, block) in dest.chunks(block_len as usize).enumerate() {
-                self.check(whole_start + i as u64, block)?;
+        read_checked(&blocks, buf, offset).map_err(|failure| match failure {
+            BlockReadFailure::Io(error) => CacheError::Io(error),
+            BlockReadFailure::BadBlock(block) => {
+                self.cache.drop_corrupt(self.key, &self.file, block);
+                CacheError::Corrupt {
+                    part: self.key,
+                    block,
+                }
             }
-        }
-        for block in blocks.filter(|b| !(whole_start..whole_end).contains(b)) {
-            let bytes = block_range(block);
-            SCRATCH.with_borrow_mut(|scratch| {
-                scratch.resize((bytes.end - bytes.start) as usize, 0);
-                handle.read_exact_at(scratch, file.data_offset + bytes.start)?;
-                self.check(block, scratch)?;
-                let from = range.start.max(bytes.start);
-                let to = range.end.min(bytes.end);
-                buf[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
-                    &scratch[(from - bytes.start) as usize..(to - bytes.start) as usize],
-                );
-                Ok::<_, CacheError>(())
-            })?;
-        }
-        Ok(())
+        })
     }
 
     /// Asks the kernel to bring the whole part into the page cache, at most once per
@@ -1112,17 +1089,6 @@ impl PinnedPart {
             part: self.key,
             reason: error.to_string(),
         }
-    }
-
-    fn check(&self, block: u64, bytes: &[u8]) -> Result<(), CacheError> {
-        if crc32c::crc32c(bytes) == self.file.block_crc32c[block as usize] {
-            return Ok(());
-        }
-        self.cache.drop_corrupt(self.key, &self.file, block);
-        Err(CacheError::Corrupt {
-            part: self.key,
-            block,
-        })
     }
 }
 
@@ -1459,7 +1425,7 @@ mod tests {
 
     /// A cache of `parts` parts of 1000 bytes of object `ORIGIN.key`, closed again.
     fn earlier_mount(dir: &Path, parts: u64) {
-        let cache = DiskCache::open(dir, &owner(), 1 << 30, None).unwrap();
+        let cache = Arc::new(DiskCache::open(dir, &owner(), 1 << 30, None).unwrap());
         for index in 0..parts {
             let origin = PartOrigin {
                 object_offset: index * 1000,

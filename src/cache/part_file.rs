@@ -97,8 +97,18 @@ impl PartHeader {
 
     /// The header's length on disk: the data starts here.
     pub fn encoded_len(&self) -> usize {
-        (Self::table_offset(self.key.len(), self.etag.len()) + 4 * self.block_crc32c.len() + 4)
-            .next_multiple_of(PAGE)
+        Self::len_for(self.key.len(), self.etag.len(), self.block_crc32c.len())
+    }
+
+    /// The length of the header of a part of `data_len` bytes in [`BLOCK_LEN`] blocks,
+    /// known before its data is: where a part file being written puts its data.
+    pub fn encoded_len_before_data(key: &str, etag: &str, data_len: u64) -> usize {
+        let blocks = data_len.div_ceil(BLOCK_LEN as u64) as usize;
+        Self::len_for(key.len(), etag.len(), blocks)
+    }
+
+    fn len_for(key_len: usize, etag_len: usize, blocks: usize) -> usize {
+        (Self::table_offset(key_len, etag_len) + 4 * blocks + 4).next_multiple_of(PAGE)
     }
 
     pub fn encode(&self) -> Vec<u8> {

@@ -3,28 +3,49 @@
 //! part has arrived: a reader at the start of an 8 MiB part that shares the link with
 //! fifteen others waits for a few pieces of its body, not for all of it.
 //!
-//! The download appends what it receives ([`Arriving::push`]) and finally swaps the
-//! buffer for the whole part ([`Arriving::finish`]); readers wait on the count of bytes
-//! received ([`Arriving::wait_for`]) and copy their range out ([`Arriving::slice`]).
-//! Whether the request is on the wire yet (it holds a download slot) tells a reader
-//! whether waiting can pay at all.
+//! The body goes where the download sends it: into the part's cache file as it comes
+//! ([`Arriving::spool_into`]: the usual case, which holds about a block of the body in
+//! memory, the bytes not yet written), or into memory ([`Arriving::keep_in_memory`])
+//! when the cache cannot take the part, then swapped for the whole part
+//! ([`Arriving::finish`]). The download appends what it receives ([`Arriving::push`],
+//! flushed at the end with [`Arriving::end`]); readers wait on the count of bytes
+//! received ([`Arriving::wait_for`]) and take their range ([`Arriving::bytes`]): from
+//! the file what is written, from memory the rest. Whether the request is on the wire yet (it holds a
+//! download slot) tells a reader whether waiting can pay at all.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use super::PartBytes;
+use crate::cache::part_file::BLOCK_LEN;
+use crate::cache::spool::Spool;
+use crate::error::{FsError, FsResult};
+
 pub struct Arriving {
-    /// How many bytes of the part have been received, from its start.
+    /// How many bytes of the part are readable, from its start.
     received: watch::Sender<u64>,
     body: Mutex<Body>,
     sent: AtomicBool,
 }
 
 enum Body {
-    Partial(BytesMut),
+    /// The download has not chosen where the body goes yet.
+    Unplaced,
+    /// Into the part's cache file: bytes `..on_disk` are written; then come the
+    /// bytes being written (`writing`), then those waiting for a whole block
+    /// (`pending`).
+    Spooled {
+        spool: Arc<Spool>,
+        on_disk: u64,
+        writing: Bytes,
+        pending: BytesMut,
+    },
+    Memory(BytesMut),
     Whole(Bytes),
 }
 
@@ -32,7 +53,7 @@ impl Default for Arriving {
     fn default() -> Self {
         Arriving {
             received: watch::Sender::new(0),
-            body: Mutex::new(Body::Partial(BytesMut::new())),
+            body: Mutex::new(Body::Unplaced),
             sent: AtomicBool::new(false),
         }
     }
@@ -52,52 +73,173 @@ impl Arriving {
         *self.received.borrow()
     }
 
-    /// Makes room for a body of `len` bytes, so that appending never moves it.
-    pub fn expect(&self, len: usize) {
-        if let Body::Partial(buffer) = &mut *self.body.lock() {
-            buffer.reserve(len);
-        }
+    /// The body goes into `spool`, the part's cache file.
+    pub fn spool_into(&self, spool: Arc<Spool>) {
+        self.place(Body::Spooled {
+            spool,
+            on_disk: 0,
+            writing: Bytes::new(),
+            pending: BytesMut::new(),
+        });
     }
 
-    /// Appends the next bytes of the body; returns how many have been received.
-    pub fn push(&self, piece: &[u8]) -> u64 {
-        let received = match &mut *self.body.lock() {
-            Body::Partial(buffer) => {
-                buffer.extend_from_slice(piece);
-                buffer.len() as u64
+    /// The body of `len` bytes goes into memory, in one buffer that appending never
+    /// moves.
+    pub fn keep_in_memory(&self, len: usize) {
+        self.place(Body::Memory(BytesMut::with_capacity(len)));
+    }
+
+    /// Starts the body over (a download that restarts elsewhere): readers wait for
+    /// bytes from the start again.
+    fn place(&self, body: Body) {
+        *self.body.lock() = body;
+        self.received.send_replace(0);
+    }
+
+    /// Appends the next bytes of the body; returns how many have been received. A
+    /// spooled body is written whole blocks at a time, off the runtime's threads; the
+    /// whole blocks of a piece that starts at a block boundary are written from it
+    /// without a copy.
+    pub async fn push(&self, piece: Bytes) -> FsResult<u64> {
+        let block_len = BLOCK_LEN as usize;
+        let (received, blocks) = match &mut *self.body.lock() {
+            Body::Spooled {
+                spool,
+                on_disk,
+                writing,
+                pending,
+            } => {
+                debug_assert!(writing.is_empty(), "one write at a time");
+                let received = *on_disk + (pending.len() + piece.len()) as u64;
+                if pending.is_empty() {
+                    let whole = piece.len() / block_len * block_len;
+                    *writing = piece.slice(..whole);
+                    pending.extend_from_slice(&piece[whole..]);
+                } else {
+                    pending.extend_from_slice(&piece);
+                    let whole = pending.len() / block_len * block_len;
+                    *writing = pending.split_to(whole).freeze();
+                }
+                let blocks = (!writing.is_empty()).then(|| (spool.clone(), writing.clone()));
+                (received, blocks)
             }
-            Body::Whole(bytes) => bytes.len() as u64,
+            Body::Memory(buffer) => {
+                buffer.extend_from_slice(&piece);
+                (buffer.len() as u64, None)
+            }
+            Body::Unplaced | Body::Whole(_) => unreachable!("a push before the body was placed"),
         };
         self.received.send_replace(received);
-        received
+        if let Some((spool, blocks)) = blocks {
+            self.write(spool, blocks).await?;
+        }
+        Ok(received)
     }
 
-    /// The body received so far as one buffer, handed to `keep` (which may wrap it, e.g.
-    /// to count it against a budget); what `keep` returns is what readers slice from now.
+    /// Writes what a spooled body still holds in memory: the part's last bytes.
+    pub async fn end(&self) -> FsResult<()> {
+        let rest = match &mut *self.body.lock() {
+            Body::Spooled {
+                spool,
+                writing,
+                pending,
+                ..
+            } if !pending.is_empty() => {
+                *writing = pending.split().freeze();
+                (spool.clone(), writing.clone())
+            }
+            _ => return Ok(()),
+        };
+        self.write(rest.0, rest.1).await
+    }
+
+    /// Writes `bytes`, the body's `writing`, into the spool; then they are read from
+    /// there.
+    async fn write(&self, spool: Arc<Spool>, bytes: Bytes) -> FsResult<()> {
+        let len = bytes.len() as u64;
+        tokio::task::spawn_blocking(move || spool.write_next(&bytes))
+            .await
+            .map_err(|error| {
+                FsError::CorruptData(format!("a part file write failed: {error}"))
+            })??;
+        if let Body::Spooled {
+            on_disk, writing, ..
+        } = &mut *self.body.lock()
+        {
+            *on_disk += len;
+            *writing = Bytes::new();
+        }
+        Ok(())
+    }
+
+    /// The body received in memory as one buffer, handed to `keep` (which may wrap it,
+    /// e.g. to count it against a budget); what `keep` returns is what readers slice
+    /// from now.
     pub fn finish(&self, keep: impl FnOnce(Bytes) -> Bytes) -> Bytes {
         let mut body = self.body.lock();
-        let whole = match std::mem::replace(&mut *body, Body::Whole(Bytes::new())) {
-            Body::Partial(buffer) => keep(buffer.freeze()),
+        let whole = match std::mem::replace(&mut *body, Body::Unplaced) {
+            Body::Memory(buffer) => keep(buffer.freeze()),
             Body::Whole(bytes) => bytes,
+            Body::Unplaced | Body::Spooled { .. } => unreachable!("finish of a body in memory"),
         };
         *body = Body::Whole(whole.clone());
         whole
     }
 
-    /// Waits until the first `end` bytes have been received. Never returns if the
-    /// download fails first: wait for the download's end beside it.
+    /// Waits until the first `end` bytes are readable. Never returns if the download
+    /// fails first: wait for the download's end beside it.
     pub async fn wait_for(&self, end: u64) {
         let mut received = self.received.subscribe();
         // The sender lives as long as `self`, so the wait ends only by its condition.
         let _ = received.wait_for(|&n| n >= end).await;
     }
 
-    /// A copy of bytes `range` of the part, which must have been received.
-    pub fn slice(&self, range: Range<u64>) -> Bytes {
-        let range = range.start as usize..range.end as usize;
+    /// Bytes `range` of the part, which must have been received: the part's file,
+    /// to be read from (checked) by the reader, if they are all written; otherwise a
+    /// copy of them, from memory and the file.
+    pub fn bytes(&self, range: Range<u64>) -> FsResult<PartBytes> {
+        let offset = range.start;
         match &*self.body.lock() {
-            Body::Partial(buffer) => Bytes::copy_from_slice(&buffer[range]),
-            Body::Whole(bytes) => bytes.slice(range),
+            Body::Spooled {
+                spool,
+                on_disk,
+                writing,
+                pending,
+            } => {
+                if range.end <= *on_disk {
+                    return Ok(PartBytes::Spooled(spool.clone()));
+                }
+                let mut copy = vec![0; (range.end - range.start) as usize];
+                let from_disk = on_disk.saturating_sub(range.start) as usize;
+                spool.read_exact_at(&mut copy[..from_disk], range.start)?;
+                // From memory: `writing`, then `pending`, from `skip` bytes past the disk.
+                let mut skip = (range.start.max(*on_disk) - *on_disk) as usize;
+                let mut dest = &mut copy[from_disk..];
+                for held in [&writing[..], &pending[..]] {
+                    if skip >= held.len() {
+                        skip -= held.len();
+                        continue;
+                    }
+                    let n = dest.len().min(held.len() - skip);
+                    dest[..n].copy_from_slice(&held[skip..skip + n]);
+                    dest = &mut dest[n..];
+                    skip = 0;
+                }
+                assert!(dest.is_empty(), "bytes not yet received");
+                Ok(PartBytes::InMemory {
+                    offset,
+                    bytes: copy.into(),
+                })
+            }
+            Body::Memory(buffer) => Ok(PartBytes::InMemory {
+                offset,
+                bytes: Bytes::copy_from_slice(&buffer[range.start as usize..range.end as usize]),
+            }),
+            Body::Whole(bytes) => Ok(PartBytes::InMemory {
+                offset,
+                bytes: bytes.slice(range.start as usize..range.end as usize),
+            }),
+            Body::Unplaced => unreachable!("bytes of a body not yet placed"),
         }
     }
 }
@@ -105,37 +247,101 @@ impl Arriving {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use std::time::Duration;
+
+    fn in_memory(bytes: PartBytes) -> Bytes {
+        match bytes {
+            PartBytes::InMemory { bytes, .. } => bytes,
+            _ => panic!("bytes of a body in memory are in memory"),
+        }
+    }
 
     #[tokio::test]
     async fn a_reader_is_answered_once_its_bytes_have_arrived() {
         let arriving = Arc::new(Arriving::default());
-        arriving.expect(10);
+        arriving.keep_in_memory(10);
         let reader = tokio::spawn({
             let arriving = arriving.clone();
             async move {
                 arriving.wait_for(6).await;
-                arriving.slice(2..6)
+                in_memory(arriving.bytes(2..6).unwrap())
             }
         });
-        arriving.push(&[0, 1, 2]);
+        arriving.push(Bytes::from_static(&[0, 1, 2])).await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!reader.is_finished(), "answered before its bytes arrived");
-        assert_eq!(arriving.push(&[3, 4, 5, 6]), 7);
+        assert_eq!(
+            arriving
+                .push(Bytes::from_static(&[3, 4, 5, 6]))
+                .await
+                .unwrap(),
+            7
+        );
         assert_eq!(&reader.await.unwrap()[..], &[2, 3, 4, 5]);
     }
 
     #[tokio::test]
     async fn after_the_finish_readers_slice_the_kept_whole() {
         let arriving = Arriving::default();
-        arriving.push(&[9, 8, 7]);
+        arriving.keep_in_memory(3);
+        arriving.push(Bytes::from_static(&[9, 8, 7])).await.unwrap();
         let whole = arriving.finish(|bytes| {
             assert_eq!(&bytes[..], &[9, 8, 7]);
             Bytes::from_static(&[1, 2, 3])
         });
         assert_eq!(&whole[..], &[1, 2, 3]);
-        assert_eq!(&arriving.slice(1..3)[..], &[2, 3]);
+        assert_eq!(&in_memory(arriving.bytes(1..3).unwrap())[..], &[2, 3]);
         arriving.wait_for(3).await;
+    }
+
+    #[tokio::test]
+    async fn a_spooled_body_is_readable_a_block_at_a_time_from_the_part_file() {
+        use crate::cache::{CacheOwner, DiskCache, PartOrigin};
+        use crate::parts::{ObjectId, PartKey};
+        let dir = tempfile::tempdir().unwrap();
+        let owner = CacheOwner {
+            source: "s3://bucket/atlas".into(),
+            endpoint: None,
+            reset: false,
+        };
+        let cache = Arc::new(DiskCache::open(dir.path(), &owner, 1 << 30, None).unwrap());
+        let block = BLOCK_LEN as usize;
+        let data: Bytes = (0..2 * block + 300).map(|i| (i % 241) as u8).collect();
+        let key = PartKey {
+            object: ObjectId(1),
+            index: 0,
+        };
+        let origin = PartOrigin {
+            key: "k",
+            etag: "e",
+            object_offset: 0,
+        };
+        let spool = Arc::new(cache.spool(key, None, origin, data.len() as u64).unwrap());
+        let arriving = Arc::new(Arriving::default());
+        arriving.spool_into(spool.clone());
+        let read = |range: Range<u64>| {
+            let mut out = vec![0; (range.end - range.start) as usize];
+            let bytes = arriving.bytes(range.clone()).unwrap();
+            bytes.copy_to(&mut out, range.start).unwrap();
+            (matches!(bytes, PartBytes::Spooled(_)), out)
+        };
+        assert_eq!(arriving.push(data.slice(..1000)).await.unwrap(), 1000);
+        assert_eq!(spool.written(), 0, "less than a block is not written yet");
+        assert_eq!(read(10..20), (false, data[10..20].to_vec()), "from memory");
+        arriving.push(data.slice(1000..block + 10)).await.unwrap();
+        assert_eq!(spool.written(), block as u64, "a whole block is written");
+        assert_eq!(read(10..20), (true, data[10..20].to_vec()), "from the file");
+        let across = block as u64 - 5..block as u64 + 5;
+        assert_eq!(
+            read(across),
+            (false, data[block - 5..block + 5].to_vec()),
+            "from both"
+        );
+        arriving.push(data.slice(block + 10..)).await.unwrap();
+        arriving.end().await.unwrap();
+        assert_eq!(arriving.received(), data.len() as u64);
+        assert_eq!(spool.written(), data.len() as u64);
+        let tail = 2 * block as u64..data.len() as u64;
+        assert_eq!(read(tail), (true, data[2 * block..].to_vec()));
     }
 }

@@ -392,6 +392,77 @@ async fn held_bytes_stay_under_the_cap_when_the_cache_has_no_room() {
     assert!(peak > PART, "the load never held two parts at once: {peak}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_into_the_cache_holds_a_block_of_its_body_not_the_part() {
+    // Parts of eight blocks, the body in pieces of a quarter block: each download's body
+    // goes to its part file as it comes.
+    let part = 8 * crate::cache::part_file::BLOCK_LEN as u64;
+    let object_len = 4 * part + 1000;
+    let data: Vec<u8> = (0..object_len).map(|i| (i * 13 % 251) as u8).collect();
+    let memory = Arc::new(InMemory::new());
+    let key = ObjectPath::from("data/big.bin");
+    let put = memory
+        .put(&key, PutPayload::from(data.clone()))
+        .await
+        .unwrap();
+    let trickle = Trickle::new(crate::cache::part_file::BLOCK_LEN as usize / 4);
+    trickle.pieces.add_permits(1 << 20);
+    let store = Arc::new(HookedStore::new(memory, trickle));
+    let dir = tempfile::tempdir().unwrap();
+    let owner = crate::cache::CacheOwner {
+        source: "memory".into(),
+        endpoint: None,
+        reset: false,
+    };
+    let cache = Arc::new(DiskCache::open(dir.path(), &owner, 1 << 30, None).unwrap());
+    let slots = 4;
+    let fetcher = Fetcher::new(
+        store,
+        cache.clone(),
+        part,
+        slots,
+        Duration::from_secs(5),
+        64 * part,
+        Arc::new(Metrics::default()),
+    );
+    let object = Arc::new(ObjectInfo {
+        id: ObjectId(0),
+        key,
+        size: object_len,
+        etag: put.e_tag,
+        mtime: SystemTime::UNIX_EPOCH,
+        group: None,
+    });
+    let reads = (0..5).map(|index| {
+        let (fetcher, object) = (fetcher.clone(), object.clone());
+        tokio::spawn(async move {
+            let range = fetcher.part_range(&object, index);
+            let mut out = vec![0; (range.end - range.start) as usize];
+            fetcher.part(&object, index).await?.copy_to(&mut out, 0)?;
+            Ok::<_, FsError>((range, out))
+        })
+    });
+    for read in reads {
+        let (range, out) = read.await.unwrap().unwrap();
+        assert!(
+            out == data[range.start as usize..range.end as usize],
+            "part at {range:?}"
+        );
+    }
+    settle(&fetcher).await;
+    for index in 0..5 {
+        assert!(
+            cache.contains(Fetcher::key(&object, index)),
+            "part {index} cached"
+        );
+    }
+    let peak = fetcher.metrics.snapshot().fetch_memory_peak_bytes;
+    assert!(
+        peak <= slots as u64 * SPOOL_BUFFER,
+        "held {peak} bytes for {slots} downloads of {part}-byte parts"
+    );
+}
+
 /// A double whose bodies trickle: each response's body comes in pieces of `piece`
 /// bytes, one piece per permit the test adds to `pieces`. Requests for less than a
 /// part pass at once, whole.

@@ -19,10 +19,13 @@
 //! of an epoch reaches the wire at once even while prefetches fill the link, at the
 //! cost of one small extra request.
 //!
-//! Memory is capped ([`memory`]): every byte the fetcher holds (a body being received,
-//! a part waiting for the disk, a part kept in memory because the cache had no room,
-//! a part a reader is copying from) counts against one budget, reserved before the
-//! request is sent and released when the last copy of the bytes is dropped.
+//! A body goes into its part's cache file as it arrives ([`crate::cache::spool`]), so a
+//! download holds about a block of it in memory; only a part the cache cannot take
+//! (no room, a failed disk) is received into memory whole. Memory is capped
+//! ([`memory`]): every byte the fetcher holds (a body's unwritten block, a body
+//! received whole, a part kept in memory because the cache had no room, an edge, a
+//! reader's own range) counts against one budget, reserved before the request is sent
+//! and released when the last copy of the bytes is dropped.
 
 pub mod arriving;
 pub mod memory;
@@ -41,6 +44,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::cache::adopt::ListedObject;
+use crate::cache::spool::Spool;
 use crate::cache::{DiskCache, PartOrigin, PinnedPart, Recency};
 use crate::catalog::objects::canonical_etag;
 use crate::catalog::ObjectInfo;
@@ -61,11 +65,16 @@ const DIRECT_READ_MAX: u64 = 1 << 20;
 /// Edges kept in memory at most: the read-around margins of a few windows of chunks
 /// (each window of four chunks has up to sixteen).
 const EDGES_KEPT: usize = 256;
+/// Memory a download into the part's cache file holds: its body's pieces until a
+/// whole block can be written.
+const SPOOL_BUFFER: u64 = 2 * crate::cache::part_file::BLOCK_LEN as u64;
 
-/// Bytes of one part: from the disk cache, or in memory from `offset` on (a whole
-/// part from its download, or the range a reader waited for).
+/// Bytes of one part: from the disk cache, from its cache file while it is being
+/// written, or in memory from `offset` on (a whole part from its download, or the
+/// range a reader waited for).
 pub enum PartBytes {
     Cached(PinnedPart),
+    Spooled(Arc<Spool>),
     InMemory { offset: u64, bytes: Bytes },
 }
 
@@ -78,6 +87,7 @@ impl PartBytes {
     pub fn copy_to(&self, out: &mut [u8], offset_in_part: u64) -> FsResult<()> {
         match self {
             PartBytes::Cached(part) => Ok(part.read_exact_at(out, offset_in_part)?),
+            PartBytes::Spooled(spool) => Ok(spool.read_exact_at(out, offset_in_part)?),
             PartBytes::InMemory { offset, bytes } => {
                 let start = (offset_in_part - offset) as usize;
                 out.copy_from_slice(&bytes[start..start + out.len()]);
@@ -98,7 +108,8 @@ pub fn listed_object(object: &ObjectInfo) -> ListedObject {
     }
 }
 
-type SharedDownload = Shared<BoxFuture<'static, FsResult<Bytes>>>;
+/// A download's end: its bytes are then all in its [`Arriving`].
+type SharedDownload = Shared<BoxFuture<'static, FsResult<()>>>;
 
 struct InFlight {
     download: SharedDownload,
@@ -291,11 +302,8 @@ impl Fetcher {
             let streamed = async {
                 tokio::select! {
                     biased;
-                    whole = download => whole.map(PartBytes::whole),
-                    () = arriving.wait_for(within.end) => Ok(PartBytes::InMemory {
-                        offset: within.start,
-                        bytes: arriving.slice(within.clone()),
-                    }),
+                    ended = download => ended.and_then(|()| arriving.bytes(within.clone())),
+                    () = arriving.wait_for(within.end) => arriving.bytes(within.clone()),
                 }
             };
             let part = self.part_range(object, index);
@@ -455,7 +463,7 @@ impl Fetcher {
         index: u64,
     ) -> FsResult<()> {
         match self.start(object, index, Urgency::prefetch()) {
-            Some((download, _)) => download.await.map(drop),
+            Some((download, _)) => download.await,
             None => Ok(()),
         }
     }
@@ -546,20 +554,36 @@ impl Fetcher {
         Some((download, arriving))
     }
 
-    /// Downloads the part on the slot `permit`, its body into `arriving` as it comes,
-    /// then caches it.
+    /// Downloads the part on the slot `permit`, its body into `arriving` as it comes:
+    /// into the part's cache file if the cache has room for it, otherwise into memory,
+    /// then cached if room appeared meanwhile or kept in memory for the next reads. A
+    /// cache file that fails while it is written turns caching off
+    /// ([`DiskCache::spool`]) and the download starts over into memory.
     async fn download(
         self: &Arc<Self>,
         object: &Arc<ObjectInfo>,
         index: u64,
         permit: Permit,
         arriving: &Arriving,
-    ) -> FsResult<Bytes> {
+    ) -> FsResult<()> {
         let range = self.part_range(object, index);
+        let len = range.end - range.start;
         let fetched = tokio::time::timeout(self.read_timeout, async {
-            let memory = self.reserve_memory(range.end - range.start).await;
+            if let Some(spool) = self.spool(object, index).await {
+                let _buffer = self.reserve_memory(SPOOL_BUFFER.min(len)).await;
+                arriving.spool_into(spool.clone());
+                match self.receive(object, range.clone(), arriving).await {
+                    Err(FsError::CacheIo(error)) => {
+                        tracing::warn!(object = %object.key, part = index, %error, "writing the part's cache file failed; downloading it again into memory");
+                    }
+                    received => return received.map(|()| Some(spool)),
+                }
+            }
+            let memory = self.reserve_memory(len).await;
+            arriving.keep_in_memory(len as usize);
             self.receive(object, range.clone(), arriving).await?;
-            Ok(arriving.finish(|body| memory.hold(body)))
+            arriving.finish(|body| memory.hold(body));
+            Ok(None)
         })
         .await
         .unwrap_or_else(|_| {
@@ -570,38 +594,58 @@ impl Fetcher {
         });
         // A slot is held for the request only, not for the disk write.
         drop(permit);
-        let bytes = fetched.map_err(|error| self.failed(object, index, error))?;
-        Metrics::add(&self.metrics.bytes_fetched, bytes.len() as u64);
+        let spooled = fetched.map_err(|error| self.failed(object, index, error))?;
+        Metrics::add(&self.metrics.bytes_fetched, len);
         Metrics::add(&self.metrics.parts_fetched, 1);
-        let (cache, key, group, stored, object_info) = (
-            self.cache.clone(),
-            Self::key(object, index),
-            object.group,
-            bytes.clone(),
-            object.clone(),
-        );
-        let inserted = tokio::task::spawn_blocking(move || {
+        let key = Self::key(object, index);
+        let cached = match spooled {
+            Some(spool) => tokio::task::spawn_blocking(move || spool.commit()).await,
+            None => {
+                let (cache, group, whole, object_info) = (
+                    self.cache.clone(),
+                    object.group,
+                    arriving.finish(|whole| whole),
+                    object.clone(),
+                );
+                let kept = whole.clone();
+                let inserted = tokio::task::spawn_blocking(move || {
+                    let origin = PartOrigin {
+                        key: object_info.key.as_ref(),
+                        etag: object_info.etag.as_deref().unwrap_or_default(),
+                        object_offset: range.start,
+                    };
+                    cache.insert(key, group, origin, &whole)
+                })
+                .await;
+                // No room, or the disk failed (the cache logs that once).
+                if matches!(inserted, Ok(false)) && self.memory.has_room_for(self.part_size) {
+                    self.uncached.lock().put(key, kept);
+                }
+                inserted
+            }
+        };
+        if let Err(error) = cached {
+            tracing::error!(object = %object.key, part = index, %error, "caching the part failed; its waiters are served from its download");
+        }
+        Ok(())
+    }
+
+    /// The part's cache file, created with its room reserved, if the cache can take it.
+    async fn spool(&self, object: &Arc<ObjectInfo>, index: u64) -> Option<Arc<Spool>> {
+        let (cache, object, key) = (self.cache.clone(), object.clone(), Self::key(object, index));
+        let range = self.part_range(&object, index);
+        tokio::task::spawn_blocking(move || {
             let origin = PartOrigin {
-                key: object_info.key.as_ref(),
-                etag: object_info.etag.as_deref().unwrap_or_default(),
+                key: object.key.as_ref(),
+                etag: object.etag.as_deref().unwrap_or_default(),
                 object_offset: range.start,
             };
-            cache.insert(key, group, origin, &stored)
+            cache.spool(key, object.group, origin, range.end - range.start)
         })
-        .await;
-        match inserted {
-            Ok(true) => {}
-            // No room, or the disk failed (the cache logs that once).
-            Ok(false) => {
-                if self.memory.has_room_for(self.part_size) {
-                    self.uncached.lock().put(key, bytes.clone());
-                }
-            }
-            Err(error) => {
-                tracing::error!(object = %object.key, part = index, %error, "caching the part failed; serving it from memory");
-            }
-        }
-        Ok(bytes)
+        .await
+        .ok()
+        .flatten()
+        .map(Arc::new)
     }
 
     /// Reserves `len` bytes of the budget, first dropping parts and edges kept in memory
@@ -635,11 +679,13 @@ impl Fetcher {
         let key = object.key.as_ref();
         let expected = range.end - range.start;
         let result = self.request(object, range).await?;
-        arriving.expect(expected as usize);
         let mut received = 0;
         if matches!(result.payload, GetResultPayload::File(..)) {
             let bytes = result.bytes().await.map_err(|e| FsError::store(key, &e))?;
-            received = arriving.push(&bytes);
+            received = bytes.len() as u64;
+            if received == expected {
+                arriving.push(bytes).await?;
+            }
         } else {
             let mut body = result.into_stream();
             while let Some(piece) = body.try_next().await.map_err(|e| FsError::store(key, &e))? {
@@ -647,7 +693,7 @@ impl Fetcher {
                     received += piece.len() as u64;
                     break;
                 }
-                received = arriving.push(&piece);
+                received = arriving.push(piece).await?;
             }
         }
         if received != expected {
@@ -657,6 +703,7 @@ impl Fetcher {
                 got: received,
             });
         }
+        arriving.end().await?;
         Ok(())
     }
 
