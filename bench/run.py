@@ -127,7 +127,10 @@ def cleanup():
 
 def disk_read_ahead_kib(path):
     """The read-ahead of the disk holding `path` (a partition reads ahead as its disk), in
-    KiB, or None where the machine does not say."""
+    KiB, or None where the machine does not say (or `path` was not made: its system did
+    not run)."""
+    if not os.path.exists(path):
+        return None
     dev = os.stat(path).st_dev
     block = "/sys/dev/block/%d:%d" % (os.major(dev), os.minor(dev))
     for f in (block + "/queue/read_ahead_kb", block + "/../queue/read_ahead_kb",
@@ -1047,7 +1050,7 @@ def write_report(saved, path_md, path_png, font, readme):
       "asks the network for the kernel's 128 KiB around a fault, and a read its disk cache serves stores the "
       "window of the cache's disk read-ahead (%s KiB, `--cache-read-around`) from cached parts into the page "
       "cache. Options of the scdlfs mounts beyond their defaults: %s." % (
-          ra.get("local_disk", "?"), ra.get("cache_disk", "?"),
+          ra.get("local_disk") or "?", ra.get("cache_disk") or "?",
           "`%s`" % " ".join(saved["mount_args"]) if saved.get("mount_args") else "none"))
     w("- **Binaries**: cargo profile `%s`%s. **Machine load**: the 1-minute load average at the end of the "
       "epochs was %s on %d cores (the reader and the daemon count in it; other jobs may have shared the "

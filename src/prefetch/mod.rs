@@ -17,6 +17,7 @@
 //! Prefetches use the fetcher's low priority, which never delays a demand read.
 
 pub mod plan;
+pub mod row_offsets;
 pub mod scatter;
 pub mod sequential;
 
@@ -38,6 +39,7 @@ use crate::parts::{GroupId, PartKey};
 use crate::read::ReadPath;
 use crate::view::{plan_read, Piece, ReadPlan};
 use plan::{Plan, PlanError, Step, Touched, MAX_PLANNED_ENTRIES};
+use row_offsets::KeptRowOffsets;
 
 /// What a step reads: its own byte ranges, the bytes it needs that serve other steps
 /// too (the margins the kernel reads around its ranges in memory-mapped arrays, a
@@ -103,6 +105,8 @@ pub struct Prefetcher {
     wake: Arc<Notify>,
     /// Which flat chunks hint-less readers take at scattered places.
     scatter: Mutex<ScatterDetector>,
+    /// Chunks' row offsets, for the plans' steps of rows.
+    row_offsets: KeptRowOffsets,
 }
 
 #[derive(Default)]
@@ -143,6 +147,7 @@ impl Prefetcher {
             chunk_of_group: Mutex::new(HashMap::new()),
             wake: wake.clone(),
             scatter: Mutex::new(ScatterDetector::new(config.kernel_read_ahead)),
+            row_offsets: KeptRowOffsets::default(),
         });
         tokio::spawn(drive(Arc::downgrade(&prefetcher), wake));
         prefetcher
@@ -171,7 +176,7 @@ impl Prefetcher {
             .map(|(_, active)| active.plan.entries())
             .sum();
         let budget = MAX_PLANNED_ENTRIES.saturating_sub(others);
-        match plans.get_mut(&handle) {
+        let changed_ahead = match plans.get_mut(&handle) {
             Some(active) => active.plan.apply(lines, &geometry, budget)?,
             None => {
                 let mut plan = Plan::default();
@@ -192,11 +197,21 @@ impl Prefetcher {
                 }
                 let dataset = dataset.clone();
                 plans.insert(handle, ActivePlan { dataset, plan });
+                Some(0)
             }
+        };
+        // Steps beyond the ranks' horizon or the prefetch's reach change neither yet:
+        // the position's moves bring them in.
+        let Some(distance) = changed_ahead else {
+            return Ok(());
+        };
+        if distance < plan::RANK_HORIZON {
+            self.after_plans_changed(&plans);
         }
-        self.after_plans_changed(&plans);
         drop(plans);
-        self.wake.notify_one();
+        if distance <= self.config.lookahead_steps {
+            self.wake.notify_one();
+        }
         Ok(())
     }
 
@@ -783,8 +798,40 @@ impl Prefetcher {
                 return None;
             }
         }
-        let entry = |i: u64| self.cached_entry(row_ptr, dtype, i);
-        Some(entry(rows.start)?..entry(rows.end)?)
+        let entries = row_ptr.size / dtype.size().unwrap();
+        if entries * 8 > row_offsets::KEPT_ROW_OFFSETS_BYTES as u64 {
+            // Too many to keep: read the two needed.
+            let entry = |i: u64| self.cached_entry(row_ptr, dtype, i);
+            return Some(entry(rows.start)?..entry(rows.end)?);
+        }
+        let offsets = self
+            .row_offsets
+            .get_or_load(row_ptr.id, || self.cached_row_offsets(row_ptr, dtype))?;
+        Some(*offsets.get(rows.start as usize)?..*offsets.get(rows.end as usize)?)
+    }
+
+    /// All entries of a row-offset array, if all its parts are cached (read checked,
+    /// without counting as a use for the eviction order).
+    fn cached_row_offsets(
+        &self,
+        row_ptr: &ObjectInfo,
+        dtype: scdl_format::Dtype,
+    ) -> Option<Vec<u64>> {
+        let mut bytes = vec![0u8; row_ptr.size as usize];
+        for index in self.fetcher.parts_of(&(0..row_ptr.size)) {
+            let key = Fetcher::key(row_ptr, index);
+            let part = self.fetcher.cache().get(key, Recency::Keep)?;
+            let range = self.fetcher.part_range(row_ptr, index);
+            part.read_exact_at(&mut bytes[range.start as usize..range.end as usize], 0)
+                .ok()?;
+        }
+        let width = dtype.size().unwrap() as usize;
+        Some(
+            bytes
+                .chunks_exact(width)
+                .map(|entry| dtype.read_uint(entry, 0))
+                .collect(),
+        )
     }
 }
 

@@ -23,7 +23,7 @@ pub const MAX_PLANNED_ENTRIES: usize = 1 << 22;
 /// How far from the current step a served read is matched to a step.
 const MATCH_HORIZON: usize = 64;
 /// How many steps ahead the plan ranks chunks for eviction.
-const RANK_HORIZON: usize = 2 * MATCH_HORIZON;
+pub const RANK_HORIZON: usize = 2 * MATCH_HORIZON;
 /// Reads of a later step, with no read of the current one in between, it takes to
 /// move there. A stray read (the kernel's read-around crossing into a neighbouring
 /// chunk of the flat file) must not move the position: that would mark the step being
@@ -130,12 +130,16 @@ impl Plan {
 
     /// Applies a batch of protocol lines, all or nothing: on error the plan is unchanged.
     /// The plan may hold at most `max_entries` chunks and row ranges afterwards.
+    /// Returns how far ahead of the position the batch changed the plan: the distance
+    /// of its first new step (0 for a new plan), or `None` if it added none. (A reader
+    /// served from the page cache moves no position, so its steps pile up far ahead,
+    /// where they change neither the ranks nor what is fetched.)
     pub fn apply(
         &mut self,
         lines: &[HintLine],
         layout: &ChunkGeometry,
         max_entries: usize,
-    ) -> Result<(), PlanError> {
+    ) -> Result<Option<usize>, PlanError> {
         let mut next = Plan {
             epoch: self.epoch,
             steps: Vec::new(),
@@ -217,13 +221,19 @@ impl Plan {
             next.position = self.position - retired;
             self.counted = self.counted.saturating_sub(retired);
         }
+        let first_new = self.steps.len();
+        let added = !appended.is_empty();
         self.parts.resize(self.steps.len() + appended.len(), None);
         self.steps.extend(appended);
         self.epoch = next.epoch;
         self.position = next.position.min(self.steps.len());
         self.reads_elsewhere.clear();
         self.revision += 1;
-        Ok(())
+        Ok(match (replaced, added) {
+            (true, _) => Some(0),
+            (false, true) => Some(first_new.saturating_sub(self.position)),
+            (false, false) => None,
+        })
     }
 
     /// Records the parts step `index` reads, if it is still `step`.
@@ -354,6 +364,38 @@ mod tests {
         HintLine::Window {
             chunks: chunks.to_vec(),
         }
+    }
+
+    #[test]
+    fn a_batch_tells_how_far_ahead_of_the_reader_it_changed_the_plan() {
+        let l = layout(8, 10);
+        let mut plan = Plan::default();
+        let new_plan = [HintLine::Plan { epoch: 1 }, window(&[0]), window(&[1])];
+        assert_eq!(plan.apply(&new_plan, &l, usize::MAX), Ok(Some(0)));
+        assert_eq!(plan.apply(&[window(&[2])], &l, usize::MAX), Ok(Some(2)));
+        assert_eq!(
+            plan.apply(&[window(&[3]), window(&[4])], &l, usize::MAX),
+            Ok(Some(3))
+        );
+        for _ in 0..READS_TO_ADVANCE {
+            plan.observe(&chunks(&[2]), &l);
+        }
+        assert_eq!(plan.position, 2);
+        // Step 0 is retired, the step just left stays: the new step is 3 steps ahead.
+        assert_eq!(plan.apply(&[window(&[5])], &l, usize::MAX), Ok(Some(3)));
+        assert_eq!(plan.position, 1);
+        let greeting = [HintLine::Greeting { version: 2 }];
+        assert_eq!(
+            plan.apply(&greeting, &l, usize::MAX),
+            Ok(None),
+            "nothing new"
+        );
+        let emptied = [HintLine::Plan { epoch: 2 }];
+        assert_eq!(
+            plan.apply(&emptied, &l, usize::MAX),
+            Ok(Some(0)),
+            "a new, empty plan"
+        );
     }
 
     #[test]
