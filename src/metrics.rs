@@ -69,6 +69,8 @@ counters! {
     chunks_fetched_whole,
     /// Reads that failed with an error.
     read_errors,
+    /// Writes to hint files the daemon accepted (each a FUSE round trip of its writer).
+    hint_writes,
     /// Directory listings made again because `--metadata-ttl` had passed.
     listings_refreshed,
     /// Objects listed again in another version than the mount knew (`--metadata-ttl`): files opened since read the new one.

@@ -255,6 +255,7 @@ impl FsCore {
             .apply(handle, dataset, &lines)
             .map_err(|e| refuse_hint(dataset, e.into()))?;
         *decoder = trial;
+        Metrics::add(&self.metrics.hint_writes, 1);
         Ok(data.len() as u32)
     }
 
