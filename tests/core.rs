@@ -1213,3 +1213,45 @@ async fn a_read_served_from_the_cache_stores_the_pages_of_its_window_the_kernel_
     assert_eq!(pages.take(pushed.len()).await, pushed);
     assert_eq!(core.reads.hook().total(), requests, "pushes fetch nothing");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_values_that_waits_asks_for_the_same_elements_column_ids_beside_it() {
+    let files = dataset_files("ds");
+    let core = core_of(&files, |_| {}).await;
+    let data = core.resolve("ds/data.npy").await.unwrap();
+    let handle = core.core.open(data.ino.0).unwrap().handle;
+    let chunk0 = files["ds/chunk_00000/data.npy"].len() as u64;
+    let chunk1_values = files["ds/chunk_00001/data.npy"].len() as u64 / 4;
+    let chunk1_ids = files["ds/chunk_00001/col_ptr.npy"].len() as u64;
+    let id_width = chunk1_ids / chunk1_values;
+    // A page of values in the middle of chunk 1, as a fault reads it.
+    let offset = (chunk0 + chunk1_values * 2).next_multiple_of(4096);
+    let read = core
+        .core
+        .read(data.ino.0, handle, offset, 4096)
+        .await
+        .unwrap();
+    assert_eq!(read.len(), 4096);
+    let elements = (offset - chunk0) / 4..(offset - chunk0 + 4096) / 4;
+    let ids = elements.start * id_width..elements.end * id_width;
+    assert!(
+        core.wait_for_read("ds/chunk_00001/col_ptr.npy", ids.clone())
+            .await,
+        "the column ids of the same elements are asked for: {:?}",
+        core.reads.hook().snapshot()
+    );
+    let asked: Vec<_> = core
+        .reads
+        .hook()
+        .snapshot()
+        .into_keys()
+        .filter(|(key, _)| key == "ds/chunk_00001/col_ptr.npy")
+        .collect();
+    assert!(
+        asked.iter().all(|(_, range)| {
+            let range = range.clone().unwrap();
+            range.end - range.start < chunk1_ids.min(64 << 10)
+        }),
+        "on their own, not as their part: {asked:?}"
+    );
+}

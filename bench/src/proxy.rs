@@ -34,6 +34,10 @@ pub struct ProxyArgs {
     /// Serve the counters as JSON at this address (any request).
     #[arg(long, default_value = "127.0.0.1:0")]
     stats: SocketAddr,
+    /// Print each request's first line and Range header to stderr, with the seconds
+    /// since the proxy started: which requests a reader waits for, one after another.
+    #[arg(long)]
+    log_requests: bool,
 }
 
 #[derive(Default)]
@@ -52,6 +56,8 @@ struct Link {
     /// The virtual time at which the link has sent everything granted so far.
     next_free: Mutex<Instant>,
     counters: Counters,
+    /// When the proxy started, if requests are logged.
+    log_since: Option<Instant>,
 }
 
 /// Credit the link may build up while idle: a short burst, as a real link's queue.
@@ -97,6 +103,7 @@ async fn serve(args: ProxyArgs) -> Result<(), String> {
         rate: args.rate_mbps * 1e6,
         next_free: Mutex::new(Instant::now()),
         counters: Counters::default(),
+        log_since: args.log_requests.then(Instant::now),
     });
     // The driver reads the two ports from this line.
     println!(
@@ -139,6 +146,17 @@ async fn serve(args: ProxyArgs) -> Result<(), String> {
     }
 }
 
+/// The request line and Range header of a request's first bytes.
+fn log_request(since: Instant, head: &[u8]) {
+    let text = String::from_utf8_lossy(head);
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or_default();
+    let range = lines
+        .find(|l| l.to_ascii_lowercase().starts_with("range:"))
+        .unwrap_or_default();
+    eprintln!("{:9.4} {first} {range}", since.elapsed().as_secs_f64());
+}
+
 async fn forward(client: TcpStream, link: &Arc<Link>) -> std::io::Result<()> {
     let server = TcpStream::connect(link.upstream).await?;
     client.set_nodelay(true)?;
@@ -163,6 +181,9 @@ async fn forward(client: TcpStream, link: &Arc<Link>) -> std::io::Result<()> {
                     if p.is_none() {
                         *p = Some(Instant::now());
                         link.counters.requests.fetch_add(1, Ordering::Relaxed);
+                        if let Some(since) = link.log_since {
+                            log_request(since, &buf[..n]);
+                        }
                     }
                 }
                 link.counters

@@ -705,3 +705,28 @@ async fn an_edge_serves_the_reads_it_covers_and_no_more() {
         "the part is cached: no edge of it"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_of_bytes_an_edge_on_the_wire_covers_waits_for_it() {
+    let (bench, gate) = bench(4, |s| Arc::new(HookedStore::new(s, Gate::default()))).await;
+    let bench = Arc::new(bench);
+    bench.fetcher.prefetch_edge(&bench.object, 2100..2300);
+    while gate.hook().order.lock().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    let reader = spawn_read_within(&bench, 2, 150..250);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!reader.is_finished(), "the edge is held at the gate");
+    gate.hook().open.add_permits(1);
+    let read = tokio::time::timeout(Duration::from_secs(5), reader).await;
+    assert_eq!(
+        read.unwrap().unwrap().unwrap(),
+        expected_within(2, 150..250)
+    );
+    assert_eq!(
+        gate.hook().order.lock().len(),
+        1,
+        "the reader asked for nothing of its own: {:?}",
+        gate.hook().order.lock()
+    );
+}

@@ -134,8 +134,9 @@ pub struct Fetcher {
     /// the bytes from the offset in the part on. Bounded in count ([`EDGES_KEPT`]), and
     /// each held against the memory budget.
     edges: Mutex<lru::LruCache<PartKey, (u64, Bytes)>>,
-    /// The parts whose edge is being fetched.
-    edges_in_flight: Mutex<HashSet<PartKey>>,
+    /// The parts whose edge is being fetched: which bytes of the part, and whether its
+    /// request is on the wire (`true`), a watch whose sender is dropped when it ends.
+    edges_in_flight: Mutex<HashMap<PartKey, (Range<u64>, tokio::sync::watch::Receiver<bool>)>>,
     memory: MemoryBudget,
     in_flight: Mutex<HashMap<PartKey, InFlight>>,
     /// Readers' requests for their own bytes ([`DIRECT_READ_LEAD`]), at most one per
@@ -176,7 +177,7 @@ impl Fetcher {
             edges: Mutex::new(lru::LruCache::new(
                 std::num::NonZeroUsize::new(EDGES_KEPT).unwrap(),
             )),
-            edges_in_flight: Mutex::new(HashSet::new()),
+            edges_in_flight: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashMap::new()),
             direct_reads: tokio::sync::Semaphore::new(max_concurrent_requests.max(1)),
             metrics,
@@ -295,6 +296,11 @@ impl Fetcher {
             if let Some(held) = self.in_memory(key, &within) {
                 return Ok(held);
             }
+            if let Some(mut edge) = self.edge_on_the_wire(key, &within) {
+                while edge.changed().await.is_ok() {}
+                // Now in memory, or failed (and no longer in flight): look again.
+                continue;
+            }
             // None: it landed in the cache meanwhile (or was evicted again: retry).
             let Some((download, arriving)) = self.start(object, index, Urgency::demand()) else {
                 continue;
@@ -354,9 +360,15 @@ impl Fetcher {
         if self.cache.contains(key)
             || self.is_in_flight(key)
             || self.in_memory(key, &within).is_some()
-            || !self.edges_in_flight.lock().insert(key)
         {
             return;
+        }
+        let (on_the_wire, watched) = tokio::sync::watch::channel(false);
+        match self.edges_in_flight.lock().entry(key) {
+            std::collections::hash_map::Entry::Occupied(_) => return,
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                entry.insert((within.clone(), watched));
+            }
         }
         let Some(memory) = self.memory.try_reserve(range.end - range.start) else {
             self.edges_in_flight.lock().remove(&key);
@@ -366,6 +378,7 @@ impl Fetcher {
         let (this, object) = (self.clone(), object.clone());
         self.runtime.spawn(async move {
             let _permit = slot.granted().await;
+            on_the_wire.send_replace(true);
             let len = range.end - range.start;
             // Counted as sent, so that the store's count of requests can be accounted.
             Metrics::add(&this.metrics.edges_fetched, 1);
@@ -389,7 +402,23 @@ impl Fetcher {
                 }
             }
             this.edges_in_flight.lock().remove(&key);
+            // Dropped last: readers waiting for the edge find it in memory, or fetch.
+            drop(on_the_wire);
         });
+    }
+
+    /// The end of the edge whose request is on the wire and covers bytes `within` of
+    /// the part, if there is one: its bytes come no later than a reader's own request
+    /// for them would.
+    fn edge_on_the_wire(
+        &self,
+        key: PartKey,
+        within: &Range<u64>,
+    ) -> Option<tokio::sync::watch::Receiver<bool>> {
+        let edges = self.edges_in_flight.lock();
+        let (covered, on_the_wire) = edges.get(&key)?;
+        let covers = covered.start <= within.start && within.end <= covered.end;
+        (covers && *on_the_wire.borrow()).then(|| on_the_wire.clone())
     }
 
     /// Whether a reader of `within` should ask for its own bytes beside the download:

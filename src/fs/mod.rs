@@ -202,22 +202,23 @@ impl FsCore {
             let asked = offset.min(file.size)..offset.saturating_add(size as u64).min(file.size);
             self.read_around.note_asked(ino, file.size, &asked);
         }
-        {
+        let jumped = {
             let state = self.handles.get(handle);
             let mut state = state.as_ref().map(|s| s.lock());
-            let window = match state.as_deref_mut() {
+            let mut window = match state.as_deref_mut() {
                 Some(HandleState::Data(window)) => Some(window),
                 _ => None,
             };
             self.prefetcher.observe_read(
-                window,
+                window.as_deref_mut(),
                 &file.content,
                 file.size,
                 offset,
                 size as u64,
                 &plan,
             );
-        }
+            window.is_some_and(|w| w.last_read_jumped())
+        };
         let result = match self.read_path.read_cached(&plan) {
             Some(result) => {
                 if let (true, Ok(bytes)) = (paged, &result) {
@@ -226,7 +227,13 @@ impl FsCore {
                 }
                 result
             }
-            None => self.read_path.read(plan).await,
+            None => {
+                if jumped {
+                    self.prefetcher
+                        .fetch_companion(&file.content, offset, size as u64);
+                }
+                self.read_path.read(plan).await
+            }
         };
         match &result {
             Ok(bytes) => {

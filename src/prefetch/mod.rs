@@ -58,6 +58,8 @@ struct StepReads {
 /// Bytes added to each side of an edge: the page the kernel rounds its read-around to,
 /// and the `.npy` header before a chunk's first value.
 const EDGE_SLACK: u64 = 8 << 10;
+/// The page the kernel reads memory-mapped files in.
+const PAGE: u64 = 4096;
 use scatter::{Decision, ScatterDetector};
 use sequential::SequentialWindow;
 
@@ -348,6 +350,53 @@ impl Prefetcher {
                     for index in self.fetcher.parts_of(range) {
                         self.fetcher.prefetch(object, index);
                     }
+                }
+            }
+        }
+    }
+
+    /// A reader of a row takes its values, then its column ids (or the other way
+    /// round): a read of the same elements of the other array follows a read of one at
+    /// once. When the first waits on the network, the bytes of the second are asked for
+    /// beside it, on their own (an edge, kept in memory), so the second read does not
+    /// wait a round trip more. Called for reads the cache could not serve that jumped
+    /// (a memory map's fault at a row; not a reader going through a whole file, which
+    /// reads the other later, if at all).
+    pub fn fetch_companion(&self, content: &FileContent, offset: u64, len: u64) {
+        let FileContent::FlatArray(dataset, kind) = content else {
+            return;
+        };
+        let other = match kind {
+            ArrayKind::Data => ArrayKind::ColPtr,
+            ArrayKind::ColPtr => ArrayKind::Data,
+            ArrayKind::RowPtr => return,
+        };
+        // The kernel reads both memory-mapped files the same way: a window of the same
+        // length centred on the page of the fault. The other window is centred on the
+        // same element, a page wider on each side for the rounding.
+        let layout = &dataset.layout;
+        let (width, other_width) = (layout.width(*kind), layout.width(other));
+        let centre = (offset + len / 2) / width * other_width;
+        let start = centre.saturating_sub(len / 2 + PAGE);
+        let companion = plan_read(
+            &FileContent::FlatArray(dataset.clone(), other),
+            layout.file_len(other),
+            start,
+            len + 2 * PAGE,
+        );
+        let part_size = self.fetcher.part_size();
+        for piece in &companion.pieces {
+            let Piece::Object { object, range, .. } = piece else {
+                continue;
+            };
+            for index in self.fetcher.parts_of(range) {
+                let part = index * part_size..(index + 1) * part_size;
+                let within = range.start.max(part.start)..range.end.min(part.end);
+                if self.worth_an_edge(&within) {
+                    self.fetcher.prefetch_edge(object, within);
+                } else {
+                    // Most of a part: the part itself, which the second read joins.
+                    self.fetcher.prefetch(object, index);
                 }
             }
         }

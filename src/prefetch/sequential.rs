@@ -20,9 +20,15 @@ pub struct SequentialWindow {
     window: u64,
     /// Where the current run of sequential reads starts (after the read that jumped).
     run_start: u64,
+    jumped: bool,
 }
 
 impl SequentialWindow {
+    /// Whether the last read jumped: it did not follow the handle's earlier reads.
+    pub fn last_read_jumped(&self) -> bool {
+        self.jumped
+    }
+
     /// Records a read of `len` bytes at `offset`; returns the byte range to read ahead
     /// (empty after a jump). `kernel_read_ahead`: the kernel's window, within which its
     /// requests may come reordered.
@@ -40,6 +46,7 @@ impl SequentialWindow {
             && offset <= self.furthest + slack
             && end + slack >= self.furthest
             && (self.furthest > 0 || offset == 0);
+        self.jumped = !sequential;
         if sequential {
             self.furthest = self.furthest.max(end);
             if self.furthest - self.run_start > WINDOWS_TO_READ_AHEAD * kernel_read_ahead {
