@@ -108,6 +108,13 @@ pub fn listed_object(object: &ObjectInfo) -> ListedObject {
     }
 }
 
+/// An edge being fetched: which bytes of its part, and whether its request is on the
+/// wire (`true`), a watch whose sender is dropped when the edge ends.
+struct EdgeInFlight {
+    within: Range<u64>,
+    on_the_wire: tokio::sync::watch::Receiver<bool>,
+}
+
 /// A download's end: its bytes are then all in its [`Arriving`].
 type SharedDownload = Shared<BoxFuture<'static, FsResult<()>>>;
 
@@ -134,9 +141,8 @@ pub struct Fetcher {
     /// the bytes from the offset in the part on. Bounded in count ([`EDGES_KEPT`]), and
     /// each held against the memory budget.
     edges: Mutex<lru::LruCache<PartKey, (u64, Bytes)>>,
-    /// The parts whose edge is being fetched: which bytes of the part, and whether its
-    /// request is on the wire (`true`), a watch whose sender is dropped when it ends.
-    edges_in_flight: Mutex<HashMap<PartKey, (Range<u64>, tokio::sync::watch::Receiver<bool>)>>,
+    /// The parts whose edge is being fetched.
+    edges_in_flight: Mutex<HashMap<PartKey, EdgeInFlight>>,
     memory: MemoryBudget,
     in_flight: Mutex<HashMap<PartKey, InFlight>>,
     /// Readers' requests for their own bytes ([`DIRECT_READ_LEAD`]), at most one per
@@ -367,7 +373,10 @@ impl Fetcher {
         match self.edges_in_flight.lock().entry(key) {
             std::collections::hash_map::Entry::Occupied(_) => return,
             std::collections::hash_map::Entry::Vacant(entry) => {
-                entry.insert((within.clone(), watched));
+                entry.insert(EdgeInFlight {
+                    within: within.clone(),
+                    on_the_wire: watched,
+                });
             }
         }
         let Some(memory) = self.memory.try_reserve(range.end - range.start) else {
@@ -416,9 +425,9 @@ impl Fetcher {
         within: &Range<u64>,
     ) -> Option<tokio::sync::watch::Receiver<bool>> {
         let edges = self.edges_in_flight.lock();
-        let (covered, on_the_wire) = edges.get(&key)?;
-        let covers = covered.start <= within.start && within.end <= covered.end;
-        (covers && *on_the_wire.borrow()).then(|| on_the_wire.clone())
+        let edge = edges.get(&key)?;
+        let covers = edge.within.start <= within.start && within.end <= edge.within.end;
+        (covers && *edge.on_the_wire.borrow()).then(|| edge.on_the_wire.clone())
     }
 
     /// Whether a reader of `within` should ask for its own bytes beside the download:
