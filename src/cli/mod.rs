@@ -213,8 +213,9 @@ pub struct MountArgs {
         help_heading = "Performance"
     )]
     pub prefetch_lookahead: usize,
-    /// The most memory downloads may hold at once: bodies in flight, parts waiting
-    /// for the disk or kept because the cache is full. At least one part.
+    /// The most memory downloads may hold at once: the blocks of bodies not yet in
+    /// their cache files, whole bodies the cache cannot take, parts kept because the
+    /// cache is full. At least one part.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "512MiB", help_heading = "Performance")]
     pub max_fetch_memory: u64,
     /// Threads reading FUSE requests from the kernel.

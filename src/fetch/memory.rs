@@ -1,9 +1,11 @@
-//! The cap on the bytes the fetcher holds. A download reserves its part's length
-//! before its request goes out; the bytes it receives then carry the reservation
+//! The cap on the bytes the fetcher holds. A download reserves, before its request
+//! goes out, what it will hold: a couple of blocks when its body goes into its cache
+//! file as it comes, its part's length when the body must be held whole (the cache
+//! cannot take it). Bytes held whole then carry the reservation
 //! ([`Reservation::hold`]), which returns to the budget when the last copy of those
-//! bytes is dropped: after the disk write and the readers' copies, or when a part kept
-//! in memory is let go. So bodies in flight, parts waiting for the disk, parts kept
-//! because the cache had no room and parts readers copy from are all under one cap.
+//! bytes is dropped: after the readers' copies, or when a part kept in memory is let
+//! go. So unwritten blocks, bodies held whole, parts kept because the cache had no
+//! room, edges and readers' own ranges are all under one cap.
 
 use std::sync::Arc;
 
