@@ -142,15 +142,6 @@ impl DiskCache {
 }
 
 impl Spool {
-    /// The part's length.
-    pub fn len(&self) -> u64 {
-        self.data_len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.data_len == 0
-    }
-
     /// Bytes of the part on disk and readable, from its start.
     pub fn written(&self) -> u64 {
         self.state.lock().written

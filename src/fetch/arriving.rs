@@ -199,7 +199,7 @@ impl Arriving {
     /// copy of them, from memory and the file.
     pub fn bytes(&self, range: Range<u64>) -> FsResult<PartBytes> {
         let offset = range.start;
-        match &*self.body.lock() {
+        let (spool, mut copy, from_disk) = match &*self.body.lock() {
             Body::Spooled {
                 spool,
                 on_disk,
@@ -211,7 +211,6 @@ impl Arriving {
                 }
                 let mut copy = vec![0; (range.end - range.start) as usize];
                 let from_disk = on_disk.saturating_sub(range.start) as usize;
-                spool.read_exact_at(&mut copy[..from_disk], range.start)?;
                 // From memory: `writing`, then `pending`, from `skip` bytes past the disk.
                 let mut skip = (range.start.max(*on_disk) - *on_disk) as usize;
                 let mut dest = &mut copy[from_disk..];
@@ -226,21 +225,31 @@ impl Arriving {
                     skip = 0;
                 }
                 assert!(dest.is_empty(), "bytes not yet received");
-                Ok(PartBytes::InMemory {
+                (spool.clone(), copy, from_disk)
+            }
+            Body::Memory(buffer) => {
+                return Ok(PartBytes::InMemory {
                     offset,
-                    bytes: copy.into(),
+                    bytes: Bytes::copy_from_slice(
+                        &buffer[range.start as usize..range.end as usize],
+                    ),
                 })
             }
-            Body::Memory(buffer) => Ok(PartBytes::InMemory {
-                offset,
-                bytes: Bytes::copy_from_slice(&buffer[range.start as usize..range.end as usize]),
-            }),
-            Body::Whole(bytes) => Ok(PartBytes::InMemory {
-                offset,
-                bytes: bytes.slice(range.start as usize..range.end as usize),
-            }),
+            Body::Whole(bytes) => {
+                return Ok(PartBytes::InMemory {
+                    offset,
+                    bytes: bytes.slice(range.start as usize..range.end as usize),
+                })
+            }
             Body::Unplaced => unreachable!("bytes of a body not yet placed"),
-        }
+        };
+        // The written bytes stay written: read outside the body's lock, which the
+        // download takes for every piece.
+        spool.read_exact_at(&mut copy[..from_disk], range.start)?;
+        Ok(PartBytes::InMemory {
+            offset,
+            bytes: copy.into(),
+        })
     }
 }
 

@@ -115,6 +115,23 @@ struct EdgeInFlight {
     on_the_wire: tokio::sync::watch::Receiver<bool>,
 }
 
+/// Where a downloaded body went.
+enum Received {
+    /// Into the part's cache file, to be committed.
+    Spooled(Arc<Spool>),
+    /// Into memory, whole (the cache could not take it).
+    Whole(Bytes),
+}
+
+/// What a part file of bytes from `object_offset` on of `object` records of it.
+fn origin_of(object: &ObjectInfo, object_offset: u64) -> PartOrigin<'_> {
+    PartOrigin {
+        key: object.key.as_ref(),
+        etag: object.etag.as_deref().unwrap_or_default(),
+        object_offset,
+    }
+}
+
 /// A download's end: its bytes are then all in its [`Arriving`].
 type SharedDownload = Shared<BoxFuture<'static, FsResult<()>>>;
 
@@ -614,14 +631,13 @@ impl Fetcher {
                     Err(FsError::CacheIo(error)) => {
                         tracing::warn!(object = %object.key, part = index, %error, "writing the part's cache file failed; downloading it again into memory");
                     }
-                    received => return received.map(|()| Some(spool)),
+                    received => return received.map(|()| Received::Spooled(spool)),
                 }
             }
             let memory = self.reserve_memory(len).await;
             arriving.keep_in_memory(len as usize);
             self.receive(object, range.clone(), arriving).await?;
-            arriving.finish(|body| memory.hold(body));
-            Ok(None)
+            Ok(Received::Whole(arriving.finish(|body| memory.hold(body))))
         })
         .await
         .unwrap_or_else(|_| {
@@ -632,27 +648,18 @@ impl Fetcher {
         });
         // A slot is held for the request only, not for the disk write.
         drop(permit);
-        let spooled = fetched.map_err(|error| self.failed(object, index, error))?;
+        let received = fetched.map_err(|error| self.failed(object, index, error))?;
         Metrics::add(&self.metrics.bytes_fetched, len);
         Metrics::add(&self.metrics.parts_fetched, 1);
         let key = Self::key(object, index);
-        let cached = match spooled {
-            Some(spool) => tokio::task::spawn_blocking(move || spool.commit()).await,
-            None => {
-                let (cache, group, whole, object_info) = (
-                    self.cache.clone(),
-                    object.group,
-                    arriving.finish(|whole| whole),
-                    object.clone(),
-                );
-                let kept = whole.clone();
+        let cached = match received {
+            Received::Spooled(spool) => tokio::task::spawn_blocking(move || spool.commit()).await,
+            Received::Whole(whole) => {
+                let (cache, object_info, kept) =
+                    (self.cache.clone(), object.clone(), whole.clone());
                 let inserted = tokio::task::spawn_blocking(move || {
-                    let origin = PartOrigin {
-                        key: object_info.key.as_ref(),
-                        etag: object_info.etag.as_deref().unwrap_or_default(),
-                        object_offset: range.start,
-                    };
-                    cache.insert(key, group, origin, &whole)
+                    let origin = origin_of(&object_info, range.start);
+                    cache.insert(key, object_info.group, origin, &whole)
                 })
                 .await;
                 // No room, or the disk failed (the cache logs that once).
@@ -673,11 +680,7 @@ impl Fetcher {
         let (cache, object, key) = (self.cache.clone(), object.clone(), Self::key(object, index));
         let range = self.part_range(&object, index);
         tokio::task::spawn_blocking(move || {
-            let origin = PartOrigin {
-                key: object.key.as_ref(),
-                etag: object.etag.as_deref().unwrap_or_default(),
-                object_offset: range.start,
-            };
+            let origin = origin_of(&object, range.start);
             cache.spool(key, object.group, origin, range.end - range.start)
         })
         .await

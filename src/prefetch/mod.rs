@@ -384,13 +384,12 @@ impl Prefetcher {
             start,
             len + 2 * PAGE,
         );
-        let part_size = self.fetcher.part_size();
         for piece in &companion.pieces {
             let Piece::Object { object, range, .. } = piece else {
                 continue;
             };
             for index in self.fetcher.parts_of(range) {
-                let part = index * part_size..(index + 1) * part_size;
+                let part = self.fetcher.part_range(object, index);
                 let within = range.start.max(part.start)..range.end.min(part.end);
                 if self.worth_an_edge(&within) {
                     self.fetcher.prefetch_edge(object, within);
