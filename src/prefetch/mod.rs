@@ -391,10 +391,11 @@ impl Prefetcher {
             for index in self.fetcher.parts_of(range) {
                 let part = self.fetcher.part_range(object, index);
                 let within = range.start.max(part.start)..range.end.min(part.end);
-                if self.worth_an_edge(&within) {
+                if within != part && self.worth_an_edge(&within) {
                     self.fetcher.prefetch_edge(object, within);
                 } else {
-                    // Most of a part: the part itself, which the second read joins.
+                    // Most of a part, or all of a small one: the part itself, which the
+                    // second read joins (as an edge it would be fetched again as a part).
                     self.fetcher.prefetch(object, index);
                 }
             }
