@@ -59,6 +59,12 @@ impl<'a> EpochIter<'a> {
         self.cursor.share()
     }
 
+    /// Waits until the steps announced so far have reached the hint file; see
+    /// [`crate::Sampler::flush_hints`].
+    pub fn flush_hints(&self) {
+        self.hints.flush();
+    }
+
     /// The rows up to the next minibatch boundary; see [`crate::Sampler::next_minibatch`].
     pub fn next_minibatch(&mut self) -> Option<Vec<u64>> {
         self.cursor.next_minibatch(self.hints)
@@ -150,7 +156,7 @@ impl EpochCursor {
     }
 
     /// Writes `lines`, then the steps not yet announced up to `lookahead` steps from
-    /// the current one, all in one go. Steps are topped up only once fewer than half
+    /// the current one, all in one go (handed to the hint writer's thread). Steps are topped up only once fewer than half
     /// the lookahead remain announced ahead: one write per several small steps keeps
     /// a fast reader from paying a FUSE write per step.
     fn announce(&mut self, hints: &mut HintWriter, mut lines: Vec<HintLine>) {

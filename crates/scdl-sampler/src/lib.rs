@@ -22,7 +22,8 @@
 //! plain local archive as virtual chunks. When the directory has a `.scdlfs-hints` file
 //! (only a mount has one), a [`Sampler`] keeps it open and, as iteration advances, writes
 //! `plan <epoch>` and the next few steps of its own worker's share in the hint protocol
-//! of [`scdl_format::hint`]. The daemon prefetches those chunks or rows and may evict
+//! of [`scdl_format::hint`] (from a thread of its own, so that the reader does not wait
+//! for the daemon). The daemon prefetches those chunks or rows and may evict
 //! what no plan names. Hints are advice: without the file, or when a write fails, rows
 //! come out exactly the same, and failures wait in [`Sampler::take_hint_error`].
 //!

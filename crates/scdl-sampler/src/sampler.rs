@@ -113,7 +113,14 @@ impl Sampler {
         self.hints.is_active()
     }
 
-    /// The first hint failure since the last call, if any. Rows are unaffected.
+    /// Waits until the hints announced so far have reached the hint file (they are
+    /// written by a thread of the sampler's, behind the reader).
+    pub fn flush_hints(&self) {
+        self.hints.flush();
+    }
+
+    /// The first hint failure since the last call, once the hints announced so far
+    /// have been written; if any. Rows are unaffected.
     pub fn take_hint_error(&mut self) -> Option<HintWriteError> {
         self.hints.take_error()
     }

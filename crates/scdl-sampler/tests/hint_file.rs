@@ -62,6 +62,7 @@ proptest! {
         let mut sampler = sampler_of(dataset.path(), order, shard, workers);
         prop_assert!(sampler.hints_active());
         let visited = sampler.epoch(epoch).count();
+        sampler.flush_hints();
 
         let plan = EpochPlan::new(scdl_sampler::ChunkLayout::new(rows, chunk_size as u64).unwrap(), order, epoch);
         let mut expected = opening(chunk_size as u64);
@@ -85,11 +86,13 @@ proptest! {
             .with_hint_lookahead(NonZeroUsize::new(lookahead).unwrap());
         let steps = chunks_total as usize;
         let mut iter = sampler.epoch(0);
+        iter.flush_hints();
         prop_assert_eq!(steps_in_current_plan(&hint_lines(dataset.path())), lookahead.min(steps));
         let mut read = 0;
         while iter.next().is_some() {
             let reading = read / chunk_size as usize;
             read += 1;
+            iter.flush_hints();
             let announced = steps_in_current_plan(&hint_lines(dataset.path()));
             prop_assert!(announced <= (reading + lookahead).min(steps), "{} announced", announced);
             prop_assert!(announced > (reading + lookahead / 2).min(steps - 1), "{} announced", announced);
@@ -105,6 +108,7 @@ fn block_order_announces_each_fetch_as_one_line_of_sorted_blocks() {
         .with_hint_lookahead(NonZeroUsize::new(2).unwrap());
     let mut iter = sampler.epoch(0);
     iter.next();
+    iter.flush_hints();
     let lines = hint_lines(dataset.path());
     assert_eq!(lines[..2], opening(100));
     assert_eq!(lines[2], HintLine::Plan { epoch: 0 });
@@ -129,6 +133,7 @@ fn every_epoch_starts_a_new_plan_on_the_same_handle() {
     abandoned.next();
     drop(abandoned);
     sampler.epoch(2).for_each(drop);
+    sampler.flush_hints();
 
     let chunks = scdl_sampler::ChunkLayout::new(200, 10).unwrap();
     let steps = |epoch| {

@@ -123,6 +123,8 @@ proptest! {
         let got: Vec<Vec<u64>> = std::iter::from_fn(|| kept_apart.next_minibatch(&mut cursor)).collect();
         prop_assert_eq!(&got, &expected);
         prop_assert_eq!(kept_apart.rows_in_epoch(epoch), got.concat().len() as u64);
+        iter.flush_hints();
+        kept_apart.flush_hints();
         prop_assert_eq!(hint_lines(by_cursor.path()), hint_lines(by_iterator.path()));
     }
 }
