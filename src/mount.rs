@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use object_store::path::Path as ObjectPath;
-use object_store::ObjectStore;
+use object_store::{ListResult, ObjectStore};
 
 use crate::cache::{CacheOwner, DiskCache};
 use crate::catalog::{DirMode, ObjectInfo, ObjectRegistry, Tree};
@@ -124,6 +124,7 @@ pub fn assemble(
     store: Arc<dyn ObjectStore>,
     prefix: ObjectPath,
     settings: &MountSettings,
+    root_listing: Option<ListResult>,
 ) -> Result<(FsCore, Observer), MountError> {
     let owner = CacheOwner {
         source: settings.fs_name.clone(),
@@ -179,6 +180,7 @@ pub fn assemble(
         registry,
         settings.metadata_ttl,
         metrics.clone(),
+        root_listing,
     ));
     let warmer = Warmer::new(fetcher.clone());
     let observer = Observer::new(
@@ -221,15 +223,16 @@ impl Mount {
             .thread_name("scdlfs-io")
             .build()
             .map_err(MountError::Fuse)?;
-        // Fail now, with the store's own words, rather than on the first `ls`.
-        runtime
+        // Fail now, with the store's own words, rather than on the first `ls`; the
+        // listing is then the root's first, so a reader's first lookup costs no round trip.
+        let root_listing = runtime
             .block_on(store.list_with_delimiter((!prefix.as_ref().is_empty()).then_some(&prefix)))
             .map_err(|error| MountError::StoreUnreachable {
                 location: settings.fs_name.clone(),
                 reason: explain_store_error(&error),
             })?;
         let _entered = runtime.enter();
-        let (core, observer) = assemble(store, prefix, settings)?;
+        let (core, observer) = assemble(store, prefix, settings, Some(root_listing))?;
         let core = Arc::new(core);
         let fs = ScdlFs::new(core.clone(), runtime.handle().clone());
         let mut config = Config::default();

@@ -14,7 +14,7 @@ use common::*;
 use fuser::FileType;
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ListResult, ObjectStore, ObjectStoreExt, PutPayload};
 use scdl_format::hint::HINT_FILE;
 use scdl_format::layout::CHUNKED_DIR;
 use scdl_format::ArrayKind;
@@ -43,6 +43,10 @@ async fn core_of(
     files: &BTreeMap<String, Vec<u8>>,
     configure: impl FnOnce(&mut MountSettings),
 ) -> Core {
+    core_over(memory_of(files).await, configure, None)
+}
+
+async fn memory_of(files: &BTreeMap<String, Vec<u8>>) -> Arc<InMemory> {
     let memory = Arc::new(InMemory::new());
     for (name, bytes) in files {
         let payload = PutPayload::from(Bytes::from(bytes.clone()));
@@ -51,12 +55,21 @@ async fn core_of(
             .await
             .unwrap();
     }
+    memory
+}
+
+/// A core over `memory`; `root_listing`: the root's listing made at mount time.
+fn core_over(
+    memory: Arc<InMemory>,
+    configure: impl FnOnce(&mut MountSettings),
+    root_listing: Option<ListResult>,
+) -> Core {
     let reads = Arc::new(HookedStore::new(memory.clone(), CountReads::default()));
     let cache = tempfile::tempdir().unwrap();
     let mut s = settings(cache.path());
     configure(&mut s);
     let store: Arc<dyn ObjectStore> = reads.clone();
-    let (core, observer) = assemble(store, ObjectPath::from(""), &s).unwrap();
+    let (core, observer) = assemble(store, ObjectPath::from(""), &s, root_listing).unwrap();
     Core {
         core,
         observer,
@@ -79,6 +92,23 @@ fn chunked_files(spec: &SyntheticDataset, prefix: &str) -> BTreeMap<String, Vec<
         .into_iter()
         .map(|(name, bytes)| (format!("{prefix}/{name}"), bytes))
         .collect()
+}
+
+/// Under a paused clock: spins the runtime (never idle, so the clock stands still) until
+/// `done`, within a bound of real time; returns whether it became true. Part files are
+/// written on blocking threads, in real time: a test that moved the clock meanwhile
+/// would time their downloads out.
+async fn without_timers(mut done: impl FnMut() -> bool) -> bool {
+    let frozen = tokio::time::Instant::now();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(20) {
+        if done() {
+            assert_eq!(tokio::time::Instant::now(), frozen, "the clock moved");
+            return true;
+        }
+        tokio::task::yield_now().await;
+    }
+    false
 }
 
 impl Core {
@@ -252,6 +282,52 @@ async fn catalog_lists_directories_and_refuses_what_a_read_only_tree_must() {
         status["counters"]["reads"], 2,
         "the two reads of tiny.txt: {status}"
     );
+}
+
+/// The mount lists its root before it answers, to fail early on an unreachable store;
+/// the root's first use takes that listing instead of waiting for another. Here the
+/// bucket gains an object in between, which the root then does not show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listing_made_at_mount_time_is_the_roots_first() {
+    let memory = memory_of(&plain_files()).await;
+    let at_mount = memory.list_with_delimiter(None).await.unwrap();
+    memory
+        .put(
+            &ObjectPath::from("added.txt"),
+            PutPayload::from_static(b"new"),
+        )
+        .await
+        .unwrap();
+    let core = core_over(memory, |_| {}, Some(at_mount));
+    let root = core.core.readdir(ROOT).await.unwrap();
+    assert!(root.get("tiny.txt").is_some());
+    assert!(
+        root.get("added.txt").is_none(),
+        "listed from the store again"
+    );
+}
+
+/// Discovery reads a dataset's `header.sch` whole; a reader of the stored header (the
+/// sampler reads `.chunked/header.sch` to learn the chunk layout) gets those bytes
+/// without another request, and they are the stored ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stored_header_is_served_from_what_discovery_read() {
+    let files = dataset_files("ds");
+    let core = core_of(&files, |_| {}).await;
+    let raw_header = format!("ds/{CHUNKED_DIR}/header.sch");
+    assert_eq!(
+        core.read_all(&raw_header, 4096).await,
+        files["ds/header.sch"]
+    );
+    let header_reads: u64 = core
+        .reads
+        .hook()
+        .snapshot()
+        .iter()
+        .filter(|((key, _), _)| key == "ds/header.sch")
+        .map(|(_, count)| count)
+        .sum();
+    assert_eq!(header_reads, 1, "discovery's read only");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -710,21 +786,6 @@ proptest::proptest! {
 mod prefetcher_events {
     use super::*;
 
-    /// Spins the runtime (never idle, so the paused clock stands still) until `done`,
-    /// within a bound of real time; returns whether it became true.
-    async fn without_timers(mut done: impl FnMut() -> bool) -> bool {
-        let frozen = tokio::time::Instant::now();
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(20) {
-            if done() {
-                assert_eq!(tokio::time::Instant::now(), frozen, "the clock moved");
-                return true;
-            }
-            tokio::task::yield_now().await;
-        }
-        false
-    }
-
     fn fetched(core: &Core, key: &str) -> bool {
         core.reads.hook().snapshot().keys().any(|(k, _)| k == key)
     }
@@ -924,6 +985,10 @@ mod metadata_ttl {
             .await
             .unwrap();
         assert_eq!(first_part, files[name][..64 << 10]);
+        assert!(
+            without_timers(|| core.observer.status().downloads_in_flight == 0).await,
+            "the first part is cached before the clock moves"
+        );
 
         let new_bytes = pattern(77, files[name].len());
         put(&core, name, &new_bytes).await;

@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{GetOptions, ObjectStore};
+use object_store::{GetOptions, ListResult, ObjectMeta, ObjectStore};
 use parking_lot::{Mutex, RwLock};
 use scdl_format::header::MAX_HEADER_BYTES;
 use scdl_format::hint::{announcement, HINT_FILE};
@@ -74,17 +74,42 @@ pub struct FileNode {
 pub struct DirNode {
     prefix: ObjectPath,
     mode: DirMode,
+    /// A listing of the directory's prefix made before its first use, taken as its
+    /// first listing while current instead of asking the store again.
+    prelisted: Mutex<Option<Prelisted>>,
     /// The current listing, once made.
     listing: Mutex<Option<Arc<Listing>>>,
     /// Held while the store is listed, so that concurrent callers share one listing.
     listing_store: tokio::sync::Mutex<()>,
 }
 
+/// The store's delimited listing of a prefix, and when it was made. The mount's check
+/// that the store answers lists the root; a chunked dataset's listing is also that of
+/// its raw view, `.chunked/`, which shows the same prefix.
+#[derive(Clone)]
+struct Prelisted {
+    at: Instant,
+    common_prefixes: Vec<ObjectPath>,
+    objects: Vec<ObjectMeta>,
+}
+
+impl Prelisted {
+    /// A listing made just now.
+    fn now(listed: ListResult) -> Prelisted {
+        Prelisted {
+            at: Instant::now(),
+            common_prefixes: listed.common_prefixes,
+            objects: listed.objects,
+        }
+    }
+}
+
 impl DirNode {
-    fn new(prefix: ObjectPath, mode: DirMode) -> DirNode {
+    fn new(prefix: ObjectPath, mode: DirMode, prelisted: Option<Prelisted>) -> DirNode {
         DirNode {
             prefix,
             mode,
+            prelisted: Mutex::new(prelisted),
             listing: Mutex::new(None),
             listing_store: tokio::sync::Mutex::new(()),
         }
@@ -154,13 +179,26 @@ struct KnownDataset {
     sources: Vec<ObjectId>,
     /// Whether the header was chunked: its chunks are found by a recursive listing.
     chunked: bool,
+    /// The header's bytes as discovery read them (the version `sources` starts with),
+    /// served to readers of the stored `header.sch` without another request.
+    header_bytes: Option<Bytes>,
     /// When it was last compared with the store.
     checked: Instant,
 }
 
+impl KnownDataset {
+    /// The dataset, and its header's bytes if `header` is the version they are of (a
+    /// listing newer than the last check may show another).
+    fn found(&self, header: &ObjectInfo) -> (Option<Dataset>, Option<Bytes>) {
+        let same_header = self.sources.first() == Some(&header.id);
+        let bytes = self.header_bytes.clone().filter(|_| same_header);
+        (self.dataset.clone(), bytes)
+    }
+}
+
 /// An entry of a directory being built, before it has an inode.
 enum Pending {
-    Dir(ObjectPath, DirMode),
+    Dir(ObjectPath, DirMode, Option<Prelisted>),
     File(FileNode),
 }
 
@@ -168,7 +206,7 @@ impl Pending {
     /// Whether `node` shows what this entry would: then it keeps its inode.
     fn is_same_as(&self, node: &Node) -> bool {
         match (self, &node.kind) {
-            (Pending::Dir(prefix, mode), NodeKind::Dir(dir)) => {
+            (Pending::Dir(prefix, mode, _), NodeKind::Dir(dir)) => {
                 dir.prefix == *prefix && dir.mode == *mode
             }
             (Pending::File(new), NodeKind::File(old)) => {
@@ -199,6 +237,8 @@ struct Discovery {
     chunked: bool,
     /// A chunked dataset's objects, if they could be listed.
     chunk_objects: Option<ChunkObjects>,
+    /// The header as read, if it could be.
+    header_bytes: Option<Bytes>,
 }
 
 /// The object versions a dataset's discovery read: its header first, then a chunked
@@ -233,7 +273,8 @@ fn sources_of(
 
 impl Tree {
     /// The tree of `store` under `root`; `metadata_ttl`: how long a listing stands
-    /// (`None`: for the mount's life).
+    /// (`None`: for the mount's life); `root_listing`: the store's delimited listing of
+    /// `root` if one was just made, which the root's first use then takes.
     pub fn new(
         store: Arc<dyn ObjectStore>,
         root: ObjectPath,
@@ -241,11 +282,12 @@ impl Tree {
         registry: ObjectRegistry,
         metadata_ttl: Option<Duration>,
         metrics: Arc<Metrics>,
+        root_listing: Option<ListResult>,
     ) -> Tree {
         let root = Arc::new(Node {
             ino: fuser::INodeNo::ROOT.0,
             parent: fuser::INodeNo::ROOT.0,
-            kind: NodeKind::Dir(DirNode::new(root, mode)),
+            kind: NodeKind::Dir(DirNode::new(root, mode, root_listing.map(Prelisted::now))),
         });
         Tree {
             store,
@@ -296,7 +338,7 @@ impl Tree {
             return Ok(current);
         }
         let previous = dir.listing.lock().clone();
-        let listing = match (self.list_store(&dir.prefix, dir.mode).await, previous) {
+        let listing = match (self.list_store(dir).await, previous) {
             (Ok(entries), previous) => {
                 if previous.is_some() {
                     Metrics::add(&self.metrics.listings_refreshed, 1);
@@ -341,7 +383,9 @@ impl Tree {
             let ino = kept.unwrap_or_else(|| {
                 let ino = nodes.len() as u64 + 1;
                 let kind = match pending {
-                    Pending::Dir(prefix, mode) => NodeKind::Dir(DirNode::new(prefix, mode)),
+                    Pending::Dir(prefix, mode, prelisted) => {
+                        NodeKind::Dir(DirNode::new(prefix, mode, prelisted))
+                    }
                     Pending::File(file) => NodeKind::File(file),
                 };
                 nodes.push(Arc::new(Node { ino, parent, kind }));
@@ -353,16 +397,20 @@ impl Tree {
         listing
     }
 
-    async fn list_store(
-        &self,
-        prefix: &ObjectPath,
-        mode: DirMode,
-    ) -> FsResult<Vec<(String, Pending)>> {
-        let listed = self
-            .store
-            .list_with_delimiter(non_empty(prefix))
-            .await
-            .map_err(|e| FsError::store(prefix.as_ref(), &e))?;
+    /// The directory's entries as the store lists them now (or as it listed them
+    /// before the directory's first use, while that listing is current).
+    async fn list_store(&self, dir: &DirNode) -> FsResult<Vec<(String, Pending)>> {
+        let (prefix, mode) = (&dir.prefix, dir.mode);
+        let prelisted = dir.prelisted.lock().take();
+        let listed = match prelisted.filter(|p| self.is_current(p.at)) {
+            Some(prelisted) => prelisted,
+            None => Prelisted::now(
+                self.store
+                    .list_with_delimiter(non_empty(prefix))
+                    .await
+                    .map_err(|e| FsError::store(prefix.as_ref(), &e))?,
+            ),
+        };
         let mut entries = Vec::new();
         let mut header = None;
         let mut objects = HashMap::new();
@@ -379,16 +427,31 @@ impl Tree {
         }
         for dir in &listed.common_prefixes {
             if let Some(name) = dir.filename() {
-                entries.push((name.to_owned(), Pending::Dir(dir.clone(), mode)));
+                entries.push((name.to_owned(), Pending::Dir(dir.clone(), mode, None)));
             }
         }
         let Some(header) = header else {
             return Ok(entries);
         };
-        let dataset = self.dataset_at(prefix, &header, &objects).await;
+        let has_chunk_dirs = listed
+            .common_prefixes
+            .iter()
+            .any(|dir| dir.filename().and_then(parse_chunk_dir_name).is_some());
+        let (dataset, header_bytes) = self
+            .dataset_at(prefix, &header, &objects, has_chunk_dirs)
+            .await;
+        if let Some(bytes) = header_bytes {
+            let header_entry = entries.iter_mut().find(|(name, _)| name == HEADER_FILE);
+            let (_, entry) = header_entry.expect("the header was found among the entries");
+            *entry = Pending::File(FileNode {
+                size: header.size,
+                mtime: header.mtime,
+                content: FileContent::Bytes(bytes),
+            });
+        }
         Ok(match (dataset, mode) {
             (Some(Dataset::Chunked(dataset)), DirMode::Discover) => {
-                flat_entries(prefix, dataset, entries)
+                flat_entries(prefix, dataset, entries, listed.clone())
             }
             (Some(dataset), _) => {
                 entries.push((HINT_FILE.to_owned(), hint_file(dataset)));
@@ -398,15 +461,18 @@ impl Tree {
         })
     }
 
-    /// The dataset at `prefix`, whose directory lists `header` and `objects` (by name):
-    /// discovered on first use and kept; with `--metadata-ttl`, compared with the store
-    /// once the TTL has passed, and discovered anew if an object it read changed.
+    /// The dataset at `prefix`, whose directory lists `header` and `objects` (by name)
+    /// and chunk directories if `has_chunk_dirs`, and the header's bytes if discovery
+    /// could read them: discovered on first use and
+    /// kept; with `--metadata-ttl`, compared with the store once the TTL has passed, and
+    /// discovered anew if an object it read changed.
     async fn dataset_at(
         &self,
         prefix: &ObjectPath,
         header: &Arc<ObjectInfo>,
         objects: &HashMap<&str, Arc<ObjectInfo>>,
-    ) -> Option<Dataset> {
+        has_chunk_dirs: bool,
+    ) -> (Option<Dataset>, Option<Bytes>) {
         let slot = self
             .datasets
             .lock()
@@ -417,7 +483,7 @@ impl Tree {
         let mut chunk_objects = None;
         if let Some(known) = known.as_mut() {
             if self.is_current(known.checked) {
-                return known.dataset.clone();
+                return known.found(header);
             }
             let same_header = known.sources.first() == Some(&header.id);
             if same_header && known.chunked {
@@ -426,27 +492,28 @@ impl Tree {
                     Err(error) => {
                         tracing::warn!(dataset = %prefix, %error, "cannot list the dataset again; keeping it as it was for another --metadata-ttl");
                         known.checked = Instant::now();
-                        return known.dataset.clone();
+                        return known.found(header);
                     }
                 }
             }
             if same_header && sources_of(header, objects, chunk_objects.as_ref()) == known.sources {
                 known.checked = Instant::now();
-                return known.dataset.clone();
+                return known.found(header);
             }
             Metrics::add(&self.metrics.datasets_rediscovered, 1);
             tracing::info!(dataset = %prefix, "the dataset changed in the store: discovered again; files opened before keep the old one");
         }
         let discovery = self
-            .discover_dataset(prefix, header, objects, chunk_objects)
+            .discover_dataset(prefix, header, objects, chunk_objects, has_chunk_dirs)
             .await;
         let found = KnownDataset {
             sources: sources_of(header, objects, discovery.chunk_objects.as_ref()),
             dataset: discovery.dataset,
             chunked: discovery.chunked,
+            header_bytes: discovery.header_bytes,
             checked: Instant::now(),
         };
-        known.insert(found).dataset.clone()
+        known.insert(found).found(header)
     }
 
     /// The objects under a chunked dataset's prefix, by key relative to it.
@@ -474,30 +541,46 @@ impl Tree {
     /// agree with it (`chunk_objects`, listed here unless given), a monolithic one if
     /// its header is monolithic and its arrays agree with it (`objects`: the
     /// directory's, by name); otherwise logs why and finds `None`, leaving the
-    /// directory as stored, without a hint file.
+    /// directory as stored, without a hint file. A directory with chunk directories
+    /// (`has_chunk_dirs`) is listed while its header is read, not after: the first read
+    /// of a chunked dataset waits for one round trip less.
     async fn discover_dataset(
         &self,
         prefix: &ObjectPath,
         header: &Arc<ObjectInfo>,
         objects: &HashMap<&str, Arc<ObjectInfo>>,
         chunk_objects: Option<ChunkObjects>,
+        has_chunk_dirs: bool,
     ) -> Discovery {
         let mut discovery = Discovery {
             dataset: None,
             chunked: false,
             chunk_objects: None,
+            header_bytes: None,
         };
         if header.size > MAX_HEADER_BYTES {
             tracing::error!(object = %header.key, size = header.size, "larger than any SCDL header ({MAX_HEADER_BYTES} bytes); showing the directory as stored");
             return discovery;
         }
-        let bytes = match self.read_small_object(header).await {
+        let (read, listed_early) = match chunk_objects {
+            Some(listed) => (self.read_small_object(header).await, Some(Ok(listed))),
+            None if has_chunk_dirs => {
+                let (read, listed) = tokio::join!(
+                    self.read_small_object(header),
+                    self.list_chunk_objects(prefix)
+                );
+                (read, Some(listed))
+            }
+            None => (self.read_small_object(header).await, None),
+        };
+        let bytes = match read {
             Ok(bytes) => bytes,
             Err(error) => {
                 tracing::error!(object = %header.key, %error, "cannot read dataset header; showing the directory as stored");
                 return discovery;
             }
         };
+        discovery.header_bytes = Some(bytes.clone());
         let decoded = match Header::decode(&bytes) {
             Ok(decoded) => decoded,
             Err(error) => {
@@ -510,8 +593,8 @@ impl Tree {
             return discovery;
         }
         discovery.chunked = true;
-        let listed = match chunk_objects {
-            Some(listed) => Ok(listed),
+        let listed = match listed_early {
+            Some(listed) => listed,
             None => self.list_chunk_objects(prefix).await,
         };
         let chunk_objects = match listed {
@@ -623,10 +706,13 @@ fn hint_file(dataset: Dataset) -> Pending {
 }
 
 /// The entries of a flat dataset's directory, from its raw entries.
+/// The flat view of a chunked dataset whose directory lists `raw` entries (`listed`,
+/// also the first listing of the raw view, `.chunked/`, which shows the same prefix).
 fn flat_entries(
     prefix: &ObjectPath,
     dataset: Arc<FlatDataset>,
     raw: Vec<(String, Pending)>,
+    listed: Prelisted,
 ) -> Vec<(String, Pending)> {
     let virtual_file = |content: FileContent, size: u64| {
         Pending::File(FileNode {
@@ -665,7 +751,7 @@ fn flat_entries(
     ));
     entries.push((
         CHUNKED_DIR.to_owned(),
-        Pending::Dir(prefix.clone(), DirMode::Raw),
+        Pending::Dir(prefix.clone(), DirMode::Raw, Some(listed)),
     ));
     entries
 }
