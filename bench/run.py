@@ -489,6 +489,10 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_
                 r["cache"] = status["cache"]
                 r["hint_writes"] = status["counters"]["hint_writes"] - counters0["hint_writes"]
                 r["fetch_memory_peak_mib"] = status["counters"]["fetch_memory_peak_bytes"] / 2**20
+                memory = status.get("memory") or {}
+                for key in ("resident_bytes", "heap_in_use_bytes", "heap_free_kept_bytes"):
+                    if key in memory:
+                        r[key.replace("_bytes", "_mib")] = memory[key] / 2**20
             results.append(tag(r, e, layout))
     finally:
         if proc.poll() is None:
@@ -842,6 +846,9 @@ def summarize(results):
                               for r in rs]),
             hint_writes=med([r.get("hint_writes") for r in rs]),
             fetch_memory_peak_mib=med([r.get("fetch_memory_peak_mib") for r in rs]),
+            resident_mib=med([r.get("resident_mib") for r in rs]),
+            heap_in_use_mib=med([r.get("heap_in_use_mib") for r in rs]),
+            heap_free_kept_mib=med([r.get("heap_free_kept_mib") for r in rs]),
         )
     return out
 
@@ -891,6 +898,10 @@ class Report:
             if m and m.get(key) is not None:
                 out.append((size, m[key], m["completed"]))
         return out
+
+    def size_figure(self, size, key):
+        """`key` of the cold windows epoch with hints on the dataset of `size` bytes."""
+        return next((mib for s, mib, _ in self.rss_by_size(key=key) if s == size), None)
 
     def targets(self):
         """(target, measured, verdict, limit) for each target of issue 12 this run measures;
@@ -945,7 +956,8 @@ class Report:
                     text = "%s: daemon CPU %s s per GB read; without hints %s× local" % (
                         o, fmt(g(system, o, "cpu_s_per_gb"), ".2f"), fmt(g(unhinted, o, "ratio"), ".2f"))
                     if hinted_s and plain_s and writes and hinted_s > plain_s:
-                        text += "; with hints %.2f s longer, over %.0f hint writes (FUSE round trips)" % (
+                        text += "; with hints %.2f s longer, over %.0f hint writes (FUSE round trips of the " \
+                                "sampler's writer thread, beside the reader)" % (
                             hinted_s - plain_s, writes)
                     parts.append(text)
                 limit = "; ".join(parts)
@@ -999,9 +1011,14 @@ class Report:
                      if big and main else "no larger dataset in this run",
                      verdict(ok),
                      "" if ok is not False else "the fetcher's own peak (downloads, edges, parts kept in memory): "
-                     "%s; the rest of the growth lies outside the fetcher's budget" % ", ".join(
-                         "%.0f MiB at %.2f GB" % (mib, size / 1e9)
-                         for size, mib, _ in self.rss_by_size(key="fetch_memory_peak_mib"))))
+                     "%s; at the epoch's end, resident / heap in use / heap freed and kept by the allocator: %s"
+                     % (", ".join("%.0f MiB at %.2f GB" % (mib, size / 1e9)
+                                  for size, mib, _ in self.rss_by_size(key="fetch_memory_peak_mib")),
+                        ", ".join("%s / %s / %s MiB at %.2f GB" % (
+                            fmt(self.size_figure(size, "resident_mib"), ".0f"),
+                            fmt(self.size_figure(size, "heap_in_use_mib"), ".0f"),
+                            fmt(self.size_figure(size, "heap_free_kept_mib"), ".0f"), size / 1e9)
+                            for size, _, _ in rss))))
         return rows
 
 

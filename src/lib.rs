@@ -28,6 +28,7 @@ pub mod metrics_http;
 pub mod mount;
 pub mod parts;
 pub mod prefetch;
+pub mod process_memory;
 pub mod progress;
 pub mod read;
 pub mod status;

@@ -199,6 +199,21 @@ pub fn render(status: &Status) -> String {
             "Seconds since the mount started.",
             status.uptime_seconds,
         ),
+        (
+            "scdlfs_resident_bytes",
+            "The daemon's resident set size.",
+            status.memory.resident_bytes as f64,
+        ),
+        (
+            "scdlfs_heap_in_use_bytes",
+            "Heap bytes in live allocations (glibc).",
+            status.memory.heap_in_use_bytes as f64,
+        ),
+        (
+            "scdlfs_heap_free_kept_bytes",
+            "Heap bytes freed but kept by the allocator (glibc).",
+            status.memory.heap_free_kept_bytes as f64,
+        ),
     ];
     for (name, help, value) in gauges {
         metric(name, "gauge", help, value);
@@ -253,6 +268,7 @@ mod tests {
             active_plans: Vec::new(),
             downloads_in_flight: 1,
             rates: Default::default(),
+            memory: Default::default(),
         }
     }
 

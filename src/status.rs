@@ -17,6 +17,7 @@ use crate::cache::CacheStats;
 use crate::fetch::Fetcher;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::prefetch::{PlanStatus, Prefetcher};
+use crate::process_memory::ProcessMemory;
 
 /// The extended attribute of the mount's root that holds the status.
 pub const STATUS_XATTR: &str = "user.scdlfs.status";
@@ -33,6 +34,9 @@ pub struct Status {
     /// Absent from the JSON of daemons older than this field.
     #[serde(default)]
     pub rates: Rates,
+    /// Absent from the JSON of daemons older than this field.
+    #[serde(default)]
+    pub memory: ProcessMemory,
 }
 
 /// Throughput and hit ratios derived from the counters, over the whole mount.
@@ -170,6 +174,7 @@ impl Observer {
             active_plans: self.prefetcher.plan_status(),
             downloads_in_flight: self.fetcher.in_flight_count(),
             rates,
+            memory: ProcessMemory::now(),
         }
     }
 

@@ -197,7 +197,8 @@ pub struct MountArgs {
     /// Bytes per ranged GET and per cached part.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "8MiB", help_heading = "Performance")]
     pub read_part_size: u64,
-    /// Downloads in flight at once, over all files.
+    /// Downloads in flight at once, over all files; prefetches take at most three
+    /// quarters of them, the rest waits for readers.
     #[arg(
         long,
         value_name = "N",

@@ -90,6 +90,14 @@ fn render(s: &Status) -> String {
             "; still reading their headers"
         },
     ));
+    let m = &s.memory;
+    out.push_str(&format!(
+        "memory            {} resident (peak {}): heap {} in use, {} freed and kept\n",
+        format_size(m.resident_bytes),
+        format_size(m.peak_resident_bytes),
+        format_size(m.heap_in_use_bytes),
+        format_size(m.heap_free_kept_bytes),
+    ));
     if c.listings_refreshed > 0 {
         out.push_str(&format!(
             "store changes     {} listings made again after --metadata-ttl: {} objects and {} datasets in a new version\n",

@@ -1,7 +1,10 @@
 //! Download slots with two priorities: demand reads (a reader is waiting) always go
-//! before prefetches, and prefetches never take the last free slot, so a demand read
-//! never queues behind read-ahead. A queued prefetch becomes a demand request when a
-//! reader starts waiting for the same part.
+//! before prefetches, and prefetches never take the last quarter of the slots (at least
+//! one), so demand reads never queue behind read-ahead. A reserve of one slot was not
+//! enough: a reader's first fault in a flat row-offset array reads around it across
+//! several chunks' offset objects, one part each, which then went over the wire one
+//! after another while a plan's prefetches held every other slot. A queued prefetch
+//! becomes a demand request when a reader starts waiting for the same part.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -96,17 +99,18 @@ pub struct Permit {
 }
 
 impl Permits {
-    /// `slots` downloads at once, of which at most `slots - 1` prefetches (with a single
-    /// slot, prefetches share it).
+    /// `slots` downloads at once, of which at most `slots - slots / 4` prefetches, and
+    /// at most `slots - 1` (with a single slot, prefetches share it).
     pub fn new(slots: usize) -> Arc<Permits> {
         let slots = slots.max(1);
+        let demand_reserve = (slots / 4).max(1);
         Arc::new(Permits {
             state: Mutex::new(State {
                 free: slots,
                 prefetch_running: 0,
                 waiters: VecDeque::new(),
             }),
-            max_prefetch: slots.saturating_sub(1).max(1),
+            max_prefetch: slots.saturating_sub(demand_reserve).max(1),
         })
     }
 
@@ -190,6 +194,37 @@ mod tests {
         )
         .await;
         assert!(demand.is_ok());
+    }
+
+    /// Sixteen slots: twelve prefetches run, and four demand reads beside them.
+    #[tokio::test]
+    async fn a_quarter_of_the_slots_is_kept_for_demand() {
+        let permits = Permits::new(16);
+        let mut held = Vec::new();
+        let mut queued = Vec::new();
+        for _ in 0..16 {
+            let mut request = permits.request(Urgency::prefetch());
+            match request.now() {
+                Some(permit) => held.push(permit),
+                None => queued.push(request),
+            }
+        }
+        assert_eq!((held.len(), queued.len()), (12, 4));
+        for _ in 0..4 {
+            let mut demand = permits.request(Urgency::demand());
+            held.push(
+                demand
+                    .now()
+                    .expect("a demand read runs beside the prefetches"),
+            );
+        }
+        let mut fifth = permits.request(Urgency::demand());
+        assert!(fifth.now().is_none(), "every slot is taken");
+        drop(held.pop());
+        assert!(
+            fifth.now().is_some(),
+            "demand goes before the queued prefetches"
+        );
     }
 
     #[tokio::test]
