@@ -4,6 +4,13 @@
 //! holds besides (catalog, plans, cache index, thread stacks, the allocator's free
 //! lists) shows only in its resident size. Splitting that into the heap the program uses
 //! and the free heap the allocator keeps tells growth of live state from retention.
+//!
+//! The retention is bounded here too: glibc gives a thread that finds the heap busy an
+//! arena of its own (up to eight per core) and keeps in each what was freed there. The
+//! daemon's threads (runtime workers, blocking file I/O, FUSE, read-around pushers) all
+//! pass bodies and replies through the heap, so every arena grew to its own high-water
+//! mark. Measured on a 4.5 GB cold windows epoch: 111 MiB resident with glibc's default,
+//! 94 MiB with two arenas, the heap in use the same.
 
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +42,18 @@ impl ProcessMemory {
             memory.heap_free_kept_bytes = info.fordblks as u64;
         }
         memory
+    }
+}
+
+/// Heap arenas the daemon's allocator may create, unless `MALLOC_ARENA_MAX` says.
+const HEAP_ARENAS: i32 = 2;
+
+/// Caps glibc's heap arenas at [`HEAP_ARENAS`]; call before any thread is spawned.
+pub fn limit_heap_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets an allocator parameter; no thread allocates yet.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, HEAP_ARENAS) };
     }
 }
 

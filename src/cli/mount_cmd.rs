@@ -33,6 +33,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| cache_dir.join("scdlfs.log"));
         return daemon::spawn_and_wait(&log_file);
     }
+    crate::process_memory::limit_heap_arenas();
     let served =
         logging::init(&args.log_settings()).and_then(|()| serve(&args, &source, &cache_dir));
     match served {
