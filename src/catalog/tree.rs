@@ -190,9 +190,13 @@ impl KnownDataset {
     /// The dataset, and its header's bytes if `header` is the version they are of (a
     /// listing newer than the last check may show another).
     fn found(&self, header: &ObjectInfo) -> (Option<Dataset>, Option<Bytes>) {
-        let same_header = self.sources.first() == Some(&header.id);
-        let bytes = self.header_bytes.clone().filter(|_| same_header);
+        let bytes = self.header_bytes.clone().filter(|_| self.read(header));
         (self.dataset.clone(), bytes)
+    }
+
+    /// Whether discovery read this version of the header.
+    fn read(&self, header: &ObjectInfo) -> bool {
+        self.sources.first() == Some(&header.id)
     }
 }
 
@@ -463,9 +467,9 @@ impl Tree {
 
     /// The dataset at `prefix`, whose directory lists `header` and `objects` (by name)
     /// and chunk directories if `has_chunk_dirs`, and the header's bytes if discovery
-    /// could read them: discovered on first use and
-    /// kept; with `--metadata-ttl`, compared with the store once the TTL has passed, and
-    /// discovered anew if an object it read changed.
+    /// could read them: discovered on first use and kept; with `--metadata-ttl`,
+    /// compared with the store once the TTL has passed, and discovered anew if an
+    /// object it read changed.
     async fn dataset_at(
         &self,
         prefix: &ObjectPath,
@@ -485,7 +489,7 @@ impl Tree {
             if self.is_current(known.checked) {
                 return known.found(header);
             }
-            let same_header = known.sources.first() == Some(&header.id);
+            let same_header = known.read(header);
             if same_header && known.chunked {
                 match self.list_chunk_objects(prefix).await {
                     Ok(listed) => chunk_objects = Some(listed),
@@ -705,7 +709,6 @@ fn hint_file(dataset: Dataset) -> Pending {
     })
 }
 
-/// The entries of a flat dataset's directory, from its raw entries.
 /// The flat view of a chunked dataset whose directory lists `raw` entries (`listed`,
 /// also the first listing of the raw view, `.chunked/`, which shows the same prefix).
 fn flat_entries(

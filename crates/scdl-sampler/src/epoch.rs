@@ -156,9 +156,9 @@ impl EpochCursor {
     }
 
     /// Writes `lines`, then the steps not yet announced up to `lookahead` steps from
-    /// the current one, all in one go (handed to the hint writer's thread). Steps are topped up only once fewer than half
-    /// the lookahead remain announced ahead: one write per several small steps keeps
-    /// a fast reader from paying a FUSE write per step.
+    /// the current one, all in one go (handed to the hint writer's thread). Steps are
+    /// topped up only once fewer than half the lookahead remain announced ahead: one
+    /// write per several small steps keeps the daemon from taking a FUSE write per step.
     fn announce(&mut self, hints: &mut HintWriter, mut lines: Vec<HintLine>) {
         // The step being read; before any is entered, the first one to be.
         let current = self.next_step.saturating_sub(1);

@@ -195,7 +195,7 @@ impl HintWriter {
     }
 
     fn record(&self, error: HintWriteError) {
-        lock(&self.unreported).get_or_insert(error);
+        record(&self.unreported, error);
     }
 
     /// Hands `lines` to the writer's thread, whole lines per `write()`, in order. A
@@ -248,10 +248,8 @@ fn write_jobs(
         match job {
             Job::Write(piece) => {
                 if let Err(source) = file.write_all(&piece) {
-                    lock(unreported).get_or_insert(HintWriteError::Write {
-                        path: path.to_owned(),
-                        source,
-                    });
+                    let path = path.to_owned();
+                    record(unreported, HintWriteError::Write { path, source });
                 }
             }
             Job::Flush(done) => {
@@ -259,6 +257,11 @@ fn write_jobs(
             }
         }
     }
+}
+
+/// Keeps `error` unless an earlier one is still unreported.
+fn record(slot: &Mutex<Option<HintWriteError>>, error: HintWriteError) {
+    lock(slot).get_or_insert(error);
 }
 
 /// The error slot, also after a panic elsewhere while it was held (it holds no
