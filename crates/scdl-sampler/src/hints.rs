@@ -32,14 +32,16 @@ use std::thread::JoinHandle;
 use scdl_format::hint::{HintLine, HINT_FILE, VERSION};
 
 /// The most bytes one `write()` carries. The daemon accepts or refuses each FUSE
-/// write request as a whole, and the kernel splits a write larger than the mount's
-/// `max_write` (as small as one page) into several requests: keeping writes within a
-/// page keeps one bad line from taking good lines of other requests down with it (a
-/// single longer line is still sent alone).
-const MAX_WRITE_BYTES: usize = 4096;
+/// write request as a whole, and the kernel splits a write into requests of at most
+/// the mount's `max_write`, which for an scdlfs mount is the largest request the kernel
+/// makes (128 KiB on kernels without `FUSE_MAX_PAGES`, up to 1 MiB with it). Within
+/// that, pieces are large because each write is a round trip through the kernel to the
+/// daemon, taken beside the reader: a piece carries whole lines, so a refused one loses
+/// no line of another piece (a single longer line is still sent alone).
+const MAX_WRITE_BYTES: usize = 64 << 10;
 
-/// Writes queued for the writer's thread before the caller waits: with pieces of at
-/// most [`MAX_WRITE_BYTES`], about 256 KiB of hints, several top-ups of any order.
+/// Writes queued for the writer's thread before the caller waits: a top-up of any
+/// order is a piece or a few, so this holds several top-ups, at most 4 MiB of hints.
 const QUEUED_WRITES: usize = 64;
 
 /// Why hints could not be given.

@@ -10,8 +10,11 @@ use crate::order::{EpochPlan, Order};
 use crate::shard::{worker_share, Shard, ShardError, Workers};
 
 /// Steps announced ahead of the reader unless the caller says otherwise: enough for
-/// the daemon to keep its downloads busy, few enough that a plan stays small.
-pub const DEFAULT_HINT_LOOKAHEAD: NonZeroUsize = NonZeroUsize::new(8).unwrap();
+/// the daemon to keep its downloads busy (at least half of them are always announced,
+/// above the daemon's default prefetch of four steps), few enough that a plan stays
+/// small. Top-ups come every half of it, so it also sets how often the reader's process
+/// writes to the daemon: with 16, one write per eight minibatches of a random order.
+pub const DEFAULT_HINT_LOOKAHEAD: NonZeroUsize = NonZeroUsize::new(16).unwrap();
 
 #[derive(Debug)]
 pub struct Sampler {

@@ -275,5 +275,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeSampler>()?;
     m.add_class::<NativeEpoch>()?;
     m.add("NotADatasetError", m.py().get_type::<NotADatasetError>())?;
+    m.add(
+        "DEFAULT_HINT_LOOKAHEAD",
+        scdl_sampler::DEFAULT_HINT_LOOKAHEAD.get(),
+    )?;
     Ok(())
 }

@@ -35,7 +35,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from scdlfs._native import NativeSampler, NotADatasetError
+from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, NativeSampler, NotADatasetError
 
 try:  # The samplers are torch Samplers when torch is installed, as it is for training.
     from torch.utils.data import Sampler as _TorchSampler
@@ -51,10 +51,6 @@ __all__ = [
 ]
 
 Even = Literal["pad", "drop", "uneven"]
-
-#: Steps (windows or fetches) announced ahead of the reader by default.
-DEFAULT_HINT_LOOKAHEAD = 8
-
 
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)

@@ -2,6 +2,10 @@
 
 import os
 
+#: Steps (windows or fetches) announced ahead of the reader by default; the sampler
+#: crate's DEFAULT_HINT_LOOKAHEAD.
+DEFAULT_HINT_LOOKAHEAD: int
+
 class NotADatasetError(ValueError):
     """The directory is not an SCDL dataset (no readable header.sch, or an inconsistent one)."""
 
