@@ -10,7 +10,6 @@ use super::{daemon, logging, notify, MountArgs, View};
 use crate::catalog::DirMode;
 use crate::metrics_http;
 use crate::mount::{check_mountpoint, Mount, MountSettings};
-use crate::process_memory;
 use crate::store::Source;
 use crate::units::format_size;
 
@@ -34,7 +33,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| cache_dir.join("scdlfs.log"));
         return daemon::spawn_and_wait(&log_file);
     }
-    process_memory::limit_heap_arenas();
+    crate::process_memory::limit_heap_arenas();
     let served =
         logging::init(&args.log_settings()).and_then(|()| serve(&args, &source, &cache_dir));
     match served {
@@ -157,15 +156,11 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
     ));
     let signalled = mount.runtime().block_on(async {
         let mut interval = tokio::time::interval(Duration::from_millis(200));
-        let mut heap_return = tokio::time::interval(process_memory::HEAP_RETURN_INTERVAL);
         loop {
             tokio::select! {
                 _ = interrupt.recv() => return Some("SIGINT"),
                 _ = terminate.recv() => return Some("SIGTERM"),
                 _ = interval.tick() => if mount.has_ended() { return None },
-                // This thread is no runtime worker: waiting here for the arenas' locks
-                // holds up no read.
-                _ = heap_return.tick() => process_memory::return_freed_heap(),
             }
         }
     });
