@@ -257,16 +257,11 @@ fn status_json_shows_bytes_read_and_fetched_moving() {
     let counter =
         |status: &serde_json::Value, name: &str| status["counters"][name].as_u64().unwrap();
     // A read is answered as its bytes arrive; the download is counted once it ends.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let after = loop {
-        let after = status_json(&folders.mountpoint());
-        if counter(&after, "bytes_fetched") >= counter(&before, "bytes_fetched") + 300_000
-            || std::time::Instant::now() > deadline
-        {
-            break after;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let mut after = status_json(&folders.mountpoint());
+    wait_for("the download counted", || {
+        after = status_json(&folders.mountpoint());
+        counter(&after, "bytes_fetched") >= counter(&before, "bytes_fetched") + 300_000
+    });
     // A read the disk cache answers may store the bytes around it into the page cache
     // (`--cache-read-around`), and the reads those bytes spare never reach the daemon.
     let delivered = |status: &serde_json::Value| {
@@ -313,15 +308,11 @@ fn prometheus_counters_are_served_and_move_with_reads() {
     std::fs::read(folders.mountpoint().join("sub/data.bin")).unwrap();
 
     // A read is answered as its bytes arrive; the download is counted once it ends.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let second = loop {
-        let (_, second) = http_get(port, "/metrics");
-        let fetched = sample(&second, "scdlfs_bytes_fetched_total");
-        if fetched >= fetched_before + 300_000.0 || std::time::Instant::now() > deadline {
-            break second;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let mut second = String::new();
+    wait_for("the download counted", || {
+        second = http_get(port, "/metrics").1;
+        sample(&second, "scdlfs_bytes_fetched_total") >= fetched_before + 300_000.0
+    });
     assert!(delivered(&second) >= delivered_before + 300_000.0);
     assert!(sample(&second, "scdlfs_bytes_fetched_total") >= fetched_before + 300_000.0);
     assert_eq!(http_get(port, "/").0, "HTTP/1.1 404 Not Found");
