@@ -11,7 +11,9 @@
 //! flushed at the end with [`Arriving::end`]); readers wait on the count of bytes
 //! received ([`Arriving::wait_for`]) and take their range ([`Arriving::bytes`]): from
 //! the file what is written, from memory the rest. Whether the request is on the wire yet (it holds a
-//! download slot) tells a reader whether waiting can pay at all.
+//! download slot) tells a reader whether waiting can pay at all, and the first reader
+//! that asks for its own bytes beside the download claims it
+//! ([`Arriving::claim_direct_read`]).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +33,8 @@ pub struct Arriving {
     received: watch::Sender<u64>,
     body: Mutex<Body>,
     sent: AtomicBool,
+    /// A reader has asked for its own bytes beside this download.
+    direct_read_claimed: AtomicBool,
 }
 
 enum Body {
@@ -55,6 +59,7 @@ impl Default for Arriving {
             received: watch::Sender::new(0),
             body: Mutex::new(Body::Unplaced),
             sent: AtomicBool::new(false),
+            direct_read_claimed: AtomicBool::new(false),
         }
     }
 }
@@ -67,6 +72,12 @@ impl Arriving {
 
     pub fn is_sent(&self) -> bool {
         self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Whether the caller is the first to ask for its own bytes beside this download
+    /// (and the only one that may).
+    pub fn claim_direct_read(&self) -> bool {
+        !self.direct_read_claimed.swap(true, Ordering::Relaxed)
     }
 
     pub fn received(&self) -> u64 {

@@ -624,6 +624,42 @@ async fn a_reader_whose_part_waits_for_a_slot_asks_for_its_own_bytes() {
     assert_eq!(bench.fetcher.metrics.snapshot().direct_reads, 1);
 }
 
+/// A reader going through a part in small pieces while its download waits for a
+/// slot asks beside it once: the pieces after wait for the part, so the reader does
+/// not fetch the part a second time, piece by piece, beside its download.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_waiting_for_a_slot_has_one_direct_read_beside_it() {
+    let (bench, trickle) = bench(4, |s| Arc::new(HookedStore::new(s, Trickle::new(100)))).await;
+    let bench = Arc::new(bench);
+    let blocked = fill_the_slots(&bench, &trickle).await;
+    let first = tokio::time::timeout(Duration::from_secs(5), read_within(&bench, 4, 0..100)).await;
+    assert_eq!(first.unwrap().unwrap(), expected_within(4, 0..100));
+    let later: Vec<_> = [100..200, 200..300]
+        .into_iter()
+        .map(|within| (within.clone(), spawn_read_within(&bench, 4, within)))
+        .collect();
+    trickle.hook().pieces.add_permits(1000);
+    for (within, reader) in later {
+        assert_eq!(reader.await.unwrap().unwrap(), expected_within(4, within));
+    }
+    assert_eq!(blocked.await.unwrap().unwrap(), expected(3));
+    settle(&bench.fetcher).await;
+    let part_4: Vec<_> = trickle
+        .hook()
+        .asked
+        .lock()
+        .iter()
+        .filter(|r| (4000..4500).contains(&r.start))
+        .cloned()
+        .collect();
+    assert_eq!(
+        part_4,
+        vec![4000..4100, 4000..4500],
+        "one direct read, then the part"
+    );
+    assert_eq!(bench.fetcher.metrics.snapshot().direct_reads, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_whose_part_is_on_the_wire_waits_for_its_body_alone() {
     let (bench, trickle) = bench(4, |s| Arc::new(HookedStore::new(s, Trickle::new(100)))).await;

@@ -17,7 +17,8 @@
 //! queued for a slot, or its body more than [`DIRECT_READ_LEAD`] short of them) it asks
 //! the store for just its bytes too and takes whichever comes first. So the first read
 //! of an epoch reaches the wire at once even while prefetches fill the link, at the
-//! cost of one small extra request.
+//! cost of one small extra request: one per download at most, so that a reader going
+//! through a queued part in small pieces does not fetch it again piece by piece.
 //!
 //! A body goes into its part's cache file as it arrives ([`crate::cache::spool`]), so a
 //! download holds about a block of it in memory; only a part the cache cannot take
@@ -452,13 +453,17 @@ impl Fetcher {
     }
 
     /// Whether a reader of `within` should ask for its own bytes beside the download:
-    /// they are few, less than half their part (more would repeat the download), and
-    /// the download waits for a slot or its body is far short of them.
+    /// they are few, less than half their part (more would repeat the download), the
+    /// download waits for a slot or its body is far short of them, and no reader asked
+    /// beside this download before. One direct read per download gets the first
+    /// reader its bytes at once; more would let a reader that reads a part in small
+    /// pieces faster than slots free up fetch all of it again beside its download.
     fn worth_a_direct_read(&self, arriving: &Arriving, within: &Range<u64>, part_len: u64) -> bool {
         let len = within.end - within.start;
         len <= DIRECT_READ_MAX
             && 2 * len < part_len
             && (!arriving.is_sent() || within.end > arriving.received() + DIRECT_READ_LEAD)
+            && arriving.claim_direct_read()
     }
 
     /// Bytes `range` of the object in one request of their own, if a direct-read slot
@@ -547,7 +552,7 @@ impl Fetcher {
         let mut in_flight = self.in_flight.lock();
         if let Some(existing) = in_flight.get(&key) {
             if urgency.is_demand() {
-                existing.urgency.raise();
+                self.permits.raise(&existing.urgency);
             }
             return Some((existing.download.clone(), existing.arriving.clone()));
         }

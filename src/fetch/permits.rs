@@ -4,7 +4,8 @@
 //! enough: a reader's first fault in a flat row-offset array reads around it across
 //! several chunks' offset objects, one part each, which then went over the wire one
 //! after another while a plan's prefetches held every other slot. A queued prefetch
-//! becomes a demand request when a reader starts waiting for the same part.
+//! becomes a demand request when a reader starts waiting for the same part
+//! ([`Permits::raise`]), and takes a slot kept for demand at once if one is free.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,10 +25,6 @@ impl Urgency {
 
     pub fn prefetch() -> Arc<Urgency> {
         Arc::new(Urgency(AtomicBool::new(false)))
-    }
-
-    pub fn raise(&self) {
-        self.0.store(true, Ordering::Relaxed);
     }
 
     pub fn is_demand(&self) -> bool {
@@ -130,6 +127,16 @@ impl Permits {
         }
     }
 
+    /// Makes a request demand: from now on it goes before every queued prefetch, and
+    /// if it queued only because prefetches were at their cap, it takes a free slot
+    /// now rather than when the next download ends (a reader waiting on a part
+    /// queued behind a plan's prefetches would otherwise wait for one of them).
+    pub fn raise(&self, urgency: &Urgency) {
+        let mut state = self.state.lock();
+        urgency.0.store(true, Ordering::Relaxed);
+        self.dispatch(&mut state);
+    }
+
     /// Hands free slots to waiters: demand first, in arrival order; then prefetches
     /// while they are under their cap.
     fn dispatch(&self, state: &mut State) {
@@ -227,6 +234,33 @@ mod tests {
         );
     }
 
+    /// Four slots: three prefetches run, a fourth queues at their cap; a reader starts
+    /// waiting for its part, and it takes the slot kept for demand at once.
+    #[tokio::test]
+    async fn a_raised_prefetch_takes_a_free_demand_slot_at_once() {
+        let permits = Permits::new(4);
+        let running: Vec<_> = (0..3)
+            .map(|_| {
+                permits
+                    .request(Urgency::prefetch())
+                    .now()
+                    .expect("under the cap")
+            })
+            .collect();
+        let urgency = Urgency::prefetch();
+        let mut queued = permits.request(urgency.clone());
+        assert!(queued.now().is_none(), "prefetches are at their cap");
+        permits.raise(&urgency);
+        let raised = queued.now();
+        assert!(
+            raised.is_some(),
+            "raised while a slot is free, granted without waiting for a prefetch to end"
+        );
+        assert_eq!(permits.free(), 0);
+        drop((running, raised));
+        assert_eq!(permits.free(), 4);
+    }
+
     #[tokio::test]
     async fn demand_overtakes_queued_prefetches_and_raising_counts() {
         let permits = Permits::new(1);
@@ -247,7 +281,7 @@ mod tests {
             }));
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        raised.raise();
+        permits.raise(&raised);
         drop(held);
         for t in tasks {
             t.await.unwrap();
