@@ -713,6 +713,81 @@ async fn chunks_read_this_epoch_are_evicted_before_those_not_read_yet() {
     );
 }
 
+/// A reader goes through a dataset twice as large as the cache in windows of four
+/// chunks, prefetched three windows ahead: in order, then in a new order whose every
+/// window mixes chunks the cache holds with chunks it does not, the whole epoch
+/// announced at its start. A prefetch that evicts what the new order reads later (the
+/// chunks needed furthest ahead) makes the epoch fetch those again, and with the
+/// lookahead as large as the cache, the whole dataset or more; one that waits for the
+/// room the steps being read free keeps what the cache held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefetch_in_a_new_order_keeps_what_the_epoch_reads_later() {
+    let (chunks, cached_chunks) = (32u32, 16usize);
+    let spec = SyntheticDataset {
+        rows: chunks as u64 * 100,
+        genes: 3_000,
+        chunk_rows: 100,
+        mean_values: 60,
+        seed: 13,
+    };
+    let files = chunked_files(&spec, "ds");
+    let chunk_bytes = |c: u32| -> u64 {
+        let dir = format!("ds/chunk_{c:05}/");
+        let of_chunk = files.iter().filter(|(name, _)| name.starts_with(&dir));
+        of_chunk.map(|(_, bytes)| bytes.len() as u64).sum()
+    };
+    let core = core_of(&files, |s| {
+        s.max_cached_chunks = Some(cached_chunks);
+        s.prefetch_lookahead_steps = 3;
+    })
+    .await;
+    let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
+    let hints = core.core.open(hints.ino.0).unwrap().handle;
+    // Epoch 0: 0-3, 4-7, ...; epoch 1: {0, 8, 16, 24}, {1, 9, 17, 25}, ...
+    let in_order: Vec<Vec<u32>> = (0..8).map(|w| (4 * w..4 * w + 4).collect()).collect();
+    let interleaved: Vec<Vec<u32>> = (0..8)
+        .map(|w| (0..4).map(|i| w + 8 * i).collect())
+        .collect();
+    let mut fetched = Vec::new();
+    for (epoch, windows) in [in_order, interleaved].iter().enumerate() {
+        let greeting = if epoch == 0 { "scdlfs-hints 1\n" } else { "" };
+        let steps: String = windows
+            .iter()
+            .map(|w| {
+                format!(
+                    "window {}\n",
+                    w.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")
+                )
+            })
+            .collect();
+        core.core
+            .write(hints, format!("{greeting}plan {epoch}\n{steps}").as_bytes())
+            .unwrap();
+        let before = core.observer.status().counters.bytes_fetched;
+        for window in windows {
+            for &chunk in window {
+                for kind in ArrayKind::ALL {
+                    let path = format!("ds/{CHUNKED_DIR}/chunk_{chunk:05}/{}", kind.file_name());
+                    core.read_all(&path, 16 << 10).await;
+                }
+            }
+        }
+        fetched.push(core.observer.status().counters.bytes_fetched - before);
+    }
+    // No cache of this many chunks holds more than the largest of them.
+    let mut sizes: Vec<u64> = (0..chunks).map(chunk_bytes).collect();
+    sizes.sort_unstable();
+    let dataset: u64 = sizes.iter().sum();
+    let floor = dataset - sizes.iter().rev().take(cached_chunks).sum::<u64>();
+    eprintln!("fetched {fetched:?} of {dataset}; floor {floor}");
+    assert!(
+        fetched[1] < dataset,
+        "the second epoch fetched {:.2}x the dataset: what the cache held was evicted before \
+         it was read",
+        fetched[1] as f64 / dataset as f64
+    );
+}
+
 /// The reader of a monolithic dataset is followed by the row offsets it reads itself,
 /// not only through the steps the prefetch has located: with no lookahead the prefetch
 /// locates the current step alone, and a reader that moves on (as one that outruns

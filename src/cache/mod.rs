@@ -49,7 +49,7 @@ use crate::parts::{span, spans_touched, GroupId, PartKey};
 use adopt::{ListedObject, PartFileName, SourceRecord, Verdict};
 use open_files::{OpenFiles, PartFile};
 use part_file::PartHeader;
-pub use policy::{EvictionAdvisor, NextUse, Policy, Recency, Unit};
+pub use policy::{Admission, EvictionAdvisor, NextUse, Policy, Recency, Unit};
 
 /// How long caching stays off after a failed write before one insert tries again.
 pub const DISK_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -615,6 +615,28 @@ impl DiskCache {
         self.inner.lock().policy.contains(key)
     }
 
+    /// Whether [`DiskCache::spool`] would find room for the part now, evicting only
+    /// what `admission` may. No I/O: a prefetcher asks before it takes a download slot.
+    pub fn has_room_for(
+        &self,
+        key: PartKey,
+        group: Option<GroupId>,
+        origin: PartOrigin,
+        data_len: u64,
+        admission: Admission,
+    ) -> bool {
+        let disk_bytes = PartHeader::encoded_len_before_data(origin.key, origin.etag, data_len)
+            as u64
+            + data_len;
+        let advisor = self.advisor.read().clone();
+        self.inner.lock().policy.has_room(
+            disk_bytes,
+            Unit::of(key, group),
+            advisor.as_deref(),
+            admission,
+        )
+    }
+
     /// The part, pinned while the returned handle lives, if it is resident; `recency`
     /// says whether this counts as a use.
     pub fn get(self: &Arc<Self>, key: PartKey, recency: Recency) -> Option<PinnedPart> {
@@ -644,7 +666,8 @@ impl DiskCache {
         if self.contains(key) {
             return true;
         }
-        let Some(spool) = self.spool(key, group, origin, data.len() as u64) else {
+        let Some(spool) = self.spool(key, group, origin, data.len() as u64, Admission::Demand)
+        else {
             return false;
         };
         if spool.write_next(data).is_err() {

@@ -38,6 +38,18 @@ pub trait EvictionAdvisor: Send + Sync {
     fn next_use(&self, unit: Unit) -> Option<NextUse>;
 }
 
+/// What a reservation makes room for, which decides what it may evict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// A reader waits for the part: any unit that is not pinned or being read may go.
+    Demand,
+    /// Read-ahead: only units no plan needs again this epoch ([`NextUse::Done`], or no
+    /// rank at all). Evicting a unit a plan still needs, for one it needs sooner, only
+    /// moves a download: the evicted unit is fetched again within the epoch, while
+    /// waiting lets the steps being read free room that costs nothing.
+    Prefetch,
+}
+
 /// Whether pinning a part counts as a use of it for the least-recently-used order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Recency {
@@ -80,6 +92,14 @@ pub struct Reservation {
     bytes: u64,
     /// The group the part joins.
     group: Option<GroupId>,
+}
+
+/// What one reservation may evict: not the unit it is for, and what its admission
+/// allows.
+struct Room<'a> {
+    keep: Unit,
+    advisor: Option<&'a dyn EvictionAdvisor>,
+    admission: Admission,
 }
 
 #[derive(Debug)]
@@ -173,22 +193,27 @@ impl Policy {
         }
     }
 
-    /// Reserves `bytes` for a download into `unit`, evicting other units as needed to
-    /// stay within both budgets (a part of a group not yet resident needs a group slot
-    /// too). Returns the reservation, if there is room, and the parts evicted, whose
-    /// files the caller must delete (before writing the new one). When pinned or
-    /// protected data leaves no room nothing is evicted, unless the advice changed
-    /// while victims were being chosen.
-    pub fn reserve(
-        &mut self,
+    /// Whether [`Policy::reserve`] would find room for `bytes` of `unit` now.
+    pub fn has_room(
+        &self,
         bytes: u64,
         unit: Unit,
         advisor: Option<&dyn EvictionAdvisor>,
-    ) -> (Option<Reservation>, Vec<PartKey>) {
-        let group = match unit {
-            Unit::Group(group) => Some(group),
-            Unit::Part(_) => None,
+        admission: Admission,
+    ) -> bool {
+        let (bytes_to_free, groups_to_evict) = self.shortfall(bytes, unit);
+        let room = Room {
+            keep: unit,
+            advisor,
+            admission,
         };
+        (bytes_to_free == 0 || self.evictable_bytes(&room) >= bytes_to_free)
+            && groups_to_evict <= self.evictable_groups(&room)
+    }
+
+    /// The bytes to free and the groups to evict before `bytes` of `unit` fit in both
+    /// budgets (a part of a group not yet resident needs a group slot too).
+    fn shortfall(&self, bytes: u64, unit: Unit) -> (u64, usize) {
         let needs_slot = matches!(unit, Unit::Group(g)
             if !self.units.contains(&unit) && !self.incoming_groups.contains_key(&g));
         let groups_to_evict = match self.max_groups {
@@ -197,22 +222,45 @@ impl Policy {
         };
         let bytes_to_free =
             (self.used_bytes + self.reserved_bytes + bytes).saturating_sub(self.budget_bytes);
-        if bytes_to_free > 0 && self.evictable_bytes(unit, advisor) < bytes_to_free
-            || groups_to_evict > self.evictable_groups(unit, advisor)
-        {
+        (bytes_to_free, groups_to_evict)
+    }
+
+    /// Reserves `bytes` for a download into `unit`, evicting other units as needed to
+    /// stay within both budgets, only those `admission` may. Returns the reservation,
+    /// if there is room, and the parts evicted, whose files the caller must delete
+    /// (before writing the new one). When pinned or protected data leaves no room
+    /// nothing is evicted, unless the advice changed while victims were being chosen.
+    pub fn reserve(
+        &mut self,
+        bytes: u64,
+        unit: Unit,
+        advisor: Option<&dyn EvictionAdvisor>,
+        admission: Admission,
+    ) -> (Option<Reservation>, Vec<PartKey>) {
+        let group = match unit {
+            Unit::Group(group) => Some(group),
+            Unit::Part(_) => None,
+        };
+        if !self.has_room(bytes, unit, advisor, admission) {
             return (None, Vec::new());
         }
+        let (_, groups_to_evict) = self.shortfall(bytes, unit);
+        let room = Room {
+            keep: unit,
+            advisor,
+            admission,
+        };
         // The advice may change between the count above and the choices below (plans
         // move as reads are served): then stop, keeping what was already evicted.
         let mut victims = Vec::new();
         for _ in 0..groups_to_evict {
-            match self.choose_victim(unit, advisor, true) {
+            match self.choose_victim(&room, true) {
                 Some(victim) => victims.extend(self.evict(victim)),
                 None => return (None, victims),
             }
         }
         while self.used_bytes + self.reserved_bytes + bytes > self.budget_bytes {
-            match self.choose_victim(unit, advisor, false) {
+            match self.choose_victim(&room, false) {
                 Some(victim) => victims.extend(self.evict(victim)),
                 None => return (None, victims),
             }
@@ -234,33 +282,32 @@ impl Policy {
         self.groups_resident + incoming_only
     }
 
-    fn evictable_groups(&self, keep: Unit, advisor: Option<&dyn EvictionAdvisor>) -> usize {
+    fn evictable_groups(&self, room: &Room) -> usize {
         self.units
             .iter()
             .filter(|(unit, state)| {
-                matches!(unit, Unit::Group(_)) && self.evictable(**unit, state, keep, advisor)
+                matches!(unit, Unit::Group(_)) && self.evictable(**unit, state, room)
             })
             .count()
     }
 
-    fn evictable_bytes(&self, keep: Unit, advisor: Option<&dyn EvictionAdvisor>) -> u64 {
+    fn evictable_bytes(&self, room: &Room) -> u64 {
         self.units
             .iter()
-            .filter(|(unit, state)| self.evictable(**unit, state, keep, advisor))
+            .filter(|(unit, state)| self.evictable(**unit, state, room))
             .map(|(_, state)| state.bytes)
             .sum()
     }
 
-    fn evictable(
-        &self,
-        unit: Unit,
-        state: &UnitState,
-        keep: Unit,
-        advisor: Option<&dyn EvictionAdvisor>,
-    ) -> bool {
-        let protected = matches!(unit, Unit::Group(group) if self.incoming_groups.contains_key(&group))
-            || advisor.is_some_and(|a| a.next_use(unit) == Some(NextUse::Current));
-        unit != keep && state.pins == 0 && !protected
+    fn evictable(&self, unit: Unit, state: &UnitState, room: &Room) -> bool {
+        let incoming =
+            matches!(unit, Unit::Group(group) if self.incoming_groups.contains_key(&group));
+        let needed = match room.advisor.and_then(|a| a.next_use(unit)) {
+            Some(NextUse::Current) => true,
+            Some(NextUse::Ahead(_)) => room.admission == Admission::Prefetch,
+            Some(NextUse::Done) | None => false,
+        };
+        unit != room.keep && state.pins == 0 && !incoming && !needed
     }
 
     pub fn cancel(&mut self, reservation: Reservation) {
@@ -387,21 +434,16 @@ impl Policy {
         state.parts
     }
 
-    fn choose_victim(
-        &self,
-        keep: Unit,
-        advisor: Option<&dyn EvictionAdvisor>,
-        groups_only: bool,
-    ) -> Option<Unit> {
+    fn choose_victim(&self, room: &Room, groups_only: bool) -> Option<Unit> {
         // Least recently used first; `iter` runs from most to least recent.
         let candidates = self
             .units
             .iter()
             .rev()
-            .filter(|(unit, state)| self.evictable(**unit, state, keep, advisor))
+            .filter(|(unit, state)| self.evictable(**unit, state, room))
             .filter(|(unit, _)| !groups_only || matches!(unit, Unit::Group(_)))
             .map(|(unit, _)| *unit);
-        let Some(advisor) = advisor else {
+        let Some(advisor) = room.advisor else {
             return candidates.into_iter().next();
         };
         // What the plans are done with this epoch, in LRU order; then groups no plan
@@ -434,7 +476,8 @@ mod tests {
     }
 
     fn fill(policy: &mut Policy, key: PartKey, group: Option<GroupId>, bytes: u64) -> Vec<PartKey> {
-        let (reservation, victims) = policy.reserve(bytes, Unit::of(key, group), None);
+        let (reservation, victims) =
+            policy.reserve(bytes, Unit::of(key, group), None, Admission::Demand);
         assert!(policy.commit(reservation.expect("room"), key, group));
         victims
     }
@@ -505,14 +548,17 @@ mod tests {
         fill(&mut p, part(2, 0), None, 100);
         assert!(p.pin(part(1, 0), Recency::Use));
         assert!(p.pin(part(2, 0), Recency::Use));
-        assert_eq!(p.reserve(100, Unit::Part(part(3, 0)), None), (None, vec![]));
+        assert_eq!(
+            p.reserve(100, Unit::Part(part(3, 0)), None, Admission::Demand),
+            (None, vec![])
+        );
         assert_eq!(
             p.resident_parts(),
             2,
             "a refused reservation evicts nothing"
         );
         p.unpin(part(2, 0));
-        let (r, victims) = p.reserve(100, Unit::Part(part(3, 0)), None);
+        let (r, victims) = p.reserve(100, Unit::Part(part(3, 0)), None, Admission::Demand);
         assert_eq!(victims, vec![part(2, 0)]);
         p.cancel(r.unwrap());
     }
@@ -550,14 +596,14 @@ mod tests {
         ]));
         // New data of the current step (group 1) displaces the plan's later chunks.
         let current = Unit::Group(GroupId(1));
-        let (r, victims) = p.reserve(100, current, Some(&plan));
+        let (r, victims) = p.reserve(100, current, Some(&plan), Admission::Demand);
         assert_eq!(victims, vec![part(3, 0)], "furthest ahead goes first");
         assert!(p.commit(r.unwrap(), part(1, 1), Some(GroupId(1))));
-        let (r, victims) = p.reserve(100, current, Some(&plan));
+        let (r, victims) = p.reserve(100, current, Some(&plan), Admission::Demand);
         assert_eq!(victims, vec![part(2, 0)]);
         assert!(p.commit(r.unwrap(), part(1, 2), Some(GroupId(1))));
         assert_eq!(
-            p.reserve(100, Unit::Part(part(9, 0)), Some(&plan)),
+            p.reserve(100, Unit::Part(part(9, 0)), Some(&plan), Admission::Demand),
             (None, vec![]),
             "the current step's data stays"
         );
@@ -572,9 +618,43 @@ mod tests {
         // Least recent first: 1, 2, 3. Group 3 was read this epoch; 1 and 2 were not.
         let plan = Plan(HashMap::from([(Unit::Group(GroupId(3)), NextUse::Done)]));
         let key = part(4, 0);
-        let (r, evicted) = p.reserve(100, Unit::Group(GroupId(4)), Some(&plan));
+        let (r, evicted) = p.reserve(100, Unit::Group(GroupId(4)), Some(&plan), Admission::Demand);
         assert!(p.commit(r.expect("room"), key, Some(GroupId(4))));
         assert_eq!(evicted, vec![part(3, 0)], "the most recent, but done with");
+    }
+
+    #[test]
+    fn a_prefetch_takes_room_only_from_what_no_plan_needs_again_this_epoch() {
+        let mut p = Policy::new(300, None);
+        for group in 1..=3 {
+            fill(&mut p, part(group, 0), Some(GroupId(group)), 100);
+        }
+        // Group 3 was read this epoch; the plan needs 4, 1, 5 and 2 in that order.
+        let plan = Plan(HashMap::from([
+            (Unit::Group(GroupId(4)), NextUse::Ahead(1)),
+            (Unit::Group(GroupId(1)), NextUse::Ahead(2)),
+            (Unit::Group(GroupId(5)), NextUse::Ahead(3)),
+            (Unit::Group(GroupId(2)), NextUse::Ahead(9)),
+            (Unit::Group(GroupId(3)), NextUse::Done),
+        ]));
+        let (four, five) = (Unit::Group(GroupId(4)), Unit::Group(GroupId(5)));
+        assert!(p.has_room(100, four, Some(&plan), Admission::Prefetch));
+        let (r, evicted) = p.reserve(100, four, Some(&plan), Admission::Prefetch);
+        assert!(p.commit(r.expect("room"), part(4, 0), Some(GroupId(4))));
+        assert_eq!(evicted, vec![part(3, 0)], "done with this epoch");
+        assert!(!p.has_room(100, five, Some(&plan), Admission::Prefetch));
+        assert_eq!(
+            p.reserve(100, five, Some(&plan), Admission::Prefetch),
+            (None, vec![]),
+            "what the plan still needs stays, however far ahead"
+        );
+        let (r, evicted) = p.reserve(100, five, Some(&plan), Admission::Demand);
+        assert!(p.commit(r.expect("room"), part(5, 0), Some(GroupId(5))));
+        assert_eq!(
+            evicted,
+            vec![part(2, 0)],
+            "a reader's part: the furthest ahead goes"
+        );
     }
 
     #[test]
@@ -594,7 +674,7 @@ mod tests {
         let mut victims = Vec::new();
         for object in 5..=7 {
             let key = part(object, 0);
-            let (r, evicted) = p.reserve(100, Unit::Part(key), Some(&plan));
+            let (r, evicted) = p.reserve(100, Unit::Part(key), Some(&plan), Admission::Demand);
             assert!(p.commit(r.expect("room"), key, None));
             victims.extend(evicted);
         }
@@ -656,7 +736,7 @@ mod tests {
                         if resident.contains_key(&key) { continue; }
                         // A part belongs to one group for life, as objects do in a mount.
                         let group = group.map(|_| GroupId(object % 3));
-                        let (r, victims) = p.reserve(bytes, Unit::of(key, group), None);
+                        let (r, victims) = p.reserve(bytes, Unit::of(key, group), None, Admission::Demand);
                         for v in &victims { resident.remove(v); }
                         if let Some(r) = r {
                             prop_assert!(p.commit(r, key, group));

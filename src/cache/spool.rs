@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 
 use super::adopt::{self, PartFileName};
 use super::part_file::{PartHeader, BLOCK_LEN};
-use super::policy::{Reservation, Unit};
+use super::policy::{Admission, Reservation, Unit};
 use super::{
     private_file, read_checked, BlockReadFailure, CacheError, CheckedBlocks, DiskCache, PartOrigin,
     ResidentFile, Step,
@@ -57,16 +57,18 @@ struct SpoolState {
 }
 
 impl DiskCache {
-    /// Reserves room for a part of `data_len` bytes and creates its file, to be filled
-    /// with [`Spool::write_next`]. `None` when the part cannot be cached now: no room
-    /// (pinned or protected data fills the budget), the disk failed, a key or ETag too
-    /// long for the format, or the part is resident already. Blocking file I/O.
+    /// Reserves room for a part of `data_len` bytes, evicting only what `admission`
+    /// may, and creates its file, to be filled with [`Spool::write_next`]. `None` when
+    /// the part cannot be cached now: no room (pinned or protected data fills the
+    /// budget), the disk failed, a key or ETag too long for the format, or the part is
+    /// resident already. Blocking file I/O.
     pub fn spool(
         self: &Arc<Self>,
         key: PartKey,
         group: Option<GroupId>,
         origin: PartOrigin,
         data_len: u64,
+        admission: Admission,
     ) -> Option<Spool> {
         if !PartHeader::fits(origin.key, origin.etag) {
             return None;
@@ -88,10 +90,12 @@ impl DiskCache {
                 return None;
             }
             self.make_room_from_strays(&mut inner, disk_bytes);
-            let (reservation, victims) =
-                inner
-                    .policy
-                    .reserve(disk_bytes, Unit::of(key, group), advisor.as_deref());
+            let (reservation, victims) = inner.policy.reserve(
+                disk_bytes,
+                Unit::of(key, group),
+                advisor.as_deref(),
+                admission,
+            );
             let victims = self.forget_files(&mut inner, victims);
             self.delete_files(victims);
             reservation
@@ -337,7 +341,7 @@ mod tests {
         let block = BLOCK_LEN as usize;
         let data = part(2 * block + 1000);
         let spool = cache
-            .spool(key(1), None, ORIGIN, data.len() as u64)
+            .spool(key(1), None, ORIGIN, data.len() as u64, Admission::Demand)
             .unwrap();
         spool.write_next(&data[..block]).unwrap();
         assert_eq!(spool.written(), block as u64);
@@ -367,10 +371,14 @@ mod tests {
         let len = 3 * BLOCK_LEN as u64;
         let disk = PartHeader::encoded_len_before_data(ORIGIN.key, ORIGIN.etag, len) as u64 + len;
         let cache = open(dir.path(), disk);
-        let first = cache.spool(key(1), None, ORIGIN, len).unwrap();
+        let first = cache
+            .spool(key(1), None, ORIGIN, len, Admission::Demand)
+            .unwrap();
         first.write_next(&part(BLOCK_LEN as usize)).unwrap();
         assert!(
-            cache.spool(key(2), None, ORIGIN, len).is_none(),
+            cache
+                .spool(key(2), None, ORIGIN, len, Admission::Demand)
+                .is_none(),
             "the budget holds one part, reserved by the first"
         );
         assert_eq!(files(&cache).len(), 1);
@@ -379,7 +387,9 @@ mod tests {
             files(&cache).is_empty(),
             "an unfinished part file is deleted"
         );
-        let second = cache.spool(key(2), None, ORIGIN, len).unwrap();
+        let second = cache
+            .spool(key(2), None, ORIGIN, len, Admission::Demand)
+            .unwrap();
         second.write_next(&part(len as usize)).unwrap();
         assert!(second.commit());
         assert!(cache.contains(key(2)) && !cache.contains(key(1)));
@@ -391,7 +401,7 @@ mod tests {
         let cache = open(dir.path(), 1 << 30);
         let data = part(2 * BLOCK_LEN as usize);
         let spool = cache
-            .spool(key(1), None, ORIGIN, data.len() as u64)
+            .spool(key(1), None, ORIGIN, data.len() as u64, Admission::Demand)
             .unwrap();
         spool.write_next(&data).unwrap();
         let tmp = files(&cache).pop().unwrap();

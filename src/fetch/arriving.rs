@@ -336,7 +336,17 @@ mod tests {
             etag: "e",
             object_offset: 0,
         };
-        let spool = Arc::new(cache.spool(key, None, origin, data.len() as u64).unwrap());
+        let spool = Arc::new(
+            cache
+                .spool(
+                    key,
+                    None,
+                    origin,
+                    data.len() as u64,
+                    crate::cache::Admission::Demand,
+                )
+                .unwrap(),
+        );
         let arriving = Arc::new(Arriving::default());
         arriving.spool_into(spool.clone());
         let read = |range: Range<u64>| {

@@ -46,7 +46,7 @@ use tokio::sync::Notify;
 
 use crate::cache::adopt::ListedObject;
 use crate::cache::spool::Spool;
-use crate::cache::{DiskCache, PartOrigin, PinnedPart, Recency};
+use crate::cache::{Admission, DiskCache, PartOrigin, PinnedPart, Recency};
 use crate::catalog::objects::canonical_etag;
 use crate::catalog::ObjectInfo;
 use crate::error::{FsError, FsResult};
@@ -134,6 +134,24 @@ fn origin_of(object: &ObjectInfo, object_offset: u64) -> PartOrigin<'_> {
         key: object.key.as_ref(),
         etag: object.etag.as_deref().unwrap_or_default(),
         object_offset,
+    }
+}
+
+/// How a download that did not fail ended.
+enum Ending {
+    /// Its bytes are all in its [`Arriving`].
+    Fetched,
+    /// A prefetch that left before its request: the cache had room for it only by
+    /// evicting what a plan still needs ([`Fetcher::waits_for_room`]).
+    WaitsForRoom,
+}
+
+/// The eviction rights of a download's reservation: a reader's, or a prefetch's.
+fn admission(urgency: &Urgency) -> Admission {
+    if urgency.is_demand() {
+        Admission::Demand
+    } else {
+        Admission::Prefetch
     }
 }
 
@@ -505,11 +523,13 @@ impl Fetcher {
         })
     }
 
-    /// Starts downloading the part in the background unless it is cached or on its way.
-    /// Returns whether a new download was started.
+    /// Starts downloading the part in the background unless it is cached or on its way,
+    /// or the cache could take it only by evicting what a plan still needs
+    /// ([`Admission::Prefetch`]). Returns whether a new download was started.
     pub fn prefetch(self: &Arc<Self>, object: &Arc<ObjectInfo>, index: u64) -> bool {
         let key = Self::key(object, index);
-        if self.cache.contains(key) || self.is_in_flight(key) {
+        if self.cache.contains(key) || self.is_in_flight(key) || self.waits_for_room(object, index)
+        {
             return false;
         }
         let started = self.start(object, index, Urgency::prefetch()).is_some();
@@ -517,6 +537,25 @@ impl Fetcher {
             Metrics::add(&self.metrics.prefetch_requests, 1);
         }
         started
+    }
+
+    /// Whether a prefetch of the part should wait: the cache has room for it only by
+    /// evicting what a plan still needs this epoch, which the steps being read free
+    /// soon enough. A cache that cannot take the part at all (pinned data fills it) is
+    /// no reason to wait: the part is then downloaded into memory, as for a reader.
+    fn waits_for_room(&self, object: &ObjectInfo, index: u64) -> bool {
+        let range = self.part_range(object, index);
+        let (key, origin) = (Self::key(object, index), origin_of(object, range.start));
+        let room_for = |admission| {
+            self.cache.has_room_for(
+                key,
+                object.group,
+                origin,
+                range.end - range.start,
+                admission,
+            )
+        };
+        !room_for(Admission::Prefetch) && room_for(Admission::Demand)
     }
 
     /// Brings the part into the cache at prefetch priority, waiting for its download
@@ -581,20 +620,29 @@ impl Fetcher {
             async move {
                 // Leaves the map however the download ends, a panic included: a part
                 // whose download died is fetched afresh by the next reader.
-                let _leave = LeaveInFlight {
+                let mut leave = LeaveInFlight {
                     fetcher: this.clone(),
                     key,
+                    arriving: arriving.clone(),
+                    wake_planner: true,
                 };
                 let permit = match granted {
                     Some(permit) => permit,
                     None => slot.granted().await,
                 };
                 arriving.mark_sent();
-                let result = this.download(&object, index, permit, &arriving).await;
-                if result.is_ok() && !urgency.is_demand() {
-                    this.prefetched.lock().insert(key);
+                match this
+                    .download(&object, index, permit, &arriving, &urgency)
+                    .await?
+                {
+                    Ending::Fetched if !urgency.is_demand() => {
+                        this.prefetched.lock().insert(key);
+                    }
+                    Ending::Fetched => {}
+                    // Nothing changed that a new top-up could use.
+                    Ending::WaitsForRoom => leave.wake_planner = false,
                 }
-                result
+                Ok(())
             }
         });
         let download = async move {
@@ -629,24 +677,34 @@ impl Fetcher {
         index: u64,
         permit: Permit,
         arriving: &Arriving,
-    ) -> FsResult<()> {
+        urgency: &Urgency,
+    ) -> FsResult<Ending> {
         let range = self.part_range(object, index);
         let len = range.end - range.start;
+        let key = Self::key(object, index);
         let fetched = tokio::time::timeout(self.read_timeout, async {
-            if let Some(spool) = self.spool(object, index).await {
+            let mut spooled = self.spool(object, index, admission(urgency)).await;
+            if spooled.is_none() && !urgency.is_demand() && self.waits_for_room(object, index) {
+                if self.leave_unwaited(key, urgency) {
+                    return Ok(None);
+                }
+                // A reader joined meanwhile: its part may take any room.
+                spooled = self.spool(object, index, Admission::Demand).await;
+            }
+            if let Some(spool) = spooled {
                 let _buffer = self.reserve_memory(SPOOL_BUFFER.min(len)).await;
                 arriving.spool_into(spool.clone());
                 match self.receive(object, range.clone(), arriving).await {
                     Err(FsError::CacheIo(error)) => {
                         tracing::warn!(object = %object.key, part = index, %error, "writing the part's cache file failed; downloading it again into memory");
                     }
-                    received => return received.map(|()| Received::Spooled(spool)),
+                    received => return received.map(|()| Some(Received::Spooled(spool))),
                 }
             }
             let memory = self.reserve_memory(len).await;
             arriving.keep_in_memory(len as usize);
             self.receive(object, range.clone(), arriving).await?;
-            Ok(Received::Whole(arriving.finish(|body| memory.hold(body))))
+            Ok(Some(Received::Whole(arriving.finish(|body| memory.hold(body)))))
         })
         .await
         .unwrap_or_else(|_| {
@@ -657,10 +715,11 @@ impl Fetcher {
         });
         // A slot is held for the request only, not for the disk write.
         drop(permit);
-        let received = fetched.map_err(|error| self.failed(object, index, error))?;
+        let Some(received) = fetched.map_err(|error| self.failed(object, index, error))? else {
+            return Ok(Ending::WaitsForRoom);
+        };
         Metrics::add(&self.metrics.bytes_fetched, len);
         Metrics::add(&self.metrics.parts_fetched, 1);
-        let key = Self::key(object, index);
         let cached = match received {
             Received::Spooled(spool) => tokio::task::spawn_blocking(move || spool.commit()).await,
             Received::Whole(whole) => {
@@ -681,16 +740,40 @@ impl Fetcher {
         if let Err(error) = cached {
             tracing::error!(object = %object.key, part = index, %error, "caching the part failed; its waiters are served from its download");
         }
-        Ok(())
+        Ok(Ending::Fetched)
     }
 
-    /// The part's cache file, created with its room reserved, if the cache can take it.
-    async fn spool(&self, object: &Arc<ObjectInfo>, index: u64) -> Option<Arc<Spool>> {
+    /// Ends a prefetch's download before its request, unless a reader waits for it
+    /// (has raised its urgency): checked and done under the lock readers join under, so
+    /// no reader joins a download that brings nothing. Returns whether it ended.
+    fn leave_unwaited(&self, key: PartKey, urgency: &Urgency) -> bool {
+        let mut in_flight = self.in_flight.lock();
+        if urgency.is_demand() {
+            return false;
+        }
+        in_flight.remove(&key);
+        true
+    }
+
+    /// The part's cache file, created with its room reserved, if the cache can take it
+    /// evicting only what `admission` may.
+    async fn spool(
+        &self,
+        object: &Arc<ObjectInfo>,
+        index: u64,
+        admission: Admission,
+    ) -> Option<Arc<Spool>> {
         let (cache, object, key) = (self.cache.clone(), object.clone(), Self::key(object, index));
         let range = self.part_range(&object, index);
         tokio::task::spawn_blocking(move || {
             let origin = origin_of(&object, range.start);
-            cache.spool(key, object.group, origin, range.end - range.start)
+            cache.spool(
+                key,
+                object.group,
+                origin,
+                range.end - range.start,
+                admission,
+            )
         })
         .await
         .ok()
@@ -792,12 +875,26 @@ impl Fetcher {
 struct LeaveInFlight {
     fetcher: Arc<Fetcher>,
     key: PartKey,
+    /// Which download this is: one that left early ([`Fetcher::leave_unwaited`]) may
+    /// have a successor in the map by now, which stays.
+    arriving: Arc<Arriving>,
+    wake_planner: bool,
 }
 
 impl Drop for LeaveInFlight {
     fn drop(&mut self) {
-        self.fetcher.in_flight.lock().remove(&self.key);
-        self.fetcher.planner_wake.notify_one();
+        {
+            let mut in_flight = self.fetcher.in_flight.lock();
+            if in_flight
+                .get(&self.key)
+                .is_some_and(|entry| Arc::ptr_eq(&entry.arriving, &self.arriving))
+            {
+                in_flight.remove(&self.key);
+            }
+        }
+        if self.wake_planner {
+            self.fetcher.planner_wake.notify_one();
+        }
     }
 }
 
