@@ -43,10 +43,11 @@ pub trait EvictionAdvisor: Send + Sync {
 pub enum Admission {
     /// A reader waits for the part: any unit that is not pinned or being read may go.
     Demand,
-    /// Read-ahead: only units no plan needs again this epoch ([`NextUse::Done`], or no
-    /// rank at all). Evicting a unit a plan still needs, for one it needs sooner, only
-    /// moves a download: the evicted unit is fetched again within the epoch, while
-    /// waiting lets the steps being read free room that costs nothing.
+    /// Read-ahead: units no plan needs again this epoch ([`NextUse::Done`], or no rank
+    /// at all), and of those a plan needs, only those it needs after the part itself.
+    /// Evicting a unit needed sooner than the one fetched costs a download without
+    /// saving one: the prefetched part waits in the cache while the evicted one is
+    /// fetched again before it is read.
     Prefetch,
 }
 
@@ -99,7 +100,26 @@ pub struct Reservation {
 struct Room<'a> {
     keep: Unit,
     advisor: Option<&'a dyn EvictionAdvisor>,
-    admission: Admission,
+    /// Units a plan needs this many steps ahead or later may go (`None`: none of them).
+    planned_from: Option<u64>,
+}
+
+impl<'a> Room<'a> {
+    fn new(keep: Unit, advisor: Option<&'a dyn EvictionAdvisor>, admission: Admission) -> Self {
+        let planned_from = match admission {
+            Admission::Demand => Some(0),
+            Admission::Prefetch => match advisor.and_then(|a| a.next_use(keep)) {
+                Some(NextUse::Current) => Some(1),
+                Some(NextUse::Ahead(steps)) => Some(steps + 1),
+                Some(NextUse::Done) | None => None,
+            },
+        };
+        Room {
+            keep,
+            advisor,
+            planned_from,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -202,11 +222,7 @@ impl Policy {
         admission: Admission,
     ) -> bool {
         let (bytes_to_free, groups_to_evict) = self.shortfall(bytes, unit);
-        let room = Room {
-            keep: unit,
-            advisor,
-            admission,
-        };
+        let room = Room::new(unit, advisor, admission);
         (bytes_to_free == 0 || self.evictable_bytes(&room) >= bytes_to_free)
             && groups_to_evict <= self.evictable_groups(&room)
     }
@@ -245,11 +261,7 @@ impl Policy {
             return (None, Vec::new());
         }
         let (_, groups_to_evict) = self.shortfall(bytes, unit);
-        let room = Room {
-            keep: unit,
-            advisor,
-            admission,
-        };
+        let room = Room::new(unit, advisor, admission);
         // The advice may change between the count above and the choices below (plans
         // move as reads are served): then stop, keeping what was already evicted.
         let mut victims = Vec::new();
@@ -304,7 +316,7 @@ impl Policy {
             matches!(unit, Unit::Group(group) if self.incoming_groups.contains_key(&group));
         let needed = match room.advisor.and_then(|a| a.next_use(unit)) {
             Some(NextUse::Current) => true,
-            Some(NextUse::Ahead(_)) => room.admission == Admission::Prefetch,
+            Some(NextUse::Ahead(steps)) => room.planned_from.is_none_or(|from| steps < from),
             Some(NextUse::Done) | None => false,
         };
         unit != room.keep && state.pins == 0 && !incoming && !needed
@@ -624,35 +636,43 @@ mod tests {
     }
 
     #[test]
-    fn a_prefetch_takes_room_only_from_what_no_plan_needs_again_this_epoch() {
+    fn a_prefetch_evicts_only_what_no_plan_needs_sooner_than_its_part() {
         let mut p = Policy::new(300, None);
         for group in 1..=3 {
             fill(&mut p, part(group, 0), Some(GroupId(group)), 100);
         }
-        // Group 3 was read this epoch; the plan needs 4, 1, 5 and 2 in that order.
+        // Group 3 was read this epoch; the plan needs 4, 1, 5, 2 and 6 in that order.
         let plan = Plan(HashMap::from([
             (Unit::Group(GroupId(4)), NextUse::Ahead(1)),
             (Unit::Group(GroupId(1)), NextUse::Ahead(2)),
             (Unit::Group(GroupId(5)), NextUse::Ahead(3)),
             (Unit::Group(GroupId(2)), NextUse::Ahead(9)),
+            (Unit::Group(GroupId(6)), NextUse::Ahead(10)),
             (Unit::Group(GroupId(3)), NextUse::Done),
         ]));
-        let (four, five) = (Unit::Group(GroupId(4)), Unit::Group(GroupId(5)));
-        assert!(p.has_room(100, four, Some(&plan), Admission::Prefetch));
-        let (r, evicted) = p.reserve(100, four, Some(&plan), Admission::Prefetch);
+        let group = |g| Unit::Group(GroupId(g));
+        let (r, evicted) = p.reserve(100, group(4), Some(&plan), Admission::Prefetch);
         assert!(p.commit(r.expect("room"), part(4, 0), Some(GroupId(4))));
         assert_eq!(evicted, vec![part(3, 0)], "done with this epoch");
-        assert!(!p.has_room(100, five, Some(&plan), Admission::Prefetch));
-        assert_eq!(
-            p.reserve(100, five, Some(&plan), Admission::Prefetch),
-            (None, vec![]),
-            "what the plan still needs stays, however far ahead"
-        );
-        let (r, evicted) = p.reserve(100, five, Some(&plan), Admission::Demand);
+        let (r, evicted) = p.reserve(100, group(5), Some(&plan), Admission::Prefetch);
         assert!(p.commit(r.expect("room"), part(5, 0), Some(GroupId(5))));
         assert_eq!(
             evicted,
             vec![part(2, 0)],
+            "needed after the prefetched part"
+        );
+        // Left: 4, 1 and 5, all needed before 6.
+        assert!(!p.has_room(100, group(6), Some(&plan), Admission::Prefetch));
+        assert_eq!(
+            p.reserve(100, group(6), Some(&plan), Admission::Prefetch),
+            (None, vec![]),
+            "what the plan needs sooner stays"
+        );
+        let (r, evicted) = p.reserve(100, group(6), Some(&plan), Admission::Demand);
+        assert!(p.commit(r.expect("room"), part(6, 0), Some(GroupId(6))));
+        assert_eq!(
+            evicted,
+            vec![part(5, 0)],
             "a reader's part: the furthest ahead goes"
         );
     }

@@ -142,7 +142,7 @@ enum Ending {
     /// Its bytes are all in its [`Arriving`].
     Fetched,
     /// A prefetch that left before its request: the cache had room for it only by
-    /// evicting what a plan still needs ([`Fetcher::waits_for_room`]).
+    /// evicting what a plan needs sooner ([`Fetcher::waits_for_room`]).
     WaitsForRoom,
 }
 
@@ -524,7 +524,7 @@ impl Fetcher {
     }
 
     /// Starts downloading the part in the background unless it is cached or on its way,
-    /// or the cache could take it only by evicting what a plan still needs
+    /// or the cache could take it only by evicting what a plan needs sooner than it
     /// ([`Admission::Prefetch`]). Returns whether a new download was started.
     pub fn prefetch(self: &Arc<Self>, object: &Arc<ObjectInfo>, index: u64) -> bool {
         let key = Self::key(object, index);
@@ -540,7 +540,7 @@ impl Fetcher {
     }
 
     /// Whether a prefetch of the part should wait: the cache has room for it only by
-    /// evicting what a plan still needs this epoch, which the steps being read free
+    /// evicting what a plan needs sooner than it, which the steps being read free
     /// soon enough. A cache that cannot take the part at all (pinned data fills it) is
     /// no reason to wait: the part is then downloaded into memory, as for a reader.
     fn waits_for_room(&self, object: &ObjectInfo, index: u64) -> bool {
