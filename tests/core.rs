@@ -654,6 +654,34 @@ async fn a_plan_keeps_what_a_monolithic_reader_needs_next_in_a_cache_smaller_tha
     assert_eq!(twice, [vec![], vec![]], "parts fetched twice in one epoch");
 }
 
+/// A core over a synthetic chunked dataset `ds` of `chunks` chunks of 100 rows, with
+/// its hint file open: the core, the hint handle, and each chunk's bytes.
+async fn chunked_with_hints(
+    chunks: u32,
+    seed: u64,
+    configure: impl FnOnce(&mut MountSettings),
+) -> (Core, u64, Vec<u64>) {
+    let spec = SyntheticDataset {
+        rows: chunks as u64 * 100,
+        genes: 3_000,
+        chunk_rows: 100,
+        mean_values: 60,
+        seed,
+    };
+    let files = chunked_files(&spec, "ds");
+    let chunk_sizes = (0..chunks)
+        .map(|c| {
+            let dir = format!("ds/chunk_{c:05}/");
+            let of_chunk = files.iter().filter(|(name, _)| name.starts_with(&dir));
+            of_chunk.map(|(_, bytes)| bytes.len() as u64).sum()
+        })
+        .collect();
+    let core = core_of(&files, configure).await;
+    let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
+    let hints = core.core.open(hints.ino.0).unwrap().handle;
+    (core, hints, chunk_sizes)
+}
+
 /// A reader that announces a few steps ahead, as the sampler does, goes through a
 /// dataset larger than the cache in the same order every epoch. Least-recently-used
 /// eviction would throw out each chunk just before the reader comes back to it. The
@@ -662,26 +690,12 @@ async fn a_plan_keeps_what_a_monolithic_reader_needs_next_in_a_cache_smaller_tha
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunks_read_this_epoch_are_evicted_before_those_not_read_yet() {
     let (chunks, cached_chunks) = (30u32, 20usize);
-    let spec = SyntheticDataset {
-        rows: chunks as u64 * 100,
-        genes: 3_000,
-        chunk_rows: 100,
-        mean_values: 60,
-        seed: 11,
-    };
-    let files = chunked_files(&spec, "ds");
-    let chunk_bytes = |c: u32| -> u64 {
-        let dir = format!("ds/chunk_{c:05}/");
-        let of_chunk = files.iter().filter(|(name, _)| name.starts_with(&dir));
-        of_chunk.map(|(_, bytes)| bytes.len() as u64).sum()
-    };
-    let core = core_of(&files, |s| {
+    let (core, hints, chunk_sizes) = chunked_with_hints(chunks, 11, |s| {
         s.max_cached_chunks = Some(cached_chunks);
         s.prefetch_lookahead_steps = 1;
     })
     .await;
-    let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
-    let hints = core.core.open(hints.ino.0).unwrap().handle;
+    let chunk_bytes = |c: u32| chunk_sizes[c as usize];
     let mut fetched = Vec::new();
     for epoch in 0..2 {
         let greeting = if epoch == 0 { "scdlfs-hints 1\n" } else { "" };
@@ -723,26 +737,11 @@ async fn chunks_read_this_epoch_are_evicted_before_those_not_read_yet() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefetch_in_a_new_order_keeps_what_the_epoch_reads_later() {
     let (chunks, cached_chunks) = (32u32, 16usize);
-    let spec = SyntheticDataset {
-        rows: chunks as u64 * 100,
-        genes: 3_000,
-        chunk_rows: 100,
-        mean_values: 60,
-        seed: 13,
-    };
-    let files = chunked_files(&spec, "ds");
-    let chunk_bytes = |c: u32| -> u64 {
-        let dir = format!("ds/chunk_{c:05}/");
-        let of_chunk = files.iter().filter(|(name, _)| name.starts_with(&dir));
-        of_chunk.map(|(_, bytes)| bytes.len() as u64).sum()
-    };
-    let core = core_of(&files, |s| {
+    let (core, hints, chunk_sizes) = chunked_with_hints(chunks, 13, |s| {
         s.max_cached_chunks = Some(cached_chunks);
         s.prefetch_lookahead_steps = 3;
     })
     .await;
-    let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
-    let hints = core.core.open(hints.ino.0).unwrap().handle;
     // Epoch 0: 0-3, 4-7, ...; epoch 1: {0, 8, 16, 24}, {1, 9, 17, 25}, ...
     let in_order: Vec<Vec<u32>> = (0..8).map(|w| (4 * w..4 * w + 4).collect()).collect();
     let interleaved: Vec<Vec<u32>> = (0..8)
@@ -775,7 +774,7 @@ async fn a_prefetch_in_a_new_order_keeps_what_the_epoch_reads_later() {
         fetched.push(core.observer.status().counters.bytes_fetched - before);
     }
     // No cache of this many chunks holds more than the largest of them.
-    let mut sizes: Vec<u64> = (0..chunks).map(chunk_bytes).collect();
+    let mut sizes = chunk_sizes;
     sizes.sort_unstable();
     let dataset: u64 = sizes.iter().sum();
     let floor = dataset - sizes.iter().rev().take(cached_chunks).sum::<u64>();
