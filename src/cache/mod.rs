@@ -615,26 +615,26 @@ impl DiskCache {
         self.inner.lock().policy.contains(key)
     }
 
-    /// Whether [`DiskCache::spool`] would find room for the part now, evicting only
-    /// what `admission` may. No I/O: a prefetcher asks before it takes a download slot.
-    pub fn has_room_for(
+    /// Whether a prefetch of the part should wait: [`DiskCache::spool`] would find room
+    /// for it only by evicting what the plans need sooner than it ([`Admission`]). A
+    /// cache that cannot take it even for a reader (pinned data fills it) is no reason
+    /// to wait. No I/O: a prefetcher asks before it takes a download slot.
+    pub fn prefetch_waits_for_room(
         &self,
         key: PartKey,
         group: Option<GroupId>,
         origin: PartOrigin,
         data_len: u64,
-        admission: Admission,
     ) -> bool {
         let disk_bytes = PartHeader::encoded_len_before_data(origin.key, origin.etag, data_len)
             as u64
             + data_len;
-        let advisor = self.advisor.read().clone();
-        self.inner.lock().policy.has_room(
-            disk_bytes,
-            Unit::of(key, group),
-            advisor.as_deref(),
-            admission,
-        )
+        let (unit, advisor) = (Unit::of(key, group), self.advisor.read().clone());
+        let room_for = |policy: &Policy, admission| {
+            policy.has_room(disk_bytes, unit, advisor.as_deref(), admission)
+        };
+        let inner = self.inner.lock();
+        !room_for(&inner.policy, Admission::Prefetch) && room_for(&inner.policy, Admission::Demand)
     }
 
     /// The part, pinned while the returned handle lives, if it is resident; `recency`

@@ -221,10 +221,18 @@ impl Policy {
         advisor: Option<&dyn EvictionAdvisor>,
         admission: Admission,
     ) -> bool {
-        let (bytes_to_free, groups_to_evict) = self.shortfall(bytes, unit);
-        let room = Room::new(unit, advisor, admission);
-        (bytes_to_free == 0 || self.evictable_bytes(&room) >= bytes_to_free)
-            && groups_to_evict <= self.evictable_groups(&room)
+        self.groups_to_evict(bytes, &Room::new(unit, advisor, admission))
+            .is_some()
+    }
+
+    /// How many groups must go before `bytes` of the room's unit fit in both budgets,
+    /// if what the room may evict makes enough room. The units are counted only when
+    /// something must go: a prefetcher asks for every part of its steps.
+    fn groups_to_evict(&self, bytes: u64, room: &Room) -> Option<usize> {
+        let (bytes_to_free, groups_to_evict) = self.shortfall(bytes, room.keep);
+        let fits = (bytes_to_free == 0 || self.evictable_bytes(room) >= bytes_to_free)
+            && (groups_to_evict == 0 || self.evictable_groups(room) >= groups_to_evict);
+        fits.then_some(groups_to_evict)
     }
 
     /// The bytes to free and the groups to evict before `bytes` of `unit` fit in both
@@ -257,11 +265,10 @@ impl Policy {
             Unit::Group(group) => Some(group),
             Unit::Part(_) => None,
         };
-        if !self.has_room(bytes, unit, advisor, admission) {
-            return (None, Vec::new());
-        }
-        let (_, groups_to_evict) = self.shortfall(bytes, unit);
         let room = Room::new(unit, advisor, admission);
+        let Some(groups_to_evict) = self.groups_to_evict(bytes, &room) else {
+            return (None, Vec::new());
+        };
         // The advice may change between the count above and the choices below (plans
         // move as reads are served): then stop, keeping what was already evicted.
         let mut victims = Vec::new();

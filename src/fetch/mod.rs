@@ -539,23 +539,16 @@ impl Fetcher {
         started
     }
 
-    /// Whether a prefetch of the part should wait: the cache has room for it only by
-    /// evicting what a plan needs sooner than it, which the steps being read free
-    /// soon enough. A cache that cannot take the part at all (pinned data fills it) is
-    /// no reason to wait: the part is then downloaded into memory, as for a reader.
+    /// Whether a prefetch of the part should wait for room
+    /// ([`DiskCache::prefetch_waits_for_room`]), which the steps being read free.
     fn waits_for_room(&self, object: &ObjectInfo, index: u64) -> bool {
         let range = self.part_range(object, index);
-        let (key, origin) = (Self::key(object, index), origin_of(object, range.start));
-        let room_for = |admission| {
-            self.cache.has_room_for(
-                key,
-                object.group,
-                origin,
-                range.end - range.start,
-                admission,
-            )
-        };
-        !room_for(Admission::Prefetch) && room_for(Admission::Demand)
+        self.cache.prefetch_waits_for_room(
+            Self::key(object, index),
+            object.group,
+            origin_of(object, range.start),
+            range.end - range.start,
+        )
     }
 
     /// Brings the part into the cache at prefetch priority, waiting for its download
