@@ -44,12 +44,20 @@ pub enum Admission {
     /// A reader waits for the part: any unit that is not pinned or being read may go.
     Demand,
     /// Read-ahead: units no plan needs again this epoch ([`NextUse::Done`], or no rank
-    /// at all), and of those a plan needs, only those it needs after the part itself.
-    /// Evicting a unit needed sooner than the one fetched costs a download without
-    /// saving one: the prefetched part waits in the cache while the evicted one is
-    /// fetched again before it is read.
+    /// at all); and, for a part the plans need within [`NEAR_STEPS`], also the units
+    /// they need after it. Evicting a unit needed sooner than the one fetched costs a
+    /// download without saving one: the prefetched part waits in the cache while the
+    /// evicted one is fetched again before it is read. And a part needed further ahead
+    /// waits for the room the steps being read free: evicting for it now gives up a
+    /// unit a later eviction could have spared, since by the time the part is read
+    /// the plans will have finished units that could have made its room.
     Prefetch,
 }
+
+/// How many steps ahead a prefetched part may be needed and still evict what the plans
+/// need after it: the next step must be arriving while the current one is read, or
+/// the reader waits on the link.
+pub const NEAR_STEPS: u64 = 1;
 
 /// Whether pinning a part counts as a use of it for the least-recently-used order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,8 +118,8 @@ impl<'a> Room<'a> {
             Admission::Demand => Some(0),
             Admission::Prefetch => match advisor.and_then(|a| a.next_use(keep)) {
                 Some(NextUse::Current) => Some(1),
-                Some(NextUse::Ahead(steps)) => Some(steps + 1),
-                Some(NextUse::Done) | None => None,
+                Some(NextUse::Ahead(steps)) if steps <= NEAR_STEPS => Some(steps + 1),
+                Some(NextUse::Ahead(_) | NextUse::Done) | None => None,
             },
         };
         Room {
@@ -643,16 +651,17 @@ mod tests {
     }
 
     #[test]
-    fn a_prefetch_evicts_only_what_no_plan_needs_sooner_than_its_part() {
+    fn a_prefetch_for_the_next_step_evicts_only_what_no_plan_needs_sooner() {
         let mut p = Policy::new(300, None);
         for group in 1..=3 {
             fill(&mut p, part(group, 0), Some(GroupId(group)), 100);
         }
-        // Group 3 was read this epoch; the plan needs 4, 1, 5, 2 and 6 in that order.
+        // Group 3 was read this epoch; the next step reads 4 and 5, then come 7, 1, 2, 6.
         let plan = Plan(HashMap::from([
             (Unit::Group(GroupId(4)), NextUse::Ahead(1)),
-            (Unit::Group(GroupId(1)), NextUse::Ahead(2)),
-            (Unit::Group(GroupId(5)), NextUse::Ahead(3)),
+            (Unit::Group(GroupId(5)), NextUse::Ahead(1)),
+            (Unit::Group(GroupId(7)), NextUse::Ahead(2)),
+            (Unit::Group(GroupId(1)), NextUse::Ahead(3)),
             (Unit::Group(GroupId(2)), NextUse::Ahead(9)),
             (Unit::Group(GroupId(6)), NextUse::Ahead(10)),
             (Unit::Group(GroupId(3)), NextUse::Done),
@@ -666,20 +675,22 @@ mod tests {
         assert_eq!(
             evicted,
             vec![part(2, 0)],
-            "needed after the prefetched part"
+            "needed furthest after the next step"
         );
-        // Left: 4, 1 and 5, all needed before 6.
-        assert!(!p.has_room(100, group(6), Some(&plan), Admission::Prefetch));
+        // Left: 4 and 5 for the next step, and 1. Group 7 is needed before 1, but two
+        // steps ahead: it waits for the room the next steps free.
+        assert!(!p.has_room(100, group(7), Some(&plan), Admission::Prefetch));
         assert_eq!(
-            p.reserve(100, group(6), Some(&plan), Admission::Prefetch),
+            p.reserve(100, group(7), Some(&plan), Admission::Prefetch),
             (None, vec![]),
-            "what the plan needs sooner stays"
+            "a prefetch beyond the next step evicts nothing a plan needs"
         );
+        assert!(!p.has_room(100, group(6), Some(&plan), Admission::Prefetch));
         let (r, evicted) = p.reserve(100, group(6), Some(&plan), Admission::Demand);
         assert!(p.commit(r.expect("room"), part(6, 0), Some(GroupId(6))));
         assert_eq!(
             evicted,
-            vec![part(5, 0)],
+            vec![part(1, 0)],
             "a reader's part: the furthest ahead goes"
         );
     }
