@@ -41,6 +41,8 @@ counters! {
     parts_fetched,
     /// Requests a reader sent for its own bytes because its part's download was far from them (queued, or its body far short).
     direct_reads,
+    /// Of the direct reads, those sent instead of a download: bytes of a part that the cache could take only by evicting a chunk the plans need sooner (the kernel's read-around into a chunk read many steps later).
+    stray_reads,
     /// Requests sent for small ranges on their own, for the kernel's read-around across a window's chunk edges, instead of their whole parts.
     edges_fetched,
     /// Part downloads that failed after retries.

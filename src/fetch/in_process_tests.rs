@@ -12,6 +12,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt, PutPayload};
 
 use super::*;
+use crate::cache::{EvictionAdvisor, NextUse, Unit};
 use crate::parts::ObjectId;
 use crate::store::counting::CountReads;
 use crate::store::faulty::{Fault, InjectFaults};
@@ -765,4 +766,73 @@ async fn a_reader_of_bytes_an_edge_on_the_wire_covers_waits_for_it() {
         "the reader asked for nothing of its own: {:?}",
         gate.hook().order.lock()
     );
+}
+
+/// Eviction advice ranking lone parts, as a plan ranks a monolithic dataset's.
+struct PartRanks(HashMap<PartKey, NextUse>);
+
+impl EvictionAdvisor for PartRanks {
+    fn next_use(&self, unit: Unit) -> Option<NextUse> {
+        match unit {
+            Unit::Part(key) => self.0.get(&key).copied(),
+            Unit::Group(_) => None,
+        }
+    }
+}
+
+/// A reader's few bytes of a part the plans read many steps later (the kernel's
+/// read-around across a chunk's edge), in a cache full of what they read sooner, are
+/// asked for alone: downloading the part would evict what is needed first. A part of
+/// the next step still comes whole, and evicts what is needed furthest ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stray_read_into_a_part_needed_later_is_asked_for_alone_and_evicts_nothing() {
+    let on_disk = |len| {
+        crate::cache::part_file::PartHeader::encoded_len_before_data("data/object.bin", "", len)
+            as u64
+            + len
+    };
+    let room_for_three_parts = 3 * on_disk(PART) + on_disk(PART) / 2;
+    let (bench, trickle) = bench_with_cache(4, room_for_three_parts, |s| {
+        Arc::new(HookedStore::new(s, Trickle::new(PART as usize)))
+    })
+    .await;
+    trickle.hook().pieces.add_permits(1 << 20);
+    for index in 0..3 {
+        assert_eq!(read_part(&bench, index).await.unwrap(), expected(index));
+    }
+    settle(&bench.fetcher).await;
+    let key = |index| Fetcher::key(&bench.object, index);
+    bench
+        .fetcher
+        .cache()
+        .set_advisor(Some(Arc::new(PartRanks(HashMap::from([
+            (key(0), NextUse::Current),
+            (key(1), NextUse::Ahead(1)),
+            (key(2), NextUse::Ahead(3)),
+            (key(3), NextUse::Ahead(6)),
+            (key(4), NextUse::Ahead(1)),
+        ])))));
+
+    assert_eq!(
+        read_within(&bench, 3, 100..200).await.unwrap(),
+        expected_within(3, 100..200)
+    );
+    let asked = trickle.hook().asked.lock().clone();
+    assert_eq!(asked[3..], vec![3100..3200], "the stray bytes alone");
+    let cache = bench.fetcher.cache();
+    assert!((0..3).all(|index| cache.contains(key(index))));
+    assert!(!cache.contains(key(3)));
+    assert_eq!(bench.fetcher.metrics.snapshot().stray_reads, 1);
+
+    assert_eq!(
+        read_within(&bench, 4, 0..100).await.unwrap(),
+        expected_within(4, 0..100)
+    );
+    settle(&bench.fetcher).await;
+    let asked = trickle.hook().asked.lock().clone();
+    assert_eq!(asked[4..], vec![4000..4500], "the next step's part, whole");
+    assert!(cache.contains(key(4)));
+    assert!(!cache.contains(key(2)), "needed furthest ahead");
+    assert!(cache.contains(key(0)) && cache.contains(key(1)));
+    assert_eq!(bench.fetcher.metrics.snapshot().stray_reads, 1);
 }

@@ -20,6 +20,12 @@
 //! cost of one small extra request: one per download at most, so that a reader going
 //! through a queued part in small pieces does not fetch it again piece by piece.
 //!
+//! A reader's few bytes of a part nobody is downloading, which the cache could take
+//! only by evicting what the plans need sooner (a prefetch of it would wait for room),
+//! are asked for alone and not cached: they are the kernel's read-around across a
+//! chunk's edge into a chunk read many steps later, and their whole part would evict a
+//! chunk for a few KiB of another.
+//!
 //! A body goes into its part's cache file as it arrives ([`crate::cache::spool`]), so a
 //! download holds about a block of it in memory; only a part the cache cannot take
 //! (no room, a failed disk) is received into memory whole. Memory is capped
@@ -347,6 +353,23 @@ impl Fetcher {
                 // Now in memory, or failed (and no longer in flight): look again.
                 continue;
             }
+            let part = self.part_range(object, index);
+            let own = part.start + within.start..part.start + within.end;
+            if self.is_stray(key, &within, part.end - part.start)
+                && self.waits_for_room(object, index)
+            {
+                // Bytes of a chunk the plans read later (the kernel's read-around across
+                // a chunk's edge, into a neighbour of another window): its whole part
+                // would evict a chunk they need sooner, for a few KiB. A failed or refused
+                // read leaves the reader to the download, as for any reader.
+                if let Some(Ok(bytes)) = self.direct_read(object, own.clone()).await {
+                    Metrics::add(&self.metrics.stray_reads, 1);
+                    return Ok(PartBytes::InMemory {
+                        offset: within.start,
+                        bytes,
+                    });
+                }
+            }
             // None: it landed in the cache meanwhile (or was evicted again: retry).
             let Some((download, arriving)) = self.start(object, index, Urgency::demand()) else {
                 continue;
@@ -358,11 +381,9 @@ impl Fetcher {
                     () = arriving.wait_for(within.end) => arriving.bytes(within.clone()),
                 }
             };
-            let part = self.part_range(object, index);
             if !self.worth_a_direct_read(&arriving, &within, part.end - part.start) {
                 return streamed.await;
             }
-            let own = part.start + within.start..part.start + within.end;
             tokio::select! {
                 read = streamed => return read,
                 // A failed or refused direct read leaves the reader to the download.
@@ -482,6 +503,13 @@ impl Fetcher {
             && 2 * len < part_len
             && (!arriving.is_sent() || within.end > arriving.received() + DIRECT_READ_LEAD)
             && arriving.claim_direct_read()
+    }
+
+    /// Whether a reader's bytes of a part nobody is downloading are few enough to ask
+    /// for alone rather than with their part.
+    fn is_stray(&self, key: PartKey, within: &Range<u64>, part_len: u64) -> bool {
+        let len = within.end - within.start;
+        len <= DIRECT_READ_MAX && 2 * len < part_len && !self.is_in_flight(key)
     }
 
     /// Bytes `range` of the object in one request of their own, if a direct-read slot
