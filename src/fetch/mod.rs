@@ -108,6 +108,13 @@ impl PartBytes {
     }
 }
 
+/// Whether bytes `within` of a part of `part_len` bytes are few enough for a request of
+/// their own: at most [`DIRECT_READ_MAX`], and less than half the part.
+fn few_enough_to_ask_alone(within: &Range<u64>, part_len: u64) -> bool {
+    let len = within.end - within.start;
+    len <= DIRECT_READ_MAX && 2 * len < part_len
+}
+
 /// An object as the cache's adoption of an earlier mount's parts must know it.
 pub fn listed_object(object: &ObjectInfo) -> ListedObject {
     ListedObject {
@@ -498,9 +505,7 @@ impl Fetcher {
     /// reader its bytes at once; more would let a reader that reads a part in small
     /// pieces faster than slots free up fetch all of it again beside its download.
     fn worth_a_direct_read(&self, arriving: &Arriving, within: &Range<u64>, part_len: u64) -> bool {
-        let len = within.end - within.start;
-        len <= DIRECT_READ_MAX
-            && 2 * len < part_len
+        few_enough_to_ask_alone(within, part_len)
             && (!arriving.is_sent() || within.end > arriving.received() + DIRECT_READ_LEAD)
             && arriving.claim_direct_read()
     }
@@ -508,8 +513,7 @@ impl Fetcher {
     /// Whether a reader's bytes of a part nobody is downloading are few enough to ask
     /// for alone rather than with their part.
     fn is_stray(&self, key: PartKey, within: &Range<u64>, part_len: u64) -> bool {
-        let len = within.end - within.start;
-        len <= DIRECT_READ_MAX && 2 * len < part_len && !self.is_in_flight(key)
+        few_enough_to_ask_alone(within, part_len) && !self.is_in_flight(key)
     }
 
     /// Bytes `range` of the object in one request of their own, if a direct-read slot
