@@ -176,6 +176,7 @@ impl ReadPath {
             }
         };
         if on_network {
+            self.fetcher.note_read_answered();
             Metrics::add(&self.metrics.demand_reads_waited, 1);
             Metrics::add(
                 &self.metrics.demand_wait_micros,

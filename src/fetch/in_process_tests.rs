@@ -768,6 +768,46 @@ async fn a_reader_of_bytes_an_edge_on_the_wire_covers_waits_for_it() {
     );
 }
 
+/// A reader's next read (the other array of the row it waits for) falls in a part
+/// whose download queues behind prefetches: its bytes go on the wire at once, where a
+/// prefetched edge would have left them to the queued download.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bytes_of_a_next_read_in_a_queued_part_are_asked_for_at_once() {
+    let (bench, gate) = bench(4, |s| Arc::new(HookedStore::new(s, Gate::default()))).await;
+    let bench = Arc::new(bench);
+    // Three prefetches hold the slots prefetches may take; part 3's queues.
+    for index in 0..4 {
+        assert!(bench.fetcher.prefetch(&bench.object, index));
+    }
+    let sent = || gate.hook().order.lock().clone();
+    while sent().len() < 3 {
+        tokio::task::yield_now().await;
+    }
+    bench.fetcher.prefetch_edge(&bench.object, 3100..3200);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        sent(),
+        vec![0, 1, 2],
+        "a prefetched edge waits for its part"
+    );
+    bench.fetcher.edge_for_next_read(&bench.object, 3100..3200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while sent().len() < 4 && tokio::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        sent(),
+        vec![0, 1, 2, 3],
+        "the edge went on the wire at once"
+    );
+    // The prefetches and the edge pass; part 3's download, sent next, is held.
+    gate.hook().open.add_permits(4);
+    let read = tokio::time::timeout(Duration::from_secs(5), read_within(&bench, 3, 120..180));
+    assert_eq!(read.await.unwrap().unwrap(), expected_within(3, 120..180));
+    gate.hook().open.add_permits(8);
+    settle(&bench.fetcher).await;
+}
+
 /// Eviction advice ranking lone parts, as a plan ranks a monolithic dataset's.
 struct PartRanks(HashMap<PartKey, NextUse>);
 

@@ -69,6 +69,13 @@ pub const DIRECT_READ_LEAD: u64 = 1 << 20;
 
 /// The most bytes a reader asks for on its own: more is the part's download's work.
 const DIRECT_READ_MAX: u64 = 1 << 20;
+/// A plan's opening ([`permits`]) lasts until its reader's first row is read: a row's
+/// offsets, its values, its column ids, each a read that waits for the network, and
+/// one more for the offsets' check or a row across a part's edge.
+const OPENING_READS: usize = 4;
+/// The longest an opening holds prefetches, for a plan whose readers start late (a
+/// DataLoader's workers) or read only what is cached.
+const OPENING_LIMIT: Duration = Duration::from_millis(250);
 /// Edges kept in memory at most: the read-around margins of the window being read and
 /// of the windows a plan prefetches ahead of it (each window of four chunks has up to
 /// sixteen; the default `--prefetch-lookahead` is four steps). An edge is of use only
@@ -278,6 +285,23 @@ impl Fetcher {
         self.max_concurrent_requests
     }
 
+    /// A plan starts: prefetches are held back while its reader's first reads go over
+    /// the link ([`permits`]).
+    pub fn begin_opening(&self) {
+        let until = std::time::Instant::now() + OPENING_LIMIT;
+        self.permits.open(OPENING_READS, until);
+        let permits = self.permits.clone();
+        self.runtime.spawn(async move {
+            tokio::time::sleep_until(until.into()).await;
+            permits.dispatch_now();
+        });
+    }
+
+    /// A reader's read that waited for the network has its bytes.
+    pub fn note_read_answered(&self) {
+        self.permits.read_answered();
+    }
+
     /// Downloads under way or queued.
     pub fn in_flight_count(&self) -> usize {
         self.in_flight.lock().len()
@@ -423,6 +447,28 @@ impl Fetcher {
     /// if the part is cached or on its way, its edge is held or coming, or the memory
     /// budget has no room now.
     pub fn prefetch_edge(self: &Arc<Self>, object: &Arc<ObjectInfo>, range: Range<u64>) {
+        self.fetch_edge(object, range, Urgency::prefetch());
+    }
+
+    /// Fetches bytes `range` of the object (within one part) that a reader will ask for
+    /// at once, as [`Fetcher::prefetch_edge`] does but at demand priority: a prefetch
+    /// would queue behind a plan's.
+    pub fn edge_for_next_read(self: &Arc<Self>, object: &Arc<ObjectInfo>, range: Range<u64>) {
+        self.fetch_edge(object, range, Urgency::demand());
+    }
+
+    /// Starts downloading a part a reader will ask for at once, at demand priority,
+    /// unless it is cached (one on its way is raised to demand).
+    pub fn part_for_next_read(self: &Arc<Self>, object: &Arc<ObjectInfo>, index: u64) {
+        self.start(object, index, Urgency::demand());
+    }
+
+    fn fetch_edge(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        range: Range<u64>,
+        urgency: Arc<Urgency>,
+    ) {
         let index = range.start / self.part_size;
         let key = Self::key(object, index);
         let part_start = index * self.part_size;
@@ -431,27 +477,36 @@ impl Fetcher {
             range.end <= part_start + self.part_size,
             "an edge within one part"
         );
-        if self.cache.contains(key)
-            || self.is_in_flight(key)
-            || self.in_memory(key, &within).is_some()
-        {
+        if self.cache.contains(key) || self.in_memory(key, &within).is_some() {
             return;
         }
+        // A reader's next read of a part on its way waits for the download's body,
+        // unless its bytes are far from it: then, as that read would, it asks for them
+        // on its own (taking the download's one direct read).
+        let downloading = self.in_flight.lock().get(&key).map(|d| d.arriving.clone());
+        if downloading.is_some() && !urgency.is_demand() {
+            return;
+        }
+        let Some(memory) = self.memory.try_reserve(range.end - range.start) else {
+            return;
+        };
         let (on_the_wire, watched) = tokio::sync::watch::channel(false);
         match self.edges_in_flight.lock().entry(key) {
             std::collections::hash_map::Entry::Occupied(_) => return,
             std::collections::hash_map::Entry::Vacant(entry) => {
+                let part_len = self.part_range(object, index).end - part_start;
+                if let Some(arriving) = downloading {
+                    if !self.worth_a_direct_read(&arriving, &within, part_len) {
+                        return;
+                    }
+                }
                 entry.insert(EdgeInFlight {
                     within: within.clone(),
                     on_the_wire: watched,
                 });
             }
         }
-        let Some(memory) = self.memory.try_reserve(range.end - range.start) else {
-            self.edges_in_flight.lock().remove(&key);
-            return;
-        };
-        let slot = self.permits.request(Urgency::prefetch());
+        let slot = self.permits.request(urgency);
         let (this, object) = (self.clone(), object.clone());
         self.runtime.spawn(async move {
             let _permit = slot.granted().await;

@@ -6,10 +6,21 @@
 //! after another while a plan's prefetches held every other slot. A queued prefetch
 //! becomes a demand request when a reader starts waiting for the same part
 //! ([`Permits::raise`]), and takes a slot kept for demand at once if one is free.
+//!
+//! Priority at the slots does not reach the wire: once bodies stream, a link shared by
+//! every connection gives a reader's request the same share as each prefetch. A reader
+//! starting an epoch makes a few reads one after another (a row's offsets, then its
+//! values and column ids), and with twelve prefetches streaming each took one and a
+//! half round trips instead of one. So a plan's start opens an *opening*
+//! ([`Permits::open`]): until its reader's first reads that waited for the network are
+//! answered, or a deadline passes, at most [`OPENING_PREFETCHES`] prefetches run. Two
+//! streams still fill a link whose bottleneck is shared; the cap lifts before the
+//! reader waits for the bulk of the plan.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
@@ -37,10 +48,34 @@ struct Waiter {
     grant: oneshot::Sender<bool>,
 }
 
+/// Prefetches that may run during an opening.
+pub const OPENING_PREFETCHES: usize = 2;
+
+/// A plan's start: prefetches are held to [`OPENING_PREFETCHES`] until `reads_left`
+/// reads that waited for the network have been answered, or until `until`.
+struct Opening {
+    reads_left: usize,
+    until: Instant,
+}
+
 struct State {
     free: usize,
     prefetch_running: usize,
     waiters: VecDeque<Waiter>,
+    opening: Option<Opening>,
+}
+
+impl State {
+    /// Prefetches that may run now, of at most `max_prefetch`.
+    fn prefetch_cap(&mut self, max_prefetch: usize) -> usize {
+        if let Some(opening) = &self.opening {
+            if opening.reads_left > 0 && Instant::now() < opening.until {
+                return OPENING_PREFETCHES.min(max_prefetch);
+            }
+            self.opening = None;
+        }
+        max_prefetch
+    }
 }
 
 pub struct Permits {
@@ -106,6 +141,7 @@ impl Permits {
                 free: slots,
                 prefetch_running: 0,
                 waiters: VecDeque::new(),
+                opening: None,
             }),
             max_prefetch: slots.saturating_sub(demand_reserve).max(1),
         })
@@ -137,6 +173,31 @@ impl Permits {
         self.dispatch(&mut state);
     }
 
+    /// Holds prefetches to [`OPENING_PREFETCHES`] until `reads` reads that waited for
+    /// the network have been answered ([`Permits::read_answered`]) or until `until`,
+    /// whichever comes first; running prefetches go on. A later opening replaces it.
+    /// Nothing wakes the queue at `until`: the caller calls [`Permits::dispatch_now`].
+    pub fn open(&self, reads: usize, until: Instant) {
+        self.state.lock().opening = Some(Opening {
+            reads_left: reads,
+            until,
+        });
+    }
+
+    /// A reader's read that waited for the network was answered.
+    pub fn read_answered(&self) {
+        let mut state = self.state.lock();
+        if let Some(opening) = &mut state.opening {
+            opening.reads_left = opening.reads_left.saturating_sub(1);
+            self.dispatch(&mut state);
+        }
+    }
+
+    /// Hands out the slots an ended opening frees for prefetches.
+    pub fn dispatch_now(&self) {
+        self.dispatch(&mut self.state.lock());
+    }
+
     /// Hands free slots to waiters: demand first, in arrival order; then prefetches
     /// while they are under their cap.
     fn dispatch(&self, state: &mut State) {
@@ -144,7 +205,9 @@ impl Permits {
             let demand = state.waiters.iter().position(|w| w.urgency.is_demand());
             let next = match demand {
                 Some(i) => i,
-                None if !state.waiters.is_empty() && state.prefetch_running < self.max_prefetch => {
+                None if !state.waiters.is_empty()
+                    && state.prefetch_running < state.prefetch_cap(self.max_prefetch) =>
+                {
                     0
                 }
                 None => return,
@@ -259,6 +322,56 @@ mod tests {
         assert_eq!(permits.free(), 0);
         drop((running, raised));
         assert_eq!(permits.free(), 4);
+    }
+
+    /// Queues `n` prefetch requests; returns the granted permits and the queued requests.
+    fn prefetches(permits: &Arc<Permits>, n: usize) -> (Vec<Permit>, Vec<Request>) {
+        let (mut running, mut queued) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let mut request = permits.request(Urgency::prefetch());
+            match request.now() {
+                Some(permit) => running.push(permit),
+                None => queued.push(request),
+            }
+        }
+        (running, queued)
+    }
+
+    /// A plan starts: two prefetches run while its reader's first three reads wait for
+    /// the network, demand reads are not held, and the third answer lets the queued
+    /// prefetches run up to their usual cap.
+    #[tokio::test]
+    async fn an_opening_holds_prefetches_to_two_until_its_reads_are_answered() {
+        let permits = Permits::new(16);
+        permits.open(3, Instant::now() + Duration::from_secs(60));
+        let (mut running, mut queued) = prefetches(&permits, 14);
+        assert_eq!((running.len(), queued.len()), (OPENING_PREFETCHES, 12));
+        let demand = permits.request(Urgency::demand()).now();
+        assert!(demand.is_some(), "an opening holds prefetches only");
+        permits.read_answered();
+        permits.read_answered();
+        assert!(queued.iter_mut().all(|q| q.now().is_none()));
+        permits.read_answered();
+        running.extend(queued.iter_mut().filter_map(|q| q.now()));
+        assert_eq!(
+            running.len(),
+            12,
+            "the usual cap: a quarter of the slots kept for demand"
+        );
+    }
+
+    /// A plan whose reader never reads from the network holds prefetches only until
+    /// the opening's deadline.
+    #[tokio::test]
+    async fn an_opening_ends_at_its_deadline() {
+        let permits = Permits::new(8);
+        let until = Instant::now() + Duration::from_millis(30);
+        permits.open(3, until);
+        let (running, mut queued) = prefetches(&permits, 4);
+        assert_eq!(running.len(), OPENING_PREFETCHES);
+        tokio::time::sleep_until(until.into()).await;
+        permits.dispatch_now();
+        assert!(queued.iter_mut().all(|q| q.now().is_some()));
     }
 
     #[tokio::test]

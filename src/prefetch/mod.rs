@@ -14,7 +14,9 @@
 //! the values they bound. Its parts have no cache group: each is ranked as the virtual
 //! chunks it holds bytes of are, once the offsets of their ends were read.
 //!
-//! Prefetches use the fetcher's low priority, which never delays a demand read.
+//! Prefetches use the fetcher's low priority, which never delays a demand read at the
+//! download slots; a new plan's are held to a few while its reader's first reads go
+//! over the link ([`crate::fetch::Fetcher::begin_opening`]).
 
 pub mod plan;
 pub mod row_offsets;
@@ -163,10 +165,10 @@ impl Prefetcher {
         lines: &[HintLine],
     ) -> Result<(), PlanError> {
         let geometry = dataset.geometry();
-        if lines
+        let new_epoch = lines
             .iter()
-            .any(|line| matches!(line, HintLine::Plan { .. }))
-        {
+            .any(|line| matches!(line, HintLine::Plan { .. }));
+        if new_epoch {
             // A new epoch: what the plan read in the last one is needed again. (Cleared
             // even if the batch is refused: that only ranks the chunks as unread.)
             self.advice.done.write().remove(&handle);
@@ -202,6 +204,9 @@ impl Prefetcher {
                 Some(0)
             }
         };
+        if new_epoch {
+            self.fetcher.begin_opening();
+        }
         // Steps beyond the ranks' horizon or the prefetch's reach change neither yet:
         // the position's moves bring them in.
         let Some(distance) = changed_ahead else {
@@ -327,23 +332,24 @@ impl Prefetcher {
         len: u64,
         plan: &ReadPlan,
     ) {
+        // Observed even when a plan covers the read: whether it jumped decides the
+        // companion fetch ([`Prefetcher::fetch_companion`]).
+        let ahead = window.map(|window| {
+            window.observe(
+                offset,
+                len,
+                self.fetcher.part_size(),
+                self.config.max_sequential_window,
+                self.config.kernel_read_ahead,
+            )
+        });
         if self.plan_count.load(Ordering::Relaxed) > 0 && self.advance_plans(plan) {
             return;
         }
         if let FileContent::FlatArray(dataset, kind) = content {
             self.observe_scatter(dataset, *kind, offset, len);
         }
-        let Some(window) = window else {
-            return;
-        };
-        let ahead = window.observe(
-            offset,
-            len,
-            self.fetcher.part_size(),
-            self.config.max_sequential_window,
-            self.config.kernel_read_ahead,
-        );
-        if !ahead.is_empty() {
+        if let Some(ahead) = ahead.filter(|ahead| !ahead.is_empty()) {
             let read_ahead = plan_read(content, file_size, ahead.start, ahead.end - ahead.start);
             for piece in &read_ahead.pieces {
                 if let Piece::Object { object, range, .. } = piece {
@@ -359,7 +365,9 @@ impl Prefetcher {
     /// round): a read of the same elements of the other array follows a read of one at
     /// once. When the first waits on the network, the bytes of the second are asked for
     /// beside it, on their own (an edge, kept in memory), so the second read does not
-    /// wait a round trip more. Called for reads the cache could not serve that jumped
+    /// wait a round trip more. They are asked for at demand priority: as a prefetch
+    /// they queued behind a plan's prefetches, and the second read asked for them
+    /// itself, a round trip later. Called for reads the cache could not serve that jumped
     /// (a memory map's fault at a row; not a reader going through a whole file, which
     /// reads the other later, if at all).
     pub fn fetch_companion(&self, content: &FileContent, offset: u64, len: u64) {
@@ -392,11 +400,11 @@ impl Prefetcher {
                 let part = self.fetcher.part_range(object, index);
                 let within = range.start.max(part.start)..range.end.min(part.end);
                 if within != part && self.worth_an_edge(&within) {
-                    self.fetcher.prefetch_edge(object, within);
+                    self.fetcher.edge_for_next_read(object, within);
                 } else {
                     // Most of a part, or all of a small one: the part itself, which the
                     // second read joins (as an edge it would be fetched again as a part).
-                    self.fetcher.prefetch(object, index);
+                    self.fetcher.part_for_next_read(object, index);
                 }
             }
         }
