@@ -575,8 +575,10 @@ def sys_scdlfs_half(ctx, run_i, hints):
     for r in results:
         if r["epoch"] == epochs[1].epoch:
             r["offline_bound_bytes"] = offline_next_epoch_bytes(sizes, before, epoch, cache_bytes)
-            r["offline_bound_read_ahead_bytes"] = offline_next_epoch_bytes(sizes, before, epoch,
-                                                                           cache_bytes - step_bytes)
+            # With a step most of the cache (the reduced variant), such a cache only thrashes.
+            if 2 * step_bytes <= cache_bytes:
+                r["offline_bound_read_ahead_bytes"] = offline_next_epoch_bytes(sizes, before, epoch,
+                                                                               cache_bytes - step_bytes)
             r["step_bytes"] = step_bytes
     return results
 
@@ -1001,15 +1003,15 @@ class Report:
         if not m or not m.get("offline_bound_bytes"):
             return text
         bound, ahead = m["offline_bound_bytes"], m.get("offline_bound_read_ahead_bytes")
-        return ("%s. A cache that knew the epoch in advance (Belady's rule over its chunk sequence, from the "
+        text = ("%s. A cache that knew the epoch in advance (Belady's rule over its chunk sequence, from the "
                 "chunks the cold epoch read last) would fetch %.2f GB = %.2f× the floor: the floor assumes every "
                 "cached chunk is read before one must make room, but until the epoch has read cached chunks, "
-                "each chunk it fetches evicts one it reads later. With room kept for the next step arriving "
-                "while one is read (a step's chunks, %s GB, less for reuse), it would fetch %s GB = %s× the "
-                "floor. scdlfs fetched %s× the first bound" % (
-                    text, bound / 1e9, bound / floor, fmt(m.get("step_bytes") and m["step_bytes"] / 1e9, ".2f"),
-                    fmt(ahead and ahead / 1e9, ".2f"), fmt(ahead and ahead / floor, ".2f"),
-                    fmt(m.get("over_offline_bound"), ".2f")))
+                "each chunk it fetches evicts one it reads later" % (text, bound / 1e9, bound / floor))
+        if ahead:
+            text += (". With room kept for the next step arriving while one is read (a step's chunks, %s GB, "
+                     "less for reuse), it would fetch %.2f GB = %.2f× the floor" % (
+                         fmt(m.get("step_bytes") and m["step_bytes"] / 1e9, ".2f"), ahead / 1e9, ahead / floor))
+        return "%s. scdlfs fetched %s× the first bound" % (text, fmt(m.get("over_offline_bound"), ".2f"))
 
     def targets(self):
         """(target, measured, verdict, limit) for each target of issue 12 this run measures;

@@ -779,24 +779,28 @@ async fn the_bytes_of_a_next_read_in_a_queued_part_are_asked_for_at_once() {
     for index in 0..4 {
         assert!(bench.fetcher.prefetch(&bench.object, index));
     }
-    let sent = || gate.hook().order.lock().clone();
-    while sent().len() < 3 {
-        tokio::task::yield_now().await;
-    }
+    // The parts whose requests were sent, once there are `count` (or after a while).
+    let sent = |count: usize| {
+        let gate = gate.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while gate.hook().order.lock().len() < count && tokio::time::Instant::now() < deadline {
+                tokio::task::yield_now().await;
+            }
+            gate.hook().order.lock().clone()
+        }
+    };
+    assert_eq!(sent(3).await, vec![0, 1, 2]);
     bench.fetcher.prefetch_edge(&bench.object, 3100..3200);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
-        sent(),
+        sent(3).await,
         vec![0, 1, 2],
         "a prefetched edge waits for its part"
     );
     bench.fetcher.edge_for_next_read(&bench.object, 3100..3200);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while sent().len() < 4 && tokio::time::Instant::now() < deadline {
-        tokio::task::yield_now().await;
-    }
     assert_eq!(
-        sent(),
+        sent(4).await,
         vec![0, 1, 2, 3],
         "the edge went on the wire at once"
     );
