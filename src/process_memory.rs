@@ -26,7 +26,8 @@
 //! the 14.6 GB epoch the resident size rose from 47 to 69 MiB between the peaks of
 //! buffers in flight, none of which grows with the dataset (the largest, sampled with
 //! heaptrack at the peak: the FUSE threads' request buffers, mostly never touched;
-//! the read-around's two windows; the HTTP connections' read buffers).
+//! the read-around's two window buffers, since cut to a slice each, `fs/read_around.rs`;
+//! the HTTP connections' read buffers).
 
 use serde::{Deserialize, Serialize};
 

@@ -108,6 +108,24 @@ impl ReadPath {
         self.read_local(plan, self.parts_needed(plan), Recency::Keep, out)
     }
 
+    /// Whether every byte of `plan` is local now (cached, or held by the fetcher) and
+    /// every chunk check has passed: what [`ReadPath::read_around`] needs to serve it.
+    pub fn is_local(&self, plan: &ReadPlan) -> bool {
+        let checked = plan
+            .chunks_to_check
+            .as_ref()
+            .is_none_or(|(dataset, chunks)| {
+                chunks
+                    .iter()
+                    .all(|&chunk| matches!(dataset.row_ptr_check(chunk).get(), Some(Ok(()))))
+            });
+        checked
+            && self.parts_needed(plan).iter().all(|need| {
+                self.fetcher.cache().contains(need.key)
+                    || self.fetcher.in_memory(need.key, &need.within).is_some()
+            })
+    }
+
     fn read_local(
         &self,
         plan: &ReadPlan,

@@ -1225,13 +1225,23 @@ mod metadata_ttl {
     }
 }
 
-/// What the read-around stored into the "kernel": (inode, offset, bytes), in order.
+/// What the read-around stored into the "kernel": (inode, offset, bytes), in order, a
+/// store that continues the one before joined to it (how many stores a run of pages
+/// takes is the pusher's business).
 #[derive(Default)]
 struct RecordedPageCache(parking_lot::Mutex<Vec<(u64, u64, Vec<u8>)>>);
 
 impl PageCache for RecordedPageCache {
     fn store(&self, ino: u64, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
-        self.0.lock().push((ino, offset, bytes.to_vec()));
+        let mut stored = self.0.lock();
+        match stored.last_mut() {
+            Some((last_ino, last_offset, last))
+                if *last_ino == ino && *last_offset + last.len() as u64 == offset =>
+            {
+                last.extend_from_slice(bytes)
+            }
+            _ => stored.push((ino, offset, bytes.to_vec())),
+        }
         Ok(())
     }
 }
@@ -1257,7 +1267,8 @@ impl RecordedPageCache {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_served_from_the_cache_stores_the_pages_of_its_window_the_kernel_lacks() {
     let page = 4096u64;
-    let part = 64u64 << 10;
+    // Windows of 2 MiB: a pusher stores them a slice at a time.
+    let part = 512u64 << 10;
     let window = 4 * part;
     // Part 10 is a page and a bit: the last window ends inside a page.
     let blob = pattern(9, (10 * part + page + 1000) as usize);
@@ -1270,6 +1281,7 @@ async fn a_read_served_from_the_cache_stores_the_pages_of_its_window_the_kernel_
     // A kernel read-ahead of two pages: the margins a read prefetches around itself
     // stay inside its part.
     let core = core_of(&files, |s| {
+        s.part_size = part;
         s.cache_read_around = window;
         s.read_ahead = Some(2 * page);
     })
