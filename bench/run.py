@@ -429,6 +429,35 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_counters(path):
+    """Bytes read so far from the disk holding `path` (None where /proc/diskstats does not
+    name it) and the machine's CPU time so far as (busy, waiting on a disk, all), in ticks."""
+    dev = os.stat(path).st_dev
+    disk_bytes = None
+    with open("/proc/diskstats") as f:
+        for line in f:
+            fields = line.split()
+            if (int(fields[0]), int(fields[1])) == (os.major(dev), os.minor(dev)):
+                disk_bytes = int(fields[5]) * 512
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = ticks
+    return disk_bytes, (user + nice + system + irq + softirq + steal, iowait, sum(ticks))
+
+
+def with_machine_counters(ctx, read):
+    """Runs `read()` and adds to its result what the machine did meanwhile: bytes read from
+    the work directory's disk (scdlfs's cache and the local copy are both there) and the
+    shares of the CPU time busy and waiting on a disk."""
+    disk0, cpu0 = machine_counters(ctx.work)
+    r = read()
+    disk1, cpu1 = machine_counters(ctx.work)
+    busy, iowait, total = (b - a for a, b in zip(cpu0, cpu1))
+    r.update(disk_read_bytes=disk1 - disk0 if disk0 is not None else None,
+             cpu_busy_share=busy / total if total else None, iowait_share=iowait / total if total else None)
+    return r
+
+
 def scdlfs_status(mnt):
     return json.loads(os.getxattr(mnt, "user.scdlfs.status"))
 
@@ -479,7 +508,7 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_
             counters0 = scdlfs_status(mnt)["counters"] if scdlfs else None
             before = proxy_bytes(ctx.stats)
             cpu0 = cpu_seconds(proc.pid)
-            r = reader(ctx, dataset_dir, e.order, e.epoch, e.hints, e.limit)
+            r = with_machine_counters(ctx, lambda: reader(ctx, dataset_dir, e.order, e.epoch, e.hints, e.limit))
             r["bytes_fetched"] = proxy_bytes(ctx.stats) - before
             r["daemon_cpu_s"] = cpu_seconds(proc.pid) - cpu0
             r["daemon_peak_rss_kib"] = peak_rss_kib(proc.pid)
@@ -540,7 +569,7 @@ def sys_local(ctx, order, run_i, reader=read_epoch, prefix=""):
               Epoch(prefix + "local disk, " + DROPPED, order, 2 * run_i + 1, DROPPED),
               Epoch(prefix + "local disk, " + WARM, order, 2 * run_i + 1, WARM)):
         prepare(local, e)
-        r = reader(ctx, local, order, e.epoch, True, None)
+        r = with_machine_counters(ctx, lambda: reader(ctx, local, order, e.epoch, True, None))
         r.update(bytes_fetched=0, daemon_peak_rss_kib=None)
         results.append(tag(r, e, "flat"))
     return results
@@ -932,6 +961,9 @@ def summarize(results):
             cpu_s_per_gb=med([r["daemon_cpu_s"] / r["bytes_served"] * 1e9 if r.get("bytes_served") else None
                               for r in rs]),
             hint_writes=med([r.get("hint_writes") for r in rs]),
+            disk_read_bytes=med([r.get("disk_read_bytes") for r in rs]),
+            cpu_busy_share=med([r.get("cpu_busy_share") for r in rs]),
+            iowait_share=med([r.get("iowait_share") for r in rs]),
             fetch_memory_peak_mib=med([r.get("fetch_memory_peak_mib") for r in rs]),
             resident_mib=med([r.get("resident_mib") for r in rs]),
             heap_in_use_mib=med([r.get("heap_in_use_mib") for r in rs]),
@@ -947,6 +979,10 @@ def summarize(results):
 
 def fmt(x, spec):
     return "—" if x is None else format(x, spec)
+
+
+def pct(share):
+    return "—" if share is None else "%.0f%%" % (100 * share)
 
 
 def epoch_text(m):
@@ -1061,14 +1097,17 @@ class Report:
                 for o, x in ratios:
                     if x is None or x >= 0.9:
                         continue
-                    hinted_s, plain_s = g(system, o, "epoch_s"), g(unhinted, o, "epoch_s")
-                    writes = g(system, o, "hint_writes")
+                    local = "local disk, " + state
                     text = "%s: daemon CPU %s s per GB read; without hints %s× local" % (
                         o, fmt(g(system, o, "cpu_s_per_gb"), ".2f"), fmt(g(unhinted, o, "ratio"), ".2f"))
-                    if hinted_s and plain_s and writes and hinted_s > plain_s:
-                        text += "; with hints %.2f s longer, over %.0f hint writes (FUSE round trips of the " \
-                                "sampler's writer thread, beside the reader)" % (
-                            hinted_s - plain_s, writes)
+                    if g(local, o, "disk_read_bytes") is not None and g(system, o, "disk_read_bytes") is not None:
+                        text += ("; in the epoch, local disk / scdlfs: %s / %s s, the disk read %s / %s GB, "
+                                 "the %d cores busy %s / %s and waiting on the disk %s / %s of their time") % (
+                            fmt(g(local, o, "epoch_s"), ".2f"), fmt(g(system, o, "epoch_s"), ".2f"),
+                            fmt(g(local, o, "disk_read_bytes") / 1e9, ".2f"),
+                            fmt(g(system, o, "disk_read_bytes") / 1e9, ".2f"), self.saved["cores"],
+                            pct(g(local, o, "cpu_busy_share")), pct(g(system, o, "cpu_busy_share")),
+                            pct(g(local, o, "iowait_share")), pct(g(system, o, "iowait_share")))
                     parts.append(text)
                 limit = "; ".join(parts)
             rows.append(("%s ≥ 0.9× local disk rows/s (%s, same epoch), every order" % (system, state),
@@ -1213,6 +1252,9 @@ def write_report(saved, path_md, path_png, font, readme):
       % (saved["cache_size"], "After every drop the server's files of the main dataset are read back into the "
          "page cache, so that the server serves as fast as when its ceiling is measured." if args["server"] ==
          "s3s-nginx" else "moto_server keeps the objects in its memory."))
+    w("- **The machine during each epoch**: bytes read from the disk holding the work directory, where both "
+      "scdlfs's cache and the local copy live (`/proc/diskstats`), and the share of all cores' time busy and "
+      "waiting on a disk (`/proc/stat`); the targets table names them where they bound a miss.")
     if any(k[0].startswith(HALF) for k in summary):
         w("- **%s**: scdlfs with a cache of half the dataset (%d bytes), the case it exists for: a fresh mount's "
           "cold windows epoch 2r, then epoch 2r+1 (another order of the windows) with the page cache dropped; "
