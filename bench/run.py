@@ -960,7 +960,6 @@ def summarize(results):
             rss_mib=med([r["daemon_peak_rss_kib"] / 1024 if r.get("daemon_peak_rss_kib") else None for r in rs]),
             cpu_s_per_gb=med([r["daemon_cpu_s"] / r["bytes_served"] * 1e9 if r.get("bytes_served") else None
                               for r in rs]),
-            hint_writes=med([r.get("hint_writes") for r in rs]),
             disk_read_bytes=med([r.get("disk_read_bytes") for r in rs]),
             cpu_busy_share=med([r.get("cpu_busy_share") for r in rs]),
             iowait_share=med([r.get("iowait_share") for r in rs]),

@@ -120,10 +120,16 @@ impl ReadPath {
                     .all(|&chunk| matches!(dataset.row_ptr_check(chunk).get(), Some(Ok(()))))
             });
         checked
-            && self.parts_needed(plan).iter().all(|need| {
-                self.fetcher.cache().contains(need.key)
-                    || self.fetcher.in_memory(need.key, &need.within).is_some()
-            })
+            && self
+                .parts_needed(plan)
+                .iter()
+                .all(|need| self.has_locally(need))
+    }
+
+    /// Whether the bytes a read needs of a part are cached or held by the fetcher.
+    fn has_locally(&self, need: &Need<'_>) -> bool {
+        self.fetcher.cache().contains(need.key)
+            || self.fetcher.in_memory(need.key, &need.within).is_some()
     }
 
     fn read_local(
@@ -161,10 +167,7 @@ impl ReadPath {
     pub async fn read(self: &Arc<Self>, plan: ReadPlan) -> FsResult<Vec<u8>> {
         let started = Instant::now();
         let needed = self.parts_demanded(&plan);
-        let cache = self.fetcher.cache();
-        let mut on_network = needed.iter().any(|need| {
-            !cache.contains(need.key) && self.fetcher.in_memory(need.key, &need.within).is_none()
-        });
+        let mut on_network = needed.iter().any(|need| !self.has_locally(need));
         let checks = async {
             if let Some((dataset, chunks)) = &plan.chunks_to_check {
                 // Pieces come in file order, so a chunk's repeats are adjacent.
