@@ -1,12 +1,11 @@
-//! The filesystem's error type, and the one place where errors become errno values.
+//! The filesystem's error type: every failure a FUSE reply can carry is an
+//! [`FsError`], with its facts as data.
 //!
-//! Every failure a FUSE reply can carry is an [`FsError`]; the glue in [`crate::fs`]
-//! turns it into an errno with [`FsError::errno`] and nowhere else, so a reader of
-//! this file sees the whole mapping at once.
+//! Part of the bottom layer: it names no layer above it (each converts its own typed
+//! errors into an [`FsError`] where it defines them), and the FUSE edge alone turns an
+//! [`FsError`] into an errno ([`crate::fs::errno`]).
 
 use std::sync::Arc;
-
-use fuser::Errno;
 
 /// Why an operation on the mount failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -70,33 +69,26 @@ pub enum HintRefused {
     #[error(transparent)]
     Malformed(#[from] scdl_format::hint::HintError),
     #[error(transparent)]
-    Plan(#[from] crate::prefetch::plan::PlanError),
+    Plan(#[from] PlanRefused),
+}
+
+/// Why a batch of hint lines is refused by the plan it would change (which is then
+/// unchanged): the facts, as the prefetcher found them.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanRefused {
+    #[error("the writer assumes chunks of {writer} rows, but the dataset's chunks have {dataset}")]
+    ChunkRows { writer: u64, dataset: u64 },
+    #[error("window names chunk {chunk}, but the dataset has {chunks} chunks")]
+    NoSuchChunk { chunk: u32, chunks: u64 },
+    #[error("rows {start}..{end} end past the dataset's {rows} rows")]
+    RowsPastEnd { start: u64, end: u64, rows: u64 },
+    #[error("plan longer than {limit} steps")]
+    TooManySteps { limit: usize },
+    #[error("the plans of all open hint files would name more than {limit} chunks and row ranges")]
+    TooManyEntries { limit: usize },
 }
 
 impl FsError {
-    /// The errno a FUSE reply carries for this error.
-    pub fn errno(&self) -> Errno {
-        match self {
-            FsError::NotFound => Errno::ENOENT,
-            FsError::NotADirectory => Errno::ENOTDIR,
-            FsError::IsADirectory => Errno::EISDIR,
-            FsError::ReadOnly => Errno::EROFS,
-            FsError::NoSuchAttribute => Errno::NO_XATTR,
-            FsError::BufferTooSmall => Errno::ERANGE,
-            FsError::NotATerminal => Errno::ENOTTY,
-            FsError::InvalidHint(_) | FsError::InvalidRequest(_) => Errno::EINVAL,
-            FsError::Busy(_) => Errno::EBUSY,
-            FsError::Store { .. }
-            | FsError::ObjectChanged { .. }
-            | FsError::ShortRead { .. }
-            | FsError::TimedOut { .. }
-            | FsError::CorruptData(_)
-            | FsError::RowOffsets { .. }
-            | FsError::CacheIo(_)
-            | FsError::CacheCorrupt(_) => Errno::EIO,
-        }
-    }
-
     /// A store error, its message stripped of any credentials its URLs carry.
     pub fn store(key: &str, error: &object_store::Error) -> FsError {
         FsError::Store {
@@ -109,19 +101,6 @@ impl FsError {
 impl From<std::io::Error> for FsError {
     fn from(error: std::io::Error) -> Self {
         FsError::CacheIo(Arc::new(error))
-    }
-}
-
-impl From<crate::cache::CacheError> for FsError {
-    fn from(error: crate::cache::CacheError) -> Self {
-        match error {
-            crate::cache::CacheError::Io(error) => error.into(),
-            // Both were dropped from the cache: the read path fetches the part again.
-            dropped @ (crate::cache::CacheError::Corrupt { .. }
-            | crate::cache::CacheError::Vanished { .. }) => {
-                FsError::CacheCorrupt(dropped.to_string())
-            }
-        }
     }
 }
 

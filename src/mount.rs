@@ -13,14 +13,17 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ListResult, ObjectStore};
 
 use crate::cache::{CacheOwner, DiskCache};
-use crate::catalog::{DirMode, ObjectInfo, ObjectRegistry, Tree};
-use crate::fetch::{listed_object, Fetcher};
+use crate::catalog::{DirMode, ObjectRegistry, Tree};
+use crate::fetch::{listed_object, FetchLimits, Fetcher};
 use crate::fs::fuse::KernelPageCache;
 use crate::fs::read_around::ReadAround;
 use crate::fs::{read_ahead, FsCore, Ownership, ScdlFs};
 use crate::metrics::Metrics;
+use crate::object::ObjectInfo;
+use crate::planner_wake::PlannerWake;
 use crate::prefetch::{PrefetchConfig, Prefetcher};
 use crate::read::ReadPath;
+use crate::row_offset_check::RowOffsetCheck;
 use crate::status::{Observer, Status};
 use crate::warm::Warmer;
 
@@ -153,19 +156,34 @@ pub fn assemble(
             metrics.clone(),
         )
     };
+    // One bell for everything the prefetcher plans around: downloads ending, and
+    // row-offset verdicts.
+    let planner_wake = PlannerWake::default();
     let fetcher = Fetcher::new(
         store.clone(),
-        cache,
-        settings.part_size,
-        settings.max_concurrent_requests,
-        settings.read_timeout,
-        settings.fetch_memory,
+        cache.clone(),
+        FetchLimits {
+            part_size: settings.part_size,
+            max_concurrent_requests: settings.max_concurrent_requests,
+            read_timeout: settings.read_timeout,
+            memory_cap: settings.fetch_memory,
+        },
+        metrics.clone(),
+        planner_wake.clone(),
+    );
+    let row_offset_check = RowOffsetCheck::new(fetcher.clone(), planner_wake.clone());
+    let read_path = ReadPath::new(
+        fetcher.clone(),
+        cache.clone(),
+        row_offset_check.clone(),
         metrics.clone(),
     );
-    let read_path = ReadPath::new(fetcher.clone(), metrics.clone());
     let prefetcher = Prefetcher::new(
         fetcher.clone(),
-        read_path.clone(),
+        cache.clone(),
+        row_offset_check,
+        planner_wake,
+        metrics.clone(),
         PrefetchConfig {
             lookahead_steps: settings.prefetch_lookahead_steps,
             max_ahead_bytes: settings.cache_bytes / 2,
@@ -182,11 +200,12 @@ pub fn assemble(
         metrics.clone(),
         root_listing,
     ));
-    let warmer = Warmer::new(fetcher.clone());
+    let warmer = Warmer::new(fetcher.clone(), cache.clone());
     let observer = Observer::new(
         settings.fs_name.clone(),
         metrics.clone(),
         fetcher,
+        cache.clone(),
         prefetcher.clone(),
     );
     let read_around = ReadAround::new(
@@ -196,6 +215,7 @@ pub fn assemble(
     );
     let core = FsCore::new(
         tree,
+        cache,
         read_path,
         read_around,
         prefetcher,

@@ -1,9 +1,10 @@
 //! The read path: a resolved read ([`ReadPlan`]) becomes bytes. Parts already on disk
 //! are read in the caller's thread ([`ReadPath::read_cached`]); anything that needs the
 //! network is awaited in a task ([`ReadPath::read`]), so the FUSE threads never wait
-//! on a download. Row offsets are rebased here, and a read touching a flat chunk waits
-//! for that chunk's row offsets to pass their check (the rules of both live with the
-//! format, [`scdl_format::flat`]): wrong numbers are never served.
+//! on a download. Row offsets are rebased here (the rule lives with the format,
+//! [`scdl_format::flat`]), and a read touching a flat chunk waits for that chunk's row
+//! offsets to pass their check ([`crate::row_offset_check`]): wrong numbers are never
+//! served.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,12 +14,13 @@ use futures::future::try_join_all;
 use scdl_format::flat::rebase_row_offsets;
 use scdl_format::ArrayKind;
 
-use crate::cache::Recency;
-use crate::catalog::{FlatDataset, ObjectInfo};
+use crate::cache::{DiskCache, Recency};
 use crate::error::{FsError, FsResult};
 use crate::fetch::{Fetcher, PartBytes};
 use crate::metrics::Metrics;
+use crate::object::ObjectInfo;
 use crate::parts::PartKey;
+use crate::row_offset_check::RowOffsetCheck;
 use crate::view::{Piece, ReadPlan};
 
 /// How often a read assembles its parts when cached ones keep failing their checksum
@@ -35,16 +37,24 @@ struct Need<'a> {
 
 pub struct ReadPath {
     fetcher: Arc<Fetcher>,
+    cache: Arc<DiskCache>,
+    row_offset_check: Arc<RowOffsetCheck>,
     metrics: Arc<Metrics>,
 }
 
 impl ReadPath {
-    pub fn new(fetcher: Arc<Fetcher>, metrics: Arc<Metrics>) -> Arc<ReadPath> {
-        Arc::new(ReadPath { fetcher, metrics })
-    }
-
-    pub fn fetcher(&self) -> &Arc<Fetcher> {
-        &self.fetcher
+    pub fn new(
+        fetcher: Arc<Fetcher>,
+        cache: Arc<DiskCache>,
+        row_offset_check: Arc<RowOffsetCheck>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<ReadPath> {
+        Arc::new(ReadPath {
+            fetcher,
+            cache,
+            row_offset_check,
+            metrics,
+        })
     }
 
     /// The parts a plan needs, each once, with the bytes of each it needs.
@@ -117,7 +127,7 @@ impl ReadPath {
             .is_none_or(|(dataset, chunks)| {
                 chunks
                     .iter()
-                    .all(|&chunk| matches!(dataset.row_ptr_check(chunk).get(), Some(Ok(()))))
+                    .all(|&chunk| RowOffsetCheck::passed(dataset, chunk))
             });
         checked
             && self
@@ -128,8 +138,7 @@ impl ReadPath {
 
     /// Whether the bytes a read needs of a part are cached or held by the fetcher.
     fn has_locally(&self, need: &Need<'_>) -> bool {
-        self.fetcher.cache().contains(need.key)
-            || self.fetcher.in_memory(need.key, &need.within).is_some()
+        self.cache.contains(need.key) || self.fetcher.in_memory(need.key, &need.within).is_some()
     }
 
     fn read_local(
@@ -141,16 +150,16 @@ impl ReadPath {
     ) -> Option<FsResult<()>> {
         if let Some((dataset, chunks)) = &plan.chunks_to_check {
             for &chunk in chunks {
-                match dataset.row_ptr_check(chunk).get() {
+                match RowOffsetCheck::verdict(dataset, chunk) {
                     Some(Ok(())) => {}
-                    Some(Err(error)) => return Some(Err(error.clone())),
+                    Some(Err(rejected)) => return Some(Err(rejected.clone().into())),
                     None => return None,
                 }
             }
         }
         let mut parts = HashMap::new();
         for need in needs {
-            let part = match self.fetcher.cache().get(need.key, recency) {
+            let part = match self.cache.get(need.key, recency) {
                 Some(part) => PartBytes::Cached(part),
                 None => self.fetcher.in_memory(need.key, &need.within)?,
             };
@@ -173,13 +182,17 @@ impl ReadPath {
                 // Pieces come in file order, so a chunk's repeats are adjacent.
                 let mut chunks = chunks.clone();
                 chunks.dedup();
-                try_join_all(chunks.into_iter().map(|c| self.check_row_ptr(dataset, c))).await?;
+                try_join_all(chunks.into_iter().map(|c| async move {
+                    let verdict = self.row_offset_check.check(dataset, c).await?;
+                    verdict.clone().map_err(FsError::from)
+                }))
+                .await?;
             }
             Ok::<_, FsError>(())
         };
         if let Some((dataset, chunks)) = &plan.chunks_to_check {
             on_network |= chunks.iter().any(|&c| {
-                dataset.row_ptr_check(c).get().is_none()
+                RowOffsetCheck::verdict(dataset, c).is_none()
                     && !self.fetcher.is_cached(dataset.array(c, ArrayKind::RowPtr))
             });
         }
@@ -217,42 +230,6 @@ impl ReadPath {
             Ok::<_, FsError>((need.key, bytes))
         }))
         .await
-    }
-
-    /// Checks chunk `chunk`'s row offsets once per mount; later reads reuse the verdict.
-    /// A new verdict wakes the prefetcher, which can then locate the values the offsets
-    /// bound.
-    pub async fn check_row_ptr(&self, dataset: &Arc<FlatDataset>, chunk: usize) -> FsResult<()> {
-        let decided_here = std::sync::atomic::AtomicBool::new(false);
-        let verdict = dataset
-            .row_ptr_check(chunk)
-            .get_or_try_init(|| async {
-                let object = dataset.array(chunk, ArrayKind::RowPtr);
-                let whole = ReadPlan {
-                    pieces: vec![Piece::Object {
-                        object: object.clone(),
-                        range: 0..object.size,
-                        rebase: None,
-                    }],
-                    skip: 0,
-                    len: object.size,
-                    chunks_to_check: None,
-                };
-                let parts = self.fetch_all(self.parts_demanded(&whole)).await;
-                let bytes = parts.and_then(|parts| self.finish(&whole, &parts.into_iter().collect()));
-                // A failed download is not a verdict on the data: a later read retries.
-                let verdict = dataset.verify_row_ptr(chunk, &bytes?);
-                if let Err(reason) = &verdict {
-                    tracing::error!(%reason, "corrupt row offsets: reads of this chunk fail with EIO");
-                }
-                decided_here.store(true, std::sync::atomic::Ordering::Relaxed);
-                Ok::<_, FsError>(verdict)
-            })
-            .await?;
-        if decided_here.into_inner() {
-            self.fetcher.planner_wake().notify_one();
-        }
-        verdict.clone()
     }
 
     /// Assembles a plan's bytes from its parts.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::cache::CacheStats;
+use crate::cache::{CacheStats, DiskCache};
 use crate::fetch::Fetcher;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::prefetch::{PlanStatus, Prefetcher};
@@ -135,6 +135,7 @@ pub struct Observer {
     started: Instant,
     metrics: Arc<Metrics>,
     fetcher: Arc<Fetcher>,
+    cache: Arc<DiskCache>,
     prefetcher: Arc<Prefetcher>,
     recent: Arc<Mutex<RecentSamples>>,
 }
@@ -170,7 +171,7 @@ impl Observer {
             source: self.fs_name.clone(),
             uptime_seconds,
             counters,
-            cache: self.fetcher.cache().stats(),
+            cache: self.cache.stats(),
             active_plans: self.prefetcher.plan_status(),
             downloads_in_flight: self.fetcher.in_flight_count(),
             rates,
@@ -182,6 +183,7 @@ impl Observer {
         fs_name: String,
         metrics: Arc<Metrics>,
         fetcher: Arc<Fetcher>,
+        cache: Arc<DiskCache>,
         prefetcher: Arc<Prefetcher>,
     ) -> Observer {
         let started = Instant::now();
@@ -190,6 +192,7 @@ impl Observer {
             started,
             metrics,
             fetcher,
+            cache,
             prefetcher,
             recent: Arc::new(Mutex::new(RecentSamples::starting_at(started))),
         }

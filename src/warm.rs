@@ -27,10 +27,11 @@ use parking_lot::Mutex;
 use scdl_format::ArrayKind;
 use serde::{Deserialize, Serialize};
 
-use crate::cache::Recency;
-use crate::catalog::{Dataset, ObjectInfo};
+use crate::cache::{DiskCache, Recency};
+use crate::catalog::Dataset;
 use crate::error::{FsError, FsResult};
 use crate::fetch::Fetcher;
+use crate::object::ObjectInfo;
 
 /// The extended attribute of a dataset directory that starts, stops and reports warming.
 pub const WARM_XATTR: &str = "user.scdlfs.warm";
@@ -204,14 +205,20 @@ impl Job {
 /// The warm jobs of a mount, at most one per dataset.
 pub struct Warmer {
     fetcher: Arc<Fetcher>,
+    cache: Arc<DiskCache>,
     jobs: Mutex<HashMap<String, Arc<Job>>>,
+    /// Jobs are started from FUSE threads, outside the runtime.
+    runtime: tokio::runtime::Handle,
 }
 
 impl Warmer {
-    pub fn new(fetcher: Arc<Fetcher>) -> Arc<Warmer> {
+    /// Must be called within the runtime that will run the jobs.
+    pub fn new(fetcher: Arc<Fetcher>, cache: Arc<DiskCache>) -> Arc<Warmer> {
         Arc::new(Warmer {
             fetcher,
+            cache,
             jobs: Mutex::new(HashMap::new()),
+            runtime: tokio::runtime::Handle::current(),
         })
     }
 
@@ -241,7 +248,7 @@ impl Warmer {
                 let job = Arc::new(Job {
                     progress: Mutex::new(WarmProgress {
                         token,
-                        budget_bytes: self.fetcher.cache().stats().budget_bytes,
+                        budget_bytes: self.cache.stats().budget_bytes,
                         ..WarmProgress::default()
                     }),
                     stop: AtomicBool::new(false),
@@ -249,9 +256,10 @@ impl Warmer {
                 });
                 jobs.insert(key, job.clone());
                 tracing::info!(dataset = %dataset.prefix(), ?selection, "warming");
-                let (fetcher, dataset) = (self.fetcher.clone(), dataset.clone());
-                self.fetcher.runtime().spawn(async move {
-                    let outcome = warm(&job, &fetcher, &dataset, &selection).await;
+                let (fetcher, cache) = (self.fetcher.clone(), self.cache.clone());
+                let dataset = dataset.clone();
+                self.runtime.spawn(async move {
+                    let outcome = warm(&job, &fetcher, &cache, &dataset, &selection).await;
                     let progress = {
                         let mut progress = job.progress.lock();
                         progress.state = match outcome {
@@ -289,11 +297,12 @@ impl Warmer {
 async fn warm(
     job: &Job,
     fetcher: &Arc<Fetcher>,
+    cache: &Arc<DiskCache>,
     dataset: &Dataset,
     selection: &Selection,
 ) -> Result<(), String> {
     // Parts of an earlier mount count as cached only once adopted.
-    while !fetcher.cache().stats().adoption_done {
+    while !cache.stats().adoption_done {
         if job.should_stop() {
             return Ok(());
         }
@@ -306,7 +315,6 @@ async fn warm(
         .flat_map(|(object, range)| fetcher.parts_of(&range).map(move |i| (object.clone(), i)))
         .filter(|(object, index)| seen.insert(Fetcher::key(object, *index)))
         .collect();
-    let cache = fetcher.cache();
     let budget = cache.stats().budget_bytes;
     let room = budget - budget / 10;
     let max_groups = cache.max_groups();
@@ -344,7 +352,7 @@ async fn warm(
     let slots = (fetcher.max_concurrent_requests() / 2).max(1);
     futures::stream::iter(kept)
         .take_while(|_| std::future::ready(!job.should_stop()))
-        .map(|(object, index)| warm_part(job, fetcher, object, index))
+        .map(|(object, index)| warm_part(job, fetcher, cache, object, index))
         .buffer_unordered(slots)
         .for_each(|()| async {})
         .await;
@@ -352,12 +360,18 @@ async fn warm(
 }
 
 /// Brings one part in (or finds it there) and counts it.
-async fn warm_part(job: &Job, fetcher: &Arc<Fetcher>, object: Arc<ObjectInfo>, index: u64) {
+async fn warm_part(
+    job: &Job,
+    fetcher: &Arc<Fetcher>,
+    cache: &Arc<DiskCache>,
+    object: Arc<ObjectInfo>,
+    index: u64,
+) {
     let key = Fetcher::key(&object, index);
     let len = range_len(&fetcher.part_range(&object, index));
     // Reading it pins it, which makes it the most recently used: what this job warms
     // later does not evict it.
-    if fetcher.cache().get(key, Recency::Use).is_some() {
+    if cache.get(key, Recency::Use).is_some() {
         job.update(|p| {
             p.parts_already_cached += 1;
             p.bytes_already_cached += len;
@@ -365,7 +379,7 @@ async fn warm_part(job: &Job, fetcher: &Arc<Fetcher>, object: Arc<ObjectInfo>, i
         return;
     }
     match fetcher.fetch_in_background(&object, index).await {
-        Ok(()) if fetcher.cache().contains(key) => job.update(|p| {
+        Ok(()) if cache.contains(key) => job.update(|p| {
             p.parts_fetched += 1;
             p.bytes_fetched += len;
         }),

@@ -103,6 +103,18 @@ pub enum CacheError {
     Vanished { part: PartKey, reason: String },
 }
 
+impl From<CacheError> for crate::error::FsError {
+    fn from(error: CacheError) -> Self {
+        match error {
+            CacheError::Io(error) => error.into(),
+            // Both were dropped from the cache: the read path fetches the part again.
+            dropped @ (CacheError::Corrupt { .. } | CacheError::Vanished { .. }) => {
+                crate::error::FsError::CacheCorrupt(dropped.to_string())
+            }
+        }
+    }
+}
+
 struct Inner {
     policy: Policy,
     files: HashMap<PartKey, (Arc<ResidentFile>, PathBuf)>,

@@ -5,7 +5,7 @@
 //! only if every chunk's three arrays exist and agree with each other and with the
 //! header: equal value counts in `data.npy` and `col_ptr.npy`, `rows + 1` entries in
 //! `row_ptr.npy`, totals equal to the header's. The contents of each chunk's row
-//! offsets are checked later, on first use, by the read path ([`FlatDataset::row_ptr_check`]).
+//! offsets are checked later, on first use ([`crate::row_offset_check`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,8 +18,8 @@ use scdl_format::flat::{check_chunk_row_offsets, ChunkSizes, FlatLayout};
 use scdl_format::layout::chunk_dir_name;
 use scdl_format::{ArrayKind, ChunkGeometry, Header, HeaderError};
 
-use super::objects::ObjectInfo;
 use crate::error::FsError;
+use crate::object::ObjectInfo;
 
 /// The three array objects of one chunk, in [`ArrayKind::ALL`] order.
 pub type ChunkObjects = [Arc<ObjectInfo>; 3];
@@ -36,9 +36,29 @@ pub struct FlatDataset {
     pub chunks: Vec<ChunkObjects>,
     /// Newest modification time among the header and the chunks.
     pub mtime: SystemTime,
-    row_ptr_checks: Vec<tokio::sync::OnceCell<Result<(), FsError>>>,
+    row_ptr_checks: Vec<tokio::sync::OnceCell<RowOffsetsVerdict>>,
     /// Whether the prefetcher has started each chunk's check.
     row_ptr_checks_started: Vec<AtomicBool>,
+}
+
+/// Whether a chunk's row offsets passed their check ([`crate::row_offset_check`]).
+pub type RowOffsetsVerdict = Result<(), RowOffsetsRejected>;
+
+/// A chunk's `row_ptr.npy` breaks the format's rules: its reads fail.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{key}: {source}")]
+pub struct RowOffsetsRejected {
+    pub key: String,
+    pub source: scdl_format::flat::RowOffsetError,
+}
+
+impl From<RowOffsetsRejected> for FsError {
+    fn from(rejected: RowOffsetsRejected) -> FsError {
+        FsError::RowOffsets {
+            key: rejected.key,
+            source: rejected.source,
+        }
+    }
 }
 
 /// Why a chunked dataset is not presented flat: the object or the header field, and the
@@ -253,16 +273,16 @@ impl FlatDataset {
     }
 
     /// The once-per-mount verdict on chunk `chunk`'s row offsets.
-    pub fn row_ptr_check(&self, chunk: usize) -> &tokio::sync::OnceCell<Result<(), FsError>> {
+    pub fn row_ptr_check(&self, chunk: usize) -> &tokio::sync::OnceCell<RowOffsetsVerdict> {
         &self.row_ptr_checks[chunk]
     }
 
     /// Checks the bytes of chunk `chunk`'s `row_ptr.npy`: starts at 0, never decreases,
     /// ends at the chunk's value count.
-    pub fn verify_row_ptr(&self, chunk: usize, bytes: &[u8]) -> Result<(), FsError> {
+    pub fn verify_row_ptr(&self, chunk: usize, bytes: &[u8]) -> RowOffsetsVerdict {
         let nnz = self.layout.chunk_sizes(chunk).nnz;
         check_chunk_row_offsets(bytes, self.layout.row_dtype(), nnz).map_err(|source| {
-            FsError::RowOffsets {
+            RowOffsetsRejected {
                 key: self.array(chunk, ArrayKind::RowPtr).key.to_string(),
                 source,
             }

@@ -10,5 +10,5 @@ pub mod tree;
 
 pub use dataset::FlatDataset;
 pub use monolithic::{Dataset, MonolithicDataset};
-pub use objects::{ObjectInfo, ObjectRegistry};
+pub use objects::ObjectRegistry;
 pub use tree::{DirMode, FileContent, Node, NodeKind, Tree};

@@ -28,7 +28,7 @@ use scdl_format::flat::{check_row_range_offsets, RowOffsetError};
 use scdl_format::{ArrayKind, ChunkGeometry, Dtype, Header, HeaderError};
 
 use super::dataset::FlatDataset;
-use super::objects::ObjectInfo;
+use crate::object::ObjectInfo;
 
 /// Rows per virtual chunk of a monolithic dataset: the sampler's default for local
 /// monolithic archives. The hint file announces it, so a sampler never assumes it.

@@ -1,9 +1,7 @@
 //! The objects a mount has seen, each version with an id of its own, its size,
 //! modification time and pinned ETag, and the cache group it belongs to.
 //!
-//! Pinning the ETag is what keeps versions from mixing: every ranged read of an
-//! [`ObjectInfo`] asks the store for that exact version (`If-Match`), so an object
-//! overwritten in the bucket fails loudly instead of splicing new bytes into old ones.
+//! Pinning the ETag is what keeps versions from mixing ([`crate::object`]).
 //! Without `--metadata-ttl` the first version seen stays the mount's; with it, a key
 //! listed again with another ETag (or, without ETags, another size or modification
 //! time) becomes a new [`ObjectInfo`] with a new id, so its parts are cached apart from
@@ -11,41 +9,15 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::SystemTime;
 
-use object_store::path::Path as ObjectPath;
 use object_store::ObjectMeta;
 use parking_lot::Mutex;
 use scdl_format::layout::parse_chunk_dir_name;
 use scdl_format::ArrayKind;
 
 use crate::metrics::Metrics;
+use crate::object::{canonical_etag, ObjectInfo};
 use crate::parts::{GroupId, ObjectId};
-
-/// One object of the store, as pinned by this mount.
-#[derive(Debug)]
-pub struct ObjectInfo {
-    pub id: ObjectId,
-    pub key: ObjectPath,
-    pub size: u64,
-    pub etag: Option<String>,
-    pub mtime: SystemTime,
-    /// The SCDL chunk this object is an array of, if any: its parts are cached and
-    /// evicted with the chunk's other arrays.
-    pub group: Option<GroupId>,
-}
-
-impl ObjectInfo {
-    /// Whether a listing's entry is this version: the same ETag and size, or, where
-    /// either side has no ETag, the same size and modification time.
-    fn is_version(&self, size: u64, etag: Option<&str>, mtime: SystemTime) -> bool {
-        self.size == size
-            && match (self.etag.as_deref(), etag) {
-                (Some(pinned), Some(listed)) => pinned == listed,
-                _ => self.mtime == mtime,
-            }
-    }
-}
 
 #[derive(Default)]
 struct Tables {
@@ -116,18 +88,6 @@ impl ObjectRegistry {
     }
 }
 
-/// An ETag in its HTTP header form, quoted (`"abc"` or `W/"abc"`), whatever form the
-/// store listed it in: GCS's JSON listing and some WebDAV servers (WsgiDAV) give it
-/// bare, while their GET answers quote it. Pinned ETags are sent as `If-Match` and
-/// compared with the ETag of each answer, so both sides must be in the same form.
-pub fn canonical_etag(tag: &str) -> String {
-    if tag.starts_with('"') || tag.starts_with("W/\"") {
-        tag.to_owned()
-    } else {
-        format!("\"{tag}\"")
-    }
-}
-
 /// `a/b/chunk_00003` for `a/b/chunk_00003/data.npy`; `None` for objects that are not
 /// arrays of a chunk.
 fn chunk_prefix_of(key: &str) -> Option<&str> {
@@ -140,17 +100,6 @@ fn chunk_prefix_of(key: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn etags_take_their_quoted_header_form() {
-        assert_eq!(canonical_etag("\"abc\""), "\"abc\"");
-        assert_eq!(canonical_etag("W/\"abc\""), "W/\"abc\"");
-        assert_eq!(
-            canonical_etag("pD9KxgjJ00wUA68b6YuF7w=="),
-            "\"pD9KxgjJ00wUA68b6YuF7w==\""
-        );
-        assert_eq!(canonical_etag("1-2-3"), "\"1-2-3\"");
-    }
 
     #[test]
     fn chunk_arrays_share_their_chunk_group() {

@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{GetOptions, ListResult, ObjectMeta, ObjectStore};
+use object_store::{ListResult, ObjectMeta, ObjectStore};
 use parking_lot::{Mutex, RwLock};
 use scdl_format::header::MAX_HEADER_BYTES;
 use scdl_format::hint::{announcement, HINT_FILE};
@@ -41,9 +41,10 @@ use tokio::time::Instant;
 
 use super::dataset::FlatDataset;
 use super::monolithic::{Dataset, MonolithicDataset, DEFAULT_VIRTUAL_CHUNK_ROWS};
-use super::objects::{ObjectInfo, ObjectRegistry};
+use super::objects::ObjectRegistry;
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
+use crate::object::{pinned_get, ObjectInfo};
 use crate::parts::ObjectId;
 
 /// Whether a directory's subtree looks for chunked datasets.
@@ -664,15 +665,7 @@ impl Tree {
 
     /// A whole small object (a header), at its pinned version.
     async fn read_small_object(&self, info: &ObjectInfo) -> FsResult<Bytes> {
-        let options = GetOptions {
-            if_match: info.etag.clone(),
-            ..Default::default()
-        };
-        let result = self
-            .store
-            .get_opts(&info.key, options)
-            .await
-            .map_err(|e| FsError::store(info.key.as_ref(), &e))?;
+        let result = pinned_get(self.store.as_ref(), info, None).await?;
         let bytes = result
             .bytes()
             .await

@@ -9,11 +9,12 @@ use std::time::SystemTime;
 
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::{GetOptions, GetRange, ObjectStoreExt, PutPayload};
 
 use super::*;
 use crate::cache::{EvictionAdvisor, NextUse, Unit};
 use crate::parts::ObjectId;
+use crate::planner_wake::PlannerWake;
 use crate::store::counting::CountReads;
 use crate::store::faulty::{Fault, InjectFaults};
 use crate::store::wrapper::HookedStore;
@@ -87,11 +88,14 @@ fn fetcher_on(
     Fetcher::new(
         store,
         cache,
-        PART,
-        slots,
-        READ_TIMEOUT,
-        MEMORY_CAP,
+        FetchLimits {
+            part_size: PART,
+            max_concurrent_requests: slots,
+            read_timeout: READ_TIMEOUT,
+            memory_cap: MEMORY_CAP,
+        },
         Arc::new(Metrics::default()),
+        PlannerWake::default(),
     )
 }
 
@@ -170,7 +174,7 @@ async fn reads_after_a_remount_claim_their_parts_files_before_adoption() {
         object,
         _dir: dir,
     };
-    assert!(bench.fetcher.cache().claims_pending());
+    assert!(bench.fetcher.cache.claims_pending());
     for index in 0..4 {
         assert_eq!(read_part(&bench, index).await.unwrap(), expected(index));
     }
@@ -179,7 +183,7 @@ async fn reads_after_a_remount_claim_their_parts_files_before_adoption() {
         "claimed, not fetched"
     );
     assert_eq!(counts.hook().total(), 5, "only the first mount's requests");
-    let stats = bench.fetcher.cache().stats();
+    let stats = bench.fetcher.cache.stats();
     assert_eq!((stats.adopted_parts, stats.unclaimed_parts), (5, 0));
 }
 
@@ -306,10 +310,7 @@ async fn a_short_body_is_an_error_never_bytes() {
         1,
         "retried in the fetcher"
     );
-    assert!(!bench
-        .fetcher
-        .cache()
-        .contains(Fetcher::key(&bench.object, 0)));
+    assert!(!bench.fetcher.cache.contains(Fetcher::key(&bench.object, 0)));
     assert_eq!(read_part(&bench, 0).await.unwrap(), expected(0));
 }
 
@@ -420,11 +421,14 @@ async fn a_download_into_the_cache_holds_a_block_of_its_body_not_the_part() {
     let fetcher = Fetcher::new(
         store,
         cache.clone(),
-        part,
-        slots,
-        Duration::from_secs(5),
-        64 * part,
+        FetchLimits {
+            part_size: part,
+            max_concurrent_requests: slots,
+            read_timeout: Duration::from_secs(5),
+            memory_cap: 64 * part,
+        },
         Arc::new(Metrics::default()),
+        PlannerWake::default(),
     );
     let object = Arc::new(ObjectInfo {
         id: ObjectId(0),
@@ -562,16 +566,10 @@ async fn a_reader_is_answered_once_the_body_has_passed_its_bytes() {
         1,
         "the part is still arriving"
     );
-    assert!(!bench
-        .fetcher
-        .cache()
-        .contains(Fetcher::key(&bench.object, 1)));
+    assert!(!bench.fetcher.cache.contains(Fetcher::key(&bench.object, 1)));
     trickle.hook().pieces.add_permits(3);
     settle(&bench.fetcher).await;
-    assert!(bench
-        .fetcher
-        .cache()
-        .contains(Fetcher::key(&bench.object, 1)));
+    assert!(bench.fetcher.cache.contains(Fetcher::key(&bench.object, 1)));
     assert_eq!(
         *trickle.hook().asked.lock(),
         vec![1000..2000],
@@ -618,10 +616,7 @@ async fn a_reader_whose_part_waits_for_a_slot_asks_for_its_own_bytes() {
         1,
         "{asked:?}"
     );
-    assert!(bench
-        .fetcher
-        .cache()
-        .contains(Fetcher::key(&bench.object, 4)));
+    assert!(bench.fetcher.cache.contains(Fetcher::key(&bench.object, 4)));
     assert_eq!(bench.fetcher.metrics.snapshot().direct_reads, 1);
 }
 
@@ -730,10 +725,7 @@ async fn an_edge_serves_the_reads_it_covers_and_no_more() {
     settle(&bench.fetcher).await;
     let snapshot = counts.hook().snapshot();
     assert_eq!(snapshot.len(), 2, "{snapshot:?}");
-    assert!(bench
-        .fetcher
-        .cache()
-        .contains(Fetcher::key(&bench.object, 2)));
+    assert!(bench.fetcher.cache.contains(Fetcher::key(&bench.object, 2)));
     bench.fetcher.prefetch_edge(&bench.object, 2500..2600);
     settle_edges(&bench.fetcher).await;
     assert_eq!(
@@ -848,7 +840,7 @@ async fn a_stray_read_into_a_part_needed_later_is_asked_for_alone_and_evicts_not
     let key = |index| Fetcher::key(&bench.object, index);
     bench
         .fetcher
-        .cache()
+        .cache
         .set_advisor(Some(Arc::new(PartRanks(HashMap::from([
             (key(0), NextUse::Current),
             (key(1), NextUse::Ahead(1)),
@@ -863,7 +855,7 @@ async fn a_stray_read_into_a_part_needed_later_is_asked_for_alone_and_evicts_not
     );
     let asked = trickle.hook().asked.lock().clone();
     assert_eq!(asked[3..], vec![3100..3200], "the stray bytes alone");
-    let cache = bench.fetcher.cache();
+    let cache = &bench.fetcher.cache;
     assert!((0..3).all(|index| cache.contains(key(index))));
     assert!(!cache.contains(key(3)));
     assert_eq!(bench.fetcher.metrics.snapshot().stray_reads, 1);

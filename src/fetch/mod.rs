@@ -46,18 +46,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::TryStreamExt;
-use object_store::{GetOptions, GetRange, GetResult, GetResultPayload, ObjectStore};
+use object_store::{GetResultPayload, ObjectStore};
 use parking_lot::Mutex;
-use tokio::sync::Notify;
 
 use crate::cache::adopt::ListedObject;
 use crate::cache::spool::Spool;
 use crate::cache::{Admission, DiskCache, PartOrigin, PinnedPart, Recency};
-use crate::catalog::objects::canonical_etag;
-use crate::catalog::ObjectInfo;
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
+use crate::object::{pinned_get, ObjectInfo};
 use crate::parts::{span, spans_touched, PartKey};
+use crate::planner_wake::PlannerWake;
 use arriving::Arriving;
 use memory::MemoryBudget;
 use permits::{Permit, Permits, Urgency};
@@ -209,11 +208,24 @@ pub struct Fetcher {
     /// download slot; none when all are taken.
     direct_reads: tokio::sync::Semaphore,
     metrics: Arc<Metrics>,
-    /// Rung whenever a download ends (and by the read path when a chunk's row offsets
-    /// are checked): the prefetcher waits on it for room and for newly local bytes.
-    planner_wake: Arc<Notify>,
+    /// Rung after every download's end, once the part is cached and out of the
+    /// in-flight map: the prefetcher waits on it for room and for newly local bytes.
+    planner_wake: PlannerWake,
     /// Downloads are started from FUSE threads, outside the runtime.
     runtime: tokio::runtime::Handle,
+}
+
+/// How the fetcher is bounded.
+#[derive(Clone, Copy, Debug)]
+pub struct FetchLimits {
+    /// The bytes of one download (the last part of an object may be shorter).
+    pub part_size: u64,
+    /// Downloads in flight at once.
+    pub max_concurrent_requests: usize,
+    /// How long a reader waits for its bytes, retries included.
+    pub read_timeout: Duration,
+    /// Bytes of bodies held in memory at once.
+    pub memory_cap: u64,
 }
 
 impl Fetcher {
@@ -221,12 +233,16 @@ impl Fetcher {
     pub fn new(
         store: Arc<dyn ObjectStore>,
         cache: Arc<DiskCache>,
-        part_size: u64,
-        max_concurrent_requests: usize,
-        read_timeout: Duration,
-        memory_cap: u64,
+        limits: FetchLimits,
         metrics: Arc<Metrics>,
+        planner_wake: PlannerWake,
     ) -> Arc<Fetcher> {
+        let FetchLimits {
+            part_size,
+            max_concurrent_requests,
+            read_timeout,
+            memory_cap,
+        } = limits;
         let part_size = part_size.max(1);
         Arc::new(Fetcher {
             store,
@@ -247,21 +263,13 @@ impl Fetcher {
             in_flight: Mutex::new(HashMap::new()),
             direct_reads: tokio::sync::Semaphore::new(max_concurrent_requests.max(1)),
             metrics,
-            planner_wake: Arc::new(Notify::new()),
+            planner_wake,
             runtime: tokio::runtime::Handle::current(),
         })
     }
 
-    pub fn cache(&self) -> &Arc<DiskCache> {
-        &self.cache
-    }
-
     pub fn part_size(&self) -> u64 {
         self.part_size
-    }
-
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
     }
 
     /// The parts that bytes `range` of an object fall in.
@@ -324,17 +332,6 @@ impl Fetcher {
     /// Whether the part is being downloaded now.
     fn is_in_flight(&self, key: PartKey) -> bool {
         self.in_flight.lock().contains_key(&key)
-    }
-
-    pub fn runtime(&self) -> &tokio::runtime::Handle {
-        &self.runtime
-    }
-
-    /// What wakes the one planner of prefetches: rung after every download's end, once
-    /// the part is cached and out of the in-flight map. A ring with no one waiting is
-    /// kept for the next wait.
-    pub fn planner_wake(&self) -> &Arc<Notify> {
-        &self.planner_wake
     }
 
     /// The part, waiting (at most `read_timeout`) for a download if it is not cached.
@@ -515,7 +512,7 @@ impl Fetcher {
             // Counted as sent, so that the store's count of requests can be accounted.
             Metrics::add(&this.metrics.edges_fetched, 1);
             let read = tokio::time::timeout(this.read_timeout, async {
-                let result = this.request(&object, range).await?;
+                let result = pinned_get(this.store.as_ref(), &object, Some(range)).await?;
                 result
                     .bytes()
                     .await
@@ -580,7 +577,7 @@ impl Fetcher {
         // Counted as sent: a reader answered by the download first drops this request.
         Metrics::add(&self.metrics.direct_reads, 1);
         let read = tokio::time::timeout(self.read_timeout, async {
-            let result = self.request(object, range).await?;
+            let result = pinned_get(self.store.as_ref(), object, Some(range)).await?;
             result
                 .bytes()
                 .await
@@ -891,7 +888,7 @@ impl Fetcher {
     ) -> FsResult<()> {
         let key = object.key.as_ref();
         let expected = range.end - range.start;
-        let result = self.request(object, range).await?;
+        let result = pinned_get(self.store.as_ref(), object, Some(range)).await?;
         let mut received = 0;
         if matches!(result.payload, GetResultPayload::File(..)) {
             let bytes = result.bytes().await.map_err(|e| FsError::store(key, &e))?;
@@ -919,37 +916,6 @@ impl Fetcher {
         arriving.end().await?;
         Ok(())
     }
-
-    /// A ranged GET of the pinned version of the object: refused with
-    /// [`FsError::ObjectChanged`] if the object is another version now.
-    async fn request(&self, object: &ObjectInfo, range: Range<u64>) -> FsResult<GetResult> {
-        let key = object.key.as_ref();
-        let options = GetOptions {
-            range: Some(GetRange::Bounded(range)),
-            if_match: object.etag.clone(),
-            ..Default::default()
-        };
-        let result = self
-            .store
-            .get_opts(&object.key, options)
-            .await
-            .map_err(|e| match e {
-                object_store::Error::Precondition { .. } => FsError::ObjectChanged {
-                    key: key.to_owned(),
-                    pinned: object.etag.clone().unwrap_or_default(),
-                },
-                other => FsError::store(key, &other),
-            })?;
-        if let (Some(pinned), Some(now)) = (&object.etag, &result.meta.e_tag) {
-            if *pinned != canonical_etag(now) {
-                return Err(FsError::ObjectChanged {
-                    key: key.to_owned(),
-                    pinned: pinned.clone(),
-                });
-            }
-        }
-        Ok(result)
-    }
 }
 
 struct LeaveInFlight {
@@ -973,7 +939,7 @@ impl Drop for LeaveInFlight {
             }
         }
         if self.wake_planner {
-            self.fetcher.planner_wake.notify_one();
+            self.fetcher.planner_wake.ring();
         }
     }
 }

@@ -20,6 +20,7 @@ use fuser::{
 };
 use tokio::runtime::Handle;
 
+use super::errno::errno;
 use super::read_around::PageCache;
 use super::{FsCore, BLOCK_SIZE};
 use crate::error::{FsError, FsResult};
@@ -91,7 +92,7 @@ fn answer_with<R: Reply, T>(
 }
 
 fn errno_of(operation: &'static str, error: FsError) -> Errno {
-    let errno = error.errno();
+    let errno = errno(&error);
     if errno == Errno::EIO {
         tracing::error!(operation, %error, "failing with EIO");
     } else {
@@ -130,7 +131,7 @@ replies!(
 macro_rules! refuse_changes {
     ($($operation:ident($($arg:ident: $type:ty),*) -> $reply:ty;)*) => {
         $(fn $operation(&self, _req: &Request, $($arg: $type,)* reply: $reply) {
-            reply.error(FsError::ReadOnly.errno());
+            reply.error(errno(&FsError::ReadOnly));
         })*
     };
 }
@@ -141,7 +142,7 @@ fn reply_xattr(reply: ReplyXattr, size: u32, bytes: &[u8]) {
     if size == 0 {
         reply.size(bytes.len() as u32);
     } else if (size as usize) < bytes.len() {
-        reply.fail(FsError::BufferTooSmall.errno());
+        reply.fail(errno(&FsError::BufferTooSmall));
     } else {
         reply.data(bytes);
     }
@@ -347,7 +348,7 @@ impl Filesystem for ScdlFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        reply.error(FsError::NotATerminal.errno());
+        reply.error(errno(&FsError::NotATerminal));
     }
 
     refuse_changes! {

@@ -10,6 +10,7 @@
 //! of the tree fails with EROFS. The one writable file is each dataset's hint file,
 //! whose lines go to the prefetcher. Open handles live in one [`handles::HandleTable`].
 
+pub mod errno;
 pub mod fuse;
 pub mod handles;
 pub mod read_ahead;
@@ -22,6 +23,7 @@ use std::time::Duration;
 use fuser::{FileAttr, FileType, INodeNo};
 use scdl_format::hint::{HintDecoder, HintLine};
 
+use crate::cache::DiskCache;
 use crate::catalog::tree::{FileNode, Listing};
 use crate::catalog::{Dataset, FileContent, Node, NodeKind, Tree};
 use crate::error::{FsError, FsResult, HintRefused};
@@ -72,6 +74,7 @@ pub struct Capacity {
 
 pub struct FsCore {
     tree: Arc<Tree>,
+    cache: Arc<DiskCache>,
     read_path: Arc<ReadPath>,
     read_around: Arc<ReadAround>,
     prefetcher: Arc<Prefetcher>,
@@ -118,6 +121,7 @@ impl FsCore {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         tree: Arc<Tree>,
+        cache: Arc<DiskCache>,
         read_path: Arc<ReadPath>,
         read_around: Arc<ReadAround>,
         prefetcher: Arc<Prefetcher>,
@@ -128,6 +132,7 @@ impl FsCore {
     ) -> FsCore {
         FsCore {
             tree,
+            cache,
             read_path,
             read_around,
             prefetcher,
@@ -309,7 +314,7 @@ impl FsCore {
     }
 
     pub fn statfs(&self) -> Capacity {
-        let stats = self.read_path.fetcher().cache().stats();
+        let stats = self.cache.stats();
         let block = BLOCK_SIZE as u64;
         Capacity {
             blocks: stats.budget_bytes / block,

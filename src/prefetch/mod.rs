@@ -31,16 +31,18 @@ use parking_lot::{Mutex, RwLock};
 use scdl_format::hint::HintLine;
 use scdl_format::ArrayKind;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
 
-use crate::cache::{EvictionAdvisor, NextUse, Recency, Unit};
-use crate::catalog::{Dataset, FileContent, FlatDataset, MonolithicDataset, ObjectInfo};
+use crate::cache::{DiskCache, EvictionAdvisor, NextUse, Recency, Unit};
+use crate::catalog::{Dataset, FileContent, FlatDataset, MonolithicDataset};
+use crate::error::PlanRefused;
 use crate::fetch::Fetcher;
 use crate::metrics::Metrics;
+use crate::object::ObjectInfo;
 use crate::parts::{GroupId, PartKey};
-use crate::read::ReadPath;
+use crate::planner_wake::PlannerWake;
+use crate::row_offset_check::RowOffsetCheck;
 use crate::view::{plan_read, Piece, ReadPlan};
-use plan::{Plan, PlanError, Step, Touched, MAX_PLANNED_ENTRIES};
+use plan::{Plan, Step, Touched, MAX_PLANNED_ENTRIES};
 use row_offsets::KeptRowOffsets;
 
 /// What a step reads: its own byte ranges, the bytes it needs that serve other steps
@@ -96,7 +98,9 @@ pub struct PlanStatus {
 
 pub struct Prefetcher {
     fetcher: Arc<Fetcher>,
-    read_path: Arc<ReadPath>,
+    cache: Arc<DiskCache>,
+    row_offset_check: Arc<RowOffsetCheck>,
+    metrics: Arc<Metrics>,
     config: PrefetchConfig,
     plans: Mutex<HashMap<u64, ActivePlan>>,
     plan_count: AtomicUsize,
@@ -105,8 +109,9 @@ pub struct Prefetcher {
     advice: Arc<Advice>,
     /// Which dataset chunk each cache group is, for the datasets that have plans.
     chunk_of_group: Mutex<HashMap<GroupId, (Arc<FlatDataset>, usize)>>,
-    /// Wakes [`drive`]; the fetcher's, which it rings when a download ends.
-    wake: Arc<Notify>,
+    /// Wakes [`drive`]; rung here, by the fetcher when a download ends, and by the
+    /// row-offset check when a chunk's verdict is new.
+    wake: PlannerWake,
     /// Which flat chunks hint-less readers take at scattered places.
     scatter: Mutex<ScatterDetector>,
     /// Chunks' row offsets, for the plans' steps of rows.
@@ -135,15 +140,20 @@ impl EvictionAdvisor for Advice {
 }
 
 impl Prefetcher {
+    /// Must be called within the runtime, which then drives the prefetches.
     pub fn new(
         fetcher: Arc<Fetcher>,
-        read_path: Arc<ReadPath>,
+        cache: Arc<DiskCache>,
+        row_offset_check: Arc<RowOffsetCheck>,
+        wake: PlannerWake,
+        metrics: Arc<Metrics>,
         config: PrefetchConfig,
     ) -> Arc<Prefetcher> {
-        let wake = fetcher.planner_wake().clone();
         let prefetcher = Arc::new(Prefetcher {
             fetcher,
-            read_path,
+            cache,
+            row_offset_check,
+            metrics,
             config,
             plans: Mutex::new(HashMap::new()),
             plan_count: AtomicUsize::new(0),
@@ -163,7 +173,7 @@ impl Prefetcher {
         handle: u64,
         dataset: &Dataset,
         lines: &[HintLine],
-    ) -> Result<(), PlanError> {
+    ) -> Result<(), PlanRefused> {
         let geometry = dataset.geometry();
         let new_epoch = lines
             .iter()
@@ -217,7 +227,7 @@ impl Prefetcher {
         }
         drop(plans);
         if distance <= self.config.lookahead_steps {
-            self.wake.notify_one();
+            self.wake.ring();
         }
         Ok(())
     }
@@ -269,7 +279,7 @@ impl Prefetcher {
         } else {
             Some(self.advice.clone())
         };
-        self.fetcher.cache().set_advisor(advisor);
+        self.cache.set_advisor(advisor);
     }
 
     /// Records the chunks of a chunked dataset that the plan on `handle` has finished
@@ -347,7 +357,7 @@ impl Prefetcher {
             return;
         }
         if let FileContent::FlatArray(dataset, kind) = content {
-            self.observe_scatter(dataset, *kind, offset, len);
+            self.observe_scatter(dataset, *kind, plan);
         }
         if let Some(ahead) = ahead.filter(|ahead| !ahead.is_empty()) {
             let read_ahead = plan_read(content, file_size, ahead.start, ahead.end - ahead.start);
@@ -413,18 +423,15 @@ impl Prefetcher {
     /// Feeds a hint-less read of a flat array to the scatter detector, and fetches the
     /// chunks it names whole: all parts of the chunk's three arrays, at prefetch
     /// priority, unless the chunk is larger than the bytes allowed ahead.
-    fn observe_scatter(&self, dataset: &Arc<FlatDataset>, kind: ArrayKind, offset: u64, len: u64) {
+    fn observe_scatter(&self, dataset: &Arc<FlatDataset>, kind: ArrayKind, read: &ReadPlan) {
         let array = ArrayKind::ALL.iter().position(|&k| k == kind).unwrap();
         let part_size = self.fetcher.part_size();
         let mut scatter = self.scatter.lock();
-        for piece in dataset.layout.map(kind, offset, len).pieces {
-            let scdl_format::flat::FlatPiece::Chunk { chunk, range, .. } = piece else {
-                continue;
-            };
+        for (chunk, _, range) in read.chunk_pieces() {
             let id = dataset.array(chunk, ArrayKind::Data).id.0;
             let touched: Vec<u64> = self
                 .fetcher
-                .parts_of(&range)
+                .parts_of(range)
                 .map(|index| chunk_part(array, index))
                 .collect();
             if scatter.observe(id, array, range.start, touched.iter().copied())
@@ -444,7 +451,7 @@ impl Prefetcher {
                     parts.push(chunk_part(array, index));
                 }
             }
-            Metrics::add(&self.fetcher.metrics().chunks_fetched_whole, 1);
+            Metrics::add(&self.metrics.chunks_fetched_whole, 1);
             scatter.fetching(id, parts, &touched);
         }
     }
@@ -491,7 +498,7 @@ impl Prefetcher {
         if moved {
             self.after_plans_changed(&plans);
             drop(plans);
-            self.wake.notify_one();
+            self.wake.ring();
         }
         true
     }
@@ -819,8 +826,7 @@ impl Prefetcher {
         let offset = index * width;
         let part_index = offset / self.fetcher.part_size();
         let part = self
-            .fetcher
-            .cache()
+            .cache
             .get(Fetcher::key(row_ptr, part_index), Recency::Use)?;
         let mut bytes = [0u8; 8];
         let bytes = &mut bytes[..width as usize];
@@ -839,19 +845,13 @@ impl Prefetcher {
     ) -> Option<std::ops::Range<u64>> {
         let row_ptr = dataset.array(chunk, ArrayKind::RowPtr);
         let dtype = dataset.layout.row_dtype();
-        match dataset.row_ptr_check(chunk).get() {
+        match RowOffsetCheck::verdict(dataset, chunk) {
             Some(Ok(())) => {}
             Some(Err(_)) => return None,
             None => {
                 // Check the offsets once they are local, so the values they point at can
-                // be fetched; the check itself then costs no download. Its verdict wakes
-                // the prefetcher again.
-                if self.fetcher.is_cached(row_ptr) && dataset.start_row_ptr_check(chunk) {
-                    let (read_path, dataset) = (self.read_path.clone(), dataset.clone());
-                    self.fetcher
-                        .runtime()
-                        .spawn(async move { read_path.check_row_ptr(&dataset, chunk).await });
-                }
+                // be fetched; its verdict wakes the prefetcher again.
+                self.row_offset_check.start_when_local(dataset, chunk);
                 return None;
             }
         }
@@ -877,7 +877,7 @@ impl Prefetcher {
         let mut bytes = vec![0u8; row_ptr.size as usize];
         for index in self.fetcher.parts_of(&(0..row_ptr.size)) {
             let key = Fetcher::key(row_ptr, index);
-            let part = self.fetcher.cache().get(key, Recency::Keep)?;
+            let part = self.cache.get(key, Recency::Keep)?;
             let range = self.fetcher.part_range(row_ptr, index);
             part.read_exact_at(&mut bytes[range.start as usize..range.end as usize], 0)
                 .ok()?;
@@ -900,7 +900,7 @@ fn chunk_part(array: usize, index: u64) -> u64 {
 impl Drop for Prefetcher {
     /// Lets [`drive`] see that the prefetcher is gone.
     fn drop(&mut self) {
-        self.wake.notify_one();
+        self.wake.ring();
     }
 }
 
@@ -911,7 +911,7 @@ impl Drop for Prefetcher {
 /// it works is kept for its next wait, so none is lost; those that come together are
 /// served by one top-up. It holds no strong reference while it waits, and ends once
 /// the prefetcher is dropped.
-async fn drive(prefetcher: Weak<Prefetcher>, wake: Arc<Notify>) {
+async fn drive(prefetcher: Weak<Prefetcher>, wake: PlannerWake) {
     loop {
         let Some(this) = prefetcher.upgrade() else {
             return;
@@ -920,6 +920,6 @@ async fn drive(prefetcher: Weak<Prefetcher>, wake: Arc<Notify>) {
             this.top_up();
         }
         drop(this);
-        wake.notified().await;
+        wake.rung().await;
     }
 }

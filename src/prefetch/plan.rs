@@ -11,6 +11,7 @@ use std::ops::Range;
 use scdl_format::hint::HintLine;
 use scdl_format::ChunkGeometry;
 
+use crate::error::PlanRefused;
 use crate::parts::PartKey;
 
 /// A plan longer than this is refused (EINVAL): the daemon keeps plans in memory.
@@ -32,21 +33,6 @@ const READS_TO_ADVANCE: u32 = 3;
 /// Reads it takes to move back to an earlier step: readers go forward, so going back
 /// needs more evidence than strays give.
 const READS_TO_GO_BACK: u32 = 12;
-
-/// Why a batch of hint lines is refused (EINVAL); the plan is then unchanged.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
-    #[error("the writer assumes chunks of {writer} rows, but the dataset's chunks have {dataset}")]
-    ChunkRows { writer: u64, dataset: u64 },
-    #[error("window names chunk {chunk}, but the dataset has {chunks} chunks")]
-    NoSuchChunk { chunk: u32, chunks: u64 },
-    #[error("rows {start}..{end} end past the dataset's {rows} rows")]
-    RowsPastEnd { start: u64, end: u64, rows: u64 },
-    #[error("plan longer than {MAX_PLAN_STEPS} steps")]
-    TooManySteps,
-    #[error("the plans of all open hint files would name more than {MAX_PLANNED_ENTRIES} chunks and row ranges")]
-    TooManyEntries,
-}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
@@ -139,7 +125,7 @@ impl Plan {
         lines: &[HintLine],
         layout: &ChunkGeometry,
         max_entries: usize,
-    ) -> Result<Option<usize>, PlanError> {
+    ) -> Result<Option<usize>, PlanRefused> {
         let mut next = Plan {
             epoch: self.epoch,
             steps: Vec::new(),
@@ -156,7 +142,7 @@ impl Plan {
             match line {
                 HintLine::Greeting { .. } => {}
                 HintLine::ChunkRows { rows } if *rows != layout.chunk_size => {
-                    return Err(PlanError::ChunkRows {
+                    return Err(PlanRefused::ChunkRows {
                         writer: *rows,
                         dataset: layout.chunk_size,
                     });
@@ -171,7 +157,7 @@ impl Plan {
                 HintLine::Window { chunks } => {
                     if let Some(&chunk) = chunks.iter().find(|&&c| c as u64 >= layout.num_chunks())
                     {
-                        return Err(PlanError::NoSuchChunk {
+                        return Err(PlanRefused::NoSuchChunk {
                             chunk,
                             chunks: layout.num_chunks(),
                         });
@@ -180,7 +166,7 @@ impl Plan {
                 }
                 HintLine::Rows { ranges } => {
                     if let Some(bad) = ranges.iter().find(|r| r.end > layout.total_rows) {
-                        return Err(PlanError::RowsPastEnd {
+                        return Err(PlanRefused::RowsPastEnd {
                             start: bad.start,
                             end: bad.end,
                             rows: layout.total_rows,
@@ -198,7 +184,9 @@ impl Plan {
             self.steps.len() - self.position
         };
         if kept + appended.len() > MAX_PLAN_STEPS {
-            return Err(PlanError::TooManySteps);
+            return Err(PlanRefused::TooManySteps {
+                limit: MAX_PLAN_STEPS,
+            });
         }
         let entries = self.steps[self.steps.len() - kept..]
             .iter()
@@ -206,7 +194,9 @@ impl Plan {
             .map(Step::entries)
             .sum::<usize>();
         if entries > max_entries {
-            return Err(PlanError::TooManyEntries);
+            return Err(PlanRefused::TooManyEntries {
+                limit: MAX_PLANNED_ENTRIES,
+            });
         }
         if replaced {
             self.steps.clear();
@@ -406,7 +396,12 @@ mod tests {
             .unwrap();
         assert_eq!(plan.entries(), 3);
         let error = plan.apply(&[window(&[3, 4, 5])], &l, 5).unwrap_err();
-        assert_eq!(error, PlanError::TooManyEntries);
+        assert_eq!(
+            error,
+            PlanRefused::TooManyEntries {
+                limit: MAX_PLANNED_ENTRIES
+            }
+        );
         assert_eq!(plan.steps, vec![Step::Window(vec![0, 1, 2])]);
         plan.apply(&[window(&[3, 4])], &l, 5).unwrap();
         assert_eq!(plan.entries(), 5);
@@ -425,7 +420,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             error,
-            PlanError::ChunkRows {
+            PlanRefused::ChunkRows {
                 writer: 11,
                 dataset: 10
             }

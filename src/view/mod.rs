@@ -10,7 +10,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use scdl_format::{ArrayKind, Dtype};
 
-use crate::catalog::{FileContent, FlatDataset, ObjectInfo};
+use crate::catalog::{FileContent, FlatDataset};
+use crate::object::ObjectInfo;
 use scdl_format::flat::FlatPiece;
 
 /// One contiguous source of bytes.
@@ -37,6 +38,20 @@ pub struct ReadPlan {
 }
 
 impl ReadPlan {
+    /// The pieces of a flat array's chunks, each with its chunk: what a flat read
+    /// touches, as the view mapped it (nothing for other files).
+    pub fn chunk_pieces(&self) -> impl Iterator<Item = (usize, &Arc<ObjectInfo>, &Range<u64>)> {
+        let chunks = self.chunks_to_check.iter().flat_map(|(_, chunks)| chunks);
+        let objects = self.pieces.iter().filter_map(|piece| match piece {
+            Piece::Object { object, range, .. } => Some((object, range)),
+            Piece::Bytes(_) => None,
+        });
+        // plan_flat lists one chunk per object piece, in order.
+        chunks
+            .zip(objects)
+            .map(|(&chunk, (object, range))| (chunk, object, range))
+    }
+
     fn whole(pieces: Vec<Piece>, len: u64) -> ReadPlan {
         ReadPlan {
             pieces,

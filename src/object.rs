@@ -1,0 +1,152 @@
+//! An object of the store as this mount pins it, and the one way its bytes are asked
+//! for.
+//!
+//! Pinning the ETag is what keeps versions from mixing: every GET of an [`ObjectInfo`]
+//! goes through [`pinned_get`], which asks the store for that exact version
+//! (`If-Match`) and checks the ETag of the answer too, so an object overwritten in the
+//! bucket fails loudly ([`FsError::ObjectChanged`]) instead of splicing new bytes into
+//! old ones. Both the catalog (headers) and the fetcher (parts) read through it.
+//!
+//! This module is part of the bottom layer: it imports only [`crate::parts`] and
+//! [`crate::error`], and every layer above may use it.
+
+use std::ops::Range;
+use std::time::SystemTime;
+
+use object_store::path::Path as ObjectPath;
+use object_store::{GetOptions, GetRange, GetResult, ObjectStore};
+
+use crate::error::{FsError, FsResult};
+use crate::parts::{GroupId, ObjectId};
+
+/// One object of the store, as pinned by this mount.
+#[derive(Debug)]
+pub struct ObjectInfo {
+    pub id: ObjectId,
+    pub key: ObjectPath,
+    pub size: u64,
+    pub etag: Option<String>,
+    pub mtime: SystemTime,
+    /// The SCDL chunk this object is an array of, if any: its parts are cached and
+    /// evicted with the chunk's other arrays.
+    pub group: Option<GroupId>,
+}
+
+impl ObjectInfo {
+    /// Whether a listing's entry is this version: the same ETag and size, or, where
+    /// either side has no ETag, the same size and modification time.
+    pub fn is_version(&self, size: u64, etag: Option<&str>, mtime: SystemTime) -> bool {
+        self.size == size
+            && match (self.etag.as_deref(), etag) {
+                (Some(pinned), Some(listed)) => pinned == listed,
+                _ => self.mtime == mtime,
+            }
+    }
+}
+
+/// An ETag in its HTTP header form, quoted (`"abc"` or `W/"abc"`), whatever form the
+/// store listed it in: GCS's JSON listing and some WebDAV servers (WsgiDAV) give it
+/// bare, while their GET answers quote it. Pinned ETags are sent as `If-Match` and
+/// compared with the ETag of each answer, so both sides must be in the same form.
+pub fn canonical_etag(tag: &str) -> String {
+    if tag.starts_with('"') || tag.starts_with("W/\"") {
+        tag.to_owned()
+    } else {
+        format!("\"{tag}\"")
+    }
+}
+
+/// A GET of `range` (the whole object with `None`) of the pinned version of `object`:
+/// refused with [`FsError::ObjectChanged`] if the store holds another version now,
+/// whether it says so (412) or answers with another ETag.
+pub async fn pinned_get(
+    store: &dyn ObjectStore,
+    object: &ObjectInfo,
+    range: Option<Range<u64>>,
+) -> FsResult<GetResult> {
+    let key = object.key.as_ref();
+    let options = GetOptions {
+        range: range.map(GetRange::Bounded),
+        if_match: object.etag.clone(),
+        ..Default::default()
+    };
+    let changed = || FsError::ObjectChanged {
+        key: key.to_owned(),
+        pinned: object.etag.clone().unwrap_or_default(),
+    };
+    let result = store
+        .get_opts(&object.key, options)
+        .await
+        .map_err(|e| match e {
+            object_store::Error::Precondition { .. } => changed(),
+            other => FsError::store(key, &other),
+        })?;
+    if let (Some(pinned), Some(now)) = (&object.etag, &result.meta.e_tag) {
+        if *pinned != canonical_etag(now) {
+            return Err(changed());
+        }
+    }
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use object_store::memory::InMemory;
+    use object_store::{ObjectStoreExt, PutPayload};
+
+    use super::*;
+
+    #[test]
+    fn etags_take_their_quoted_header_form() {
+        assert_eq!(canonical_etag("\"abc\""), "\"abc\"");
+        assert_eq!(canonical_etag("W/\"abc\""), "W/\"abc\"");
+        assert_eq!(
+            canonical_etag("pD9KxgjJ00wUA68b6YuF7w=="),
+            "\"pD9KxgjJ00wUA68b6YuF7w==\""
+        );
+        assert_eq!(canonical_etag("1-2-3"), "\"1-2-3\"");
+    }
+
+    async fn pinned(store: &InMemory, key: &str) -> ObjectInfo {
+        let meta = store.head(&ObjectPath::from(key)).await.unwrap();
+        ObjectInfo {
+            id: ObjectId(0),
+            key: meta.location,
+            size: meta.size,
+            etag: meta.e_tag.as_deref().map(canonical_etag),
+            mtime: meta.last_modified.into(),
+            group: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pinned_get_reads_the_version_pinned_and_refuses_a_newer_one() {
+        let store = Arc::new(InMemory::new());
+        let key = ObjectPath::from("ds/header.sch");
+        store
+            .put(&key, PutPayload::from(Bytes::from_static(b"first")))
+            .await
+            .unwrap();
+        let object = pinned(&store, "ds/header.sch").await;
+        let whole = pinned_get(store.as_ref(), &object, None).await.unwrap();
+        assert_eq!(whole.bytes().await.unwrap().as_ref(), b"first");
+        let part = pinned_get(store.as_ref(), &object, Some(1..3))
+            .await
+            .unwrap();
+        assert_eq!(part.bytes().await.unwrap().as_ref(), b"ir");
+
+        store
+            .put(&key, PutPayload::from(Bytes::from_static(b"later")))
+            .await
+            .unwrap();
+        for range in [None, Some(0..2)] {
+            match pinned_get(store.as_ref(), &object, range).await {
+                Err(FsError::ObjectChanged { key, .. }) => assert_eq!(key, "ds/header.sch"),
+                other => panic!("a rewritten object must be refused, got {other:?}"),
+            }
+        }
+    }
+}
