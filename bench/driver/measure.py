@@ -6,6 +6,7 @@ link, the scdlfs daemon's status)."""
 import json
 import os
 import subprocess
+import threading
 
 from .config import DROPPED, REPO, WARM
 from .procs import MOUNTS, clean_env, spawn, stop, unmount, wait_mounted
@@ -139,6 +140,75 @@ def scdlfs_status(mnt):
     return json.loads(os.getxattr(mnt, "user.scdlfs.status"))
 
 
+def size_bytes(text):
+    """"3GiB", "24MiB", "512KiB" or a number of bytes."""
+    for suffix, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if text.endswith(suffix):
+            return int(float(text[:-len(suffix)]) * scale)
+    return int(text)
+
+
+# How often the bytes in an scdlfs mount's cache directory are sampled while it is mounted.
+CACHE_SAMPLE_S = 0.05
+
+
+def dir_bytes(path):
+    """The bytes of the regular files under `path` (their lengths), listed once per
+    directory; a file deleted between its listing and its stat counts nothing."""
+    total = 0
+    with os.scandir(path) as entries:
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    total += dir_bytes(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+class CacheDirSampler:
+    """The bytes in a cache directory (`dir_bytes`), sampled every CACHE_SAMPLE_S seconds
+    by a thread from `start` to `stop`, independently of what the daemon reports: `take`
+    returns the most seen and the number of samples since the last `take`, and starts over."""
+
+    def __init__(self, path):
+        self.path, self.peak, self.samples = path, 0, 0
+        self.lock, self.done = threading.Lock(), threading.Event()
+        self.thread = threading.Thread(target=self._sample_until_done, daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def _sample(self):
+        held = dir_bytes(self.path)
+        with self.lock:
+            self.peak, self.samples = max(self.peak, held), self.samples + 1
+
+    def _sample_until_done(self):
+        while True:
+            self._sample()
+            if self.done.wait(CACHE_SAMPLE_S):
+                return
+
+    def take(self):
+        self._sample()
+        with self.lock:
+            out = self.peak, self.samples
+            self.peak, self.samples = 0, 0
+        return out
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+
+
+def option(cmd, name):
+    """The value of `name` in a command line."""
+    return cmd[cmd.index(name) + 1]
+
+
 class Epoch:
     """One epoch to read: `label` in the report, epoch number `epoch` of `order`, starting in
     page-cache state `page_cache` (DROPPED or WARM; a fresh mount's first epoch is DROPPED),
@@ -173,13 +243,18 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_
                    scdlfs=False):
     """Mounts with `cmd` (foreground), runs `epochs` with `reader`, records each, then
     unmounts. After each epoch: the daemon's peak RSS so far (VmHWM) and, for scdlfs, the
-    daemon's CPU seconds during the epoch and its cache's status after it."""
+    daemon's CPU seconds during the epoch, its cache's status after it, and the most bytes
+    its cache directory held at any sample since the previous epoch (or the mount; the
+    epoch's preparation included) against the budget the command line states."""
     MOUNTS.append(mnt)
     logf = open(os.path.join(ctx.work, "logs", system.split()[0] + ".log"), "a")
     proc = spawn(cmd, system, env=env, stderr=logf, stdout=logf)
+    sampler = CacheDirSampler(option(cmd, "--cache-dir")) if scdlfs else None
     results = []
     try:
         wait_mounted(mnt, proc, system, os.path.join(dataset_dir, "header.sch"))
+        if sampler:
+            sampler.start()
         for e in epochs:
             prepare(dataset_dir, e)
             counters0 = scdlfs_status(mnt)["counters"] if scdlfs else None
@@ -195,6 +270,8 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_
                 r["bytes_served"] = r["bytes_read"]
                 status = scdlfs_status(mnt)
                 r["cache"] = status["cache"]
+                r["cache_dir_peak_bytes"], r["cache_dir_samples"] = sampler.take()
+                r["cache_budget_bytes"] = size_bytes(option(cmd, "--cache-size"))
                 r["hint_writes"] = status["counters"]["hint_writes"] - counters0["hint_writes"]
                 r["fetch_memory_peak_mib"] = status["counters"]["fetch_memory_peak_bytes"] / 2**20
                 memory = status.get("memory") or {}
@@ -203,6 +280,8 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_
                         r[key.replace("_bytes", "_mib")] = memory[key] / 2**20
             results.append(tag(r, e, layout))
     finally:
+        if sampler and sampler.thread.is_alive():
+            sampler.stop()
         if proc.poll() is None:
             stop(proc)
         unmount(mnt)

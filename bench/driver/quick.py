@@ -11,7 +11,9 @@ def quick_checks(args, systems, orders, other_orders, results, startup, info):
     """What --quick claims: every system and state ran, every epoch read enough rows (each
     checked by its reader against the generator), and on every scdlfs mount the cache
     budget bound: parts were evicted, or refused for lack of room (with a plan protecting
-    what it will read, the daemon may refuse new parts rather than evict planned ones)."""
+    what it will read, the daemon may refuse new parts rather than evict planned ones),
+    and held: the cache directory never held more bytes than `--cache-size` at any sample
+    taken while the mount read (driver/measure.py's CacheDirSampler)."""
     seen = {(r["system"], r["order"]) for r in results}
     scdlfs_states = ["scdlfs %s, %s" % (s, h) for s in ("cold", "disk-cache warm", "page-cache warm")
                      for h in ("hints", "no hints")]
@@ -53,5 +55,10 @@ def quick_checks(args, systems, orders, other_orders, results, startup, info):
                 cache["evicted_parts"] or cache["parts_not_cached_for_lack_of_room"]):
             problems.append("%s, %s: the budget never bound (no part evicted or refused) with a %s cache" % (
                 r["system"], r["order"], args.cache_size))
+    for r in results:
+        if "cache_dir_peak_bytes" in r and r["cache_dir_peak_bytes"] > r["cache_budget_bytes"]:
+            problems.append("%s, %s: the cache directory held %d bytes at its peak (of %d samples), over the "
+                            "budget of %d bytes" % (r["system"], r["order"], r["cache_dir_peak_bytes"],
+                                                    r["cache_dir_samples"], r["cache_budget_bytes"]))
     if problems:
         sys.exit("bench quick failed:\n  " + "\n  ".join(problems))

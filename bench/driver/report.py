@@ -9,6 +9,7 @@ import tempfile
 from .config import (HALF, ORDERS, PYTHON_LOADER_CHUNKS, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN,
                      RESTART_END, RESTART_FIRST, RESTART_LONG, STARTUP_PART_SIZE, STARTUP_PARTS, TORCH,
                      TORCH_BEGIN, TORCH_END, TORCH_ORDERS, DROPPED, WARM)
+from .measure import CACHE_SAMPLE_S
 from .procs import run
 from .summary import Report, epoch_text, fmt, med, reductions
 from .tools import BIN
@@ -181,7 +182,8 @@ def write_report(saved, path_md, path_png, font, readme):
       "order, time-bounded; it renders this page "
       "into its work directory and fails unless every epoch read at least %d rows (or the whole epoch), each "
       "checked against the generator, and on every scdlfs mount the cache budget bound (parts evicted or refused "
-      "for lack of room)." % (QUICK_SIZE_MB, QUICK_MIN_ROWS))
+      "for lack of room) and held: the bytes of the files in the cache directory, sampled every %.2f s while the "
+      "mount lives, never exceeded `--cache-size`." % (QUICK_SIZE_MB, QUICK_MIN_ROWS, CACHE_SAMPLE_S))
     w("")
     w("Raw results: `%s` (per epoch; written by the run with this page)." % results_rel)
     with open(path_md, "w") as f:

@@ -9,8 +9,8 @@ import subprocess
 import time
 
 from .config import BUCKET, DROPPED, HALF, KEY, PYTHON_LOADER_CHUNKS, REPO, SECRET, TORCH, WARM
-from .measure import (Epoch, mount_and_read, peak_rss_kib, prepare, read_epoch, read_torch_epoch, tag,
-                      with_machine_counters)
+from .measure import (Epoch, mount_and_read, peak_rss_kib, prepare, read_epoch, read_torch_epoch,
+                      size_bytes, tag, with_machine_counters)
 from .offline_bound import dataset_chunk_bytes, epoch_chunks, offline_next_epoch_bytes
 from .procs import MOUNTS, clean_env, fresh_dir, log, run, spawn, stop, unmount, wait_mounted
 from .servers import proxy_bytes
@@ -24,14 +24,6 @@ class Ctx:
     Pythons, `args`); systems copy it to read another dataset or through another link."""
 
     mount_args = []
-
-
-def size_bytes(text):
-    """"3GiB", "24MiB", "512KiB" or a number of bytes."""
-    for suffix, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if text.endswith(suffix):
-            return int(float(text[:-len(suffix)]) * scale)
-    return int(text)
 
 
 def flat_local_copy(ctx):
