@@ -24,6 +24,11 @@ through a DataLoader with 2 workers and the scdlfs package's sampler
 (bench/torch_loader.py), on scdlfs and on a local copy of the flat archive. Run alone
 (`--systems torch`), it updates only its own section of docs/benchmarks.md.
 
+The `node` system (issue 29), read only when named and by --quick: R = 1, 2, 4, 8 rank
+processes on one mount (1 and 2 with --quick), each reading its share of the cold
+windows epoch with its own hints. Run alone (`--systems node`), its results are kept
+beside the page (docs/benchmarks-node.json) and the page is rendered again with them.
+
 This file is the command line; the driver is the package bench/driver (its __init__
 lists its modules: processes, tools, servers and the link, measurement, the systems'
 registry, summaries and targets, the report)."""

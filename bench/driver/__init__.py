@@ -8,9 +8,11 @@ Its modules, from the bottom up:
   measure        one epoch: page-cache state, reader, /proc counters, daemon CPU, RSS, status
   offline_bound  the half-cache case's yardstick (Belady's rule over the epoch's chunks)
   summary        medians, ratios against local disk, and the targets (`Report`)
-  systems        the systems under test and their registry (local disk, scdlfs, s3fs-fuse, ...)
+  systems        the systems under test (local disk, scdlfs, s3fs-fuse, rclone, the loaders)
   restart        the restart system: a cache across a remount, mount to first row
+  node           the node scenario: R rank processes reading their shares on one mount
+  registry       which system reads in which order, in the order a run reads them
   report         docs/benchmarks.md, README's summary block and the PNG
   quick          what the reduced variant (`--quick`) checks
   runner         one run: everything above, in order
-bench/chunk_rows.py reuses procs, tools and servers."""
+bench/chunk_rows.py reuses procs, tools, servers, measure and systems."""

@@ -24,5 +24,10 @@ RESTART_LONG = "scdlfs warm, long-running mount"
 RESTART_FIRST = "scdlfs first epoch after a remount"
 STARTUP_PART_SIZE = 4096  # the smallest --read-part-size: many parts from a moderate dataset
 STARTUP_PARTS, QUICK_STARTUP_PARTS = 100_000, 10_000  # parts in the cache of the startup case
-# The systems `--systems` names, in the order a run reads them (driver/registry.py).
+# The systems `--systems` names by default, in the order a run reads them (driver/registry.py).
 SYSTEM_NAMES = ["local", "scdlfs", "halfcache", "s3fs", "rclone", "python", "torch", "restart"]
+# Read only when named (or by --quick): `--systems node` alone updates its own section.
+OPT_IN_SYSTEMS = ["node"]
+NODE = "scdlfs node"
+NODE_BEGIN, NODE_END = "<!-- node section: begin -->", "<!-- node section: end -->"
+NODE_RANKS, QUICK_NODE_RANKS = [1, 2, 4, 8], [1, 2]

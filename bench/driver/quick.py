@@ -4,7 +4,8 @@ bound on every scdlfs mount."""
 
 import sys
 
-from .config import DROPPED, HALF, QUICK_MIN_ROWS, RESTART_FIRST, RESTART_LONG, TORCH, WARM
+from .config import DROPPED, HALF, QUICK_MIN_ROWS, QUICK_NODE_RANKS, RESTART_FIRST, RESTART_LONG, TORCH, WARM
+from .node import node_label
 
 
 def quick_checks(args, systems, orders, other_orders, results, startup, info):
@@ -29,6 +30,8 @@ def quick_checks(args, systems, orders, other_orders, results, startup, info):
             expected |= {(name, o) for o in orders if o in other_orders}
     if "torch" in systems and "windows" in orders:
         expected |= {(TORCH + ", " + s, "windows") for s in local_states + scdlfs_states}
+    if "node" in systems and "windows" in orders:
+        expected |= {(node_label(ranks), "windows") for ranks in QUICK_NODE_RANKS}
     if "restart" in systems and "windows" in orders:
         expected |= {(RESTART_LONG, "windows"), (RESTART_FIRST, "windows")}
         expected |= {(r["system"], "startup") for r in startup}

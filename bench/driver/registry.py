@@ -2,7 +2,8 @@
 one `--systems` name's measurement (a name may have several: scdlfs with hints and
 without), the orders it reads, and where its results go."""
 
-from .config import SYSTEM_NAMES, TORCH_ORDERS
+from .config import OPT_IN_SYSTEMS, SYSTEM_NAMES, TORCH_ORDERS
+from .node import sys_node
 from .restart import sys_restart, sys_startup
 from .systems import sys_local, sys_python, sys_rclone, sys_s3fs, sys_scdlfs, sys_scdlfs_half, sys_torch
 
@@ -13,7 +14,7 @@ class System:
     mount-to-first-row measurements, not epochs."""
 
     def __init__(self, name, reads, measure, startup=False):
-        assert name in SYSTEM_NAMES, name
+        assert name in SYSTEM_NAMES + OPT_IN_SYSTEMS, name
         self.name, self.reads, self.measure, self.startup = name, reads, measure, startup
 
 
@@ -47,4 +48,5 @@ REGISTRY = [
     System("torch", torch_orders, sys_torch),
     System("restart", windows_only, lambda ctx, order, run_i: sys_restart(ctx, ctx.args, run_i)),
     System("restart", windows_only, lambda ctx, order, run_i: sys_startup(ctx, ctx.args, run_i), startup=True),
+    System("node", windows_only, sys_node),
 ]

@@ -6,10 +6,11 @@ import json
 import os
 import tempfile
 
-from .config import (HALF, ORDERS, PYTHON_LOADER_CHUNKS, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN,
-                     RESTART_END, RESTART_FIRST, RESTART_LONG, STARTUP_PART_SIZE, STARTUP_PARTS, TORCH,
-                     TORCH_BEGIN, TORCH_END, TORCH_ORDERS, DROPPED, WARM)
+from .config import (DROPPED, HALF, NODE, NODE_BEGIN, NODE_END, NODE_RANKS, ORDERS, PYTHON_LOADER_CHUNKS,
+                     QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN, RESTART_END, RESTART_FIRST, RESTART_LONG,
+                     STARTUP_PART_SIZE, STARTUP_PARTS, TORCH, TORCH_BEGIN, TORCH_END, TORCH_ORDERS, WARM)
 from .measure import CACHE_SAMPLE_S
+from .node import node_label
 from .procs import run
 from .summary import Report, epoch_text, fmt, med, reductions
 from .tools import BIN
@@ -42,6 +43,11 @@ def results_copy(path_md):
     """The results file kept beside the page (docs/benchmarks.json): what every figure of
     the page and of README's summary is computed from."""
     return os.path.splitext(path_md)[0] + ".json"
+
+
+def side_results(path_md, system):
+    """The results file of a run of `system` alone, beside the page."""
+    return os.path.splitext(path_md)[0] + "-%s.json" % system
 
 
 def write_report(saved, path_md, path_png, font, readme):
@@ -168,6 +174,14 @@ def write_report(saved, path_md, path_png, font, readme):
     if saved.get("startup") or any(k[0] == RESTART_FIRST for k in summary):
         lines.extend(restart_section(rep, results))
         w("")
+    node_saved, node_results = saved, results
+    if not any(k[0].startswith(NODE) for k in summary) and os.path.exists(side_results(path_md, "node")):
+        # A run of the node system alone keeps its results beside the page.
+        node_results = side_results(path_md, "node")
+        node_saved = json.load(open(node_results))
+    if any(r["system"].startswith(NODE) for r in node_saved["results"]):
+        lines.extend(node_section(Report(node_saved), node_results))
+        w("")
     w("## Against the targets")
     w("")
     w("| target (issue 12) | measured | | what bounds a miss, as this run measured it |")
@@ -179,7 +193,7 @@ def write_report(saved, path_md, path_png, font, readme):
     w("")
     w("`bench/run.py --quick` (run by `scripts/test-all`): a %d MB dataset, moto_server as the S3 server, "
       "the test suite's binaries (cargo profile ci), a cache smaller than the dataset, one run of each system and "
-      "order, time-bounded; it renders this page "
+      "order, time-bounded, and the node scenario with 1 and 2 ranks; it renders this page "
       "into its work directory and fails unless every epoch read at least %d rows (or the whole epoch), each "
       "checked against the generator, and on every scdlfs mount the cache budget bound (parts evicted or refused "
       "for lack of room) and held: the bytes of the files in the cache directory, sampled every %.2f s while the "
@@ -372,4 +386,51 @@ def restart_section(rep, results):
         w("")
     w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
     w(RESTART_END)
+    return lines
+
+
+def node_section(rep, results):
+    """The node scenario's section of the report (issue 29): per R, the ranks' joint epoch."""
+    args, info, summary, link_s, saved = rep.args, rep.info, rep.summary, rep.link_s, rep.saved
+    loads = [r["load_1m"] for r in saved["results"] if r["system"].startswith(NODE)]
+    lines = [NODE_BEGIN, "## One node: R ranks on one mount", ""]
+    w = lines.append
+    w("R processes of `scdlfs-bench read`, rank k of R (the samplers' sharding: each rank reads its own windows "
+      "of the shuffled chunk-window order of epoch 2r), start together on one fresh mount with an empty cache "
+      "(%s) and the page cache dropped, each writing its own hints; the daemon serves them all through the link "
+      "(%.0f MB/s + %.0f ms; link limit **%.1f s** for the %.2f GB dataset). *epoch s*: until the last rank "
+      "finished; *rows/s*: all ranks' rows ÷ that; *× link*: epoch s ÷ link limit; *fetched / dataset*: bytes "
+      "through the link ÷ dataset bytes; *max first row s*: the latest rank's first row; *slowest ÷ fastest*: "
+      "of the ranks' epoch times; *CPU s/GB*: the daemon's CPU seconds per GB of rows all ranks read; *RSS*: the "
+      "daemon's peak. Measured %s on %s (%d cores; 1-minute load average at the epochs' ends: %s), cargo "
+      "profile `%s`, server %s, medians of %d run(s), epochs stop after %.0f s (then ~, extrapolated)." % (
+          saved["cache_size"], args["rate_mbps"], args["latency_ms"], link_s, info["bytes"] / 1e9, saved["date"],
+          saved["host"], saved["cores"], "median %.1f, max %.1f" % (med(loads), max(loads)) if loads else "—",
+          args.get("profile", "release"), args["server"], args["runs"], args["time_limit"]))
+    w("")
+    w("| ranks | epoch s | rows/s | × link | fetched / dataset | max first row s | slowest ÷ fastest | CPU s/GB "
+      "| RSS MiB |")
+    w("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    measured = {}
+    for ranks in NODE_RANKS:
+        m = summary.get((node_label(ranks), "windows"))
+        if not m:
+            continue
+        measured[ranks] = m
+        w("| %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            ranks, epoch_text(m), fmt(m["rows_per_s"], ",.0f"), fmt(m["epoch_s"] / link_s, ".2f"),
+            fmt(m["bytes_per_row"] * info["rows"] / info["bytes"], ".2f") + "×", fmt(m["first_row_s"], ".2f"),
+            fmt(m["slowest_over_fastest"], ".2f"), fmt(m["cpu_s_per_gb"], ".2f"), fmt(m["rss_mib"], ".0f")))
+    w("")
+    m = measured.get(max(NODE_RANKS))
+    checks = [("aggregate × link ≤ 1.05", lambda m: m["epoch_s"] / link_s, 1.05),
+              ("fetched / dataset ≤ 1.02", lambda m: m["bytes_per_row"] * info["rows"] / info["bytes"], 1.02),
+              ("max first row ≤ 0.2 s", lambda m: m["first_row_s"], 0.2),
+              ("slowest ÷ fastest ≤ 1.15", lambda m: m["slowest_over_fastest"], 1.15)]
+    w("Targets of issue 29, %d ranks: %s." % (max(NODE_RANKS), "; ".join(
+        "%s: %s" % (text, "not measured" if not m else "%.2f, %s" % (
+            figure(m), "**met**" if figure(m) <= bound else "**missed**")) for text, figure, bound in checks)))
+    w("")
+    w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
+    w(NODE_END)
     return lines

@@ -13,13 +13,13 @@ import subprocess
 import sys
 import time
 
-from .config import (BUCKET, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN, RESTART_END, TORCH_BEGIN,
-                     TORCH_END)
+from .config import (BUCKET, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN, RESTART_END, SYSTEM_NAMES,
+                     TORCH_BEGIN, TORCH_END)
 from .measure import SERVER_FILES, disk_read_ahead_kib
 from .procs import cleanup, log
 from .quick import quick_checks
 from .registry import REGISTRY
-from .report import restart_section, results_copy, splice, torch_section, write_report
+from .report import restart_section, results_copy, side_results, splice, torch_section, write_report
 from .servers import generate, probe, start_proxy, start_server
 from .summary import Report, fmt
 from .systems import Ctx, sys_scdlfs
@@ -41,6 +41,9 @@ def configure(args):
         # The page is rendered (which checks the report code) but not into the repository.
         args.report = os.path.join(args.work, "benchmarks.md")
         args.readme = os.path.join(args.work, "README.md")
+        if args.systems == ",".join(SYSTEM_NAMES):
+            # The node scenario's short variant (R = 1 and 2).
+            args.systems += ",node"
 
 
 def main(args, command):
@@ -109,11 +112,19 @@ def main(args, command):
                  sum(r["cache_dir_samples"] for r in sampled), os.path.relpath(args.report, REPO),
                  time.time() - started))
         return
+    if systems == ["node"]:
+        # Run alone, the node system keeps its results beside the page, which is rendered
+        # again from the page's own results with them.
+        with open(side_results(args.report, "node"), "w") as f:
+            json.dump(saved, f, indent=1)
+        write_report(json.load(open(results_copy(args.report))), args.report, png, args.font, args.readme)
+        log("updated the node section of %s in %.0f s" % (args.report, time.time() - started))
+        return
     for alone, begin, end, section in (("torch", TORCH_BEGIN, TORCH_END, torch_section),
                                        ("restart", RESTART_BEGIN, RESTART_END, restart_section)):
         if systems == [alone]:
             # Run alone, a system updates only its own section of the page.
-            results = os.path.splitext(args.report)[0] + "-%s.json" % alone
+            results = side_results(args.report, alone)
             with open(results, "w") as f:
                 json.dump(saved, f, indent=1)
             splice(args.report, begin, end, section(Report(saved), results))

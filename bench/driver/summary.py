@@ -60,6 +60,7 @@ def summarize(results):
             offline_bound_bytes=med([r.get("offline_bound_bytes") for r in rs]),
             offline_bound_read_ahead_bytes=med([r.get("offline_bound_read_ahead_bytes") for r in rs]),
             step_bytes=med([r.get("step_bytes") for r in rs]),
+            slowest_over_fastest=med([r.get("slowest_over_fastest") for r in rs]),
             over_offline_bound=med([r["bytes_fetched"] / r["offline_bound_bytes"]
                                     for r in rs if r.get("offline_bound_bytes") and r["completed"]]),
         )
