@@ -428,7 +428,7 @@ def node_section(rep, results):
               ("max first row ≤ 0.2 s", lambda m: m["first_row_s"], 0.2),
               ("slowest ÷ fastest ≤ 1.15", lambda m: m["slowest_over_fastest"], 1.15)]
     w("Targets of issue 29, %d ranks: %s." % (max(NODE_RANKS), "; ".join(
-        "%s: %s" % (text, "not measured" if not m else "%.2f, %s" % (
+        "%s: %s" % (text, "not measured" if not m else "%.3f, %s" % (
             figure(m), "**met**" if figure(m) <= bound else "**missed**")) for text, figure, bound in checks)))
     w("")
     w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
