@@ -1,10 +1,11 @@
 """What the reduced variant (`--quick`, run by scripts/test-all) claims, checked on its
-results: every system and state ran, every epoch read enough rows, and the cache budget
-bound on every scdlfs mount."""
+results: every system and state ran, every epoch read enough rows, the cache budget bound
+and held on every scdlfs mount, and the node scenario's ranks read shares that make up
+the epoch."""
 
 import sys
 
-from .config import DROPPED, HALF, QUICK_MIN_ROWS, QUICK_NODE_RANKS, RESTART_FIRST, RESTART_LONG, TORCH, WARM
+from .config import DROPPED, HALF, NODE, QUICK_MIN_ROWS, QUICK_NODE_RANKS, RESTART_FIRST, RESTART_LONG, TORCH, WARM
 from .node import node_label
 
 
@@ -46,6 +47,12 @@ def quick_checks(args, systems, orders, other_orders, results, startup, info):
                 r["cache"]["adopted_parts"] > 0 and r["bytes_fetched"] < 0.05 * info["bytes"]):
             problems.append("the epoch after a remount adopted %d parts and fetched %d bytes of a %d-byte dataset" % (
                 r["cache"]["adopted_parts"], r["bytes_fetched"], info["bytes"]))
+    for r in results:
+        # The ranks read disjoint shares that make the epoch: a rank reading beyond its
+        # share, or none, changes the sum.
+        if r["system"].startswith(NODE) and r["epoch_rows"] != info["rows"]:
+            problems.append("%s: the %d ranks' shares hold %d rows, the dataset %d" % (
+                r["system"], r["ranks"], r["epoch_rows"], info["rows"]))
     for r in startup:
         if r["system"] != "empty cache" and r["adopted_parts"] == 0:
             problems.append("startup with a cache of %d parts adopted none" % r["parts"])
