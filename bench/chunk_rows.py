@@ -5,59 +5,31 @@ minibatch diversity that order gives (distinct chunks in a minibatch of 64 rows)
 
     bench/chunk_rows.py [--chunk-rows 256 1024 4096] [--size-mb 48] [--runs 3]
 
-Uses the binaries of target/ci (cargo build --profile ci -p scdlfs -p scdlfs-bench),
-moto_server and the scdlfs Python package from the venv (SCDLFS_VENV, default .venv),
-scdlfs-bench's generator, uploader, link-emulating proxy and reader. Only 127.0.0.1 is
-used, with dummy keys. Prints a Markdown table of medians (docs/preparing-data.md);
+Uses the binaries of the ci profile (cargo build --profile ci -p scdlfs -p scdlfs-bench;
+or SCDLFS_BIN and SCDLFS_BENCH), moto_server and the scdlfs Python package from the venv
+(SCDLFS_VENV, default .venv), and bench/run.py's pieces (bench/driver): its generator,
+uploader, link-emulating proxy, mounts and cold epoch (page cache dropped, fresh mount
+and cache). Only 127.0.0.1 is used, with dummy keys. Prints a Markdown table of medians (docs/preparing-data.md);
 the machine is shared and noisy, so compare rows of one run, not runs."""
 
 import argparse
+import atexit
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(REPO, "target", "ci")
-VENV = os.environ.get("SCDLFS_VENV", os.path.join(REPO, ".venv"))
-BUCKET = "chunkrows"
+from driver.config import DROPPED
+from driver.measure import Epoch, mount_and_read
+from driver.procs import clean_env, cleanup, fresh_dir, log
+from driver.servers import gen, start_moto, start_proxy, upload
+from driver.systems import Ctx, scdlfs_cmd
+from driver.tools import moto_server, test_venv, use_binaries
+
 BATCH = 64
 CHUNKS_PER_WINDOW = 4  # scdlfs-bench read's chunk-window order
-
-
-def log(msg):
-    print("[chunk-rows] " + msg, file=sys.stderr, flush=True)
-
-
-def env():
-    e = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    e.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_REGION="us-east-1",
-             AWS_EC2_METADATA_DISABLED="true", NO_PROXY="127.0.0.1")
-    return e
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.5).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("nothing listens on port %d" % port)
 
 
 def diversity(dataset_dir, chunk_rows):
@@ -72,7 +44,7 @@ def diversity(dataset_dir, chunk_rows):
         "counts = [len({r // size for r in rows[i:i + %d]}) for i in range(0, len(rows) - %d + 1, %d)]\n"
         "print(json.dumps([sum(counts) / len(counts), 100 * %d * size / s.num_rows]))\n" % (CHUNKS_PER_WINDOW, BATCH, BATCH, BATCH, CHUNKS_PER_WINDOW)
     )
-    out = subprocess.run([os.path.join(VENV, "bin", "python"), "-c", code, dataset_dir, str(chunk_rows)],
+    out = subprocess.run([os.path.join(test_venv(), "bin", "python"), "-c", code, dataset_dir, str(chunk_rows)],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
 
@@ -86,65 +58,39 @@ def main():
     ap.add_argument("--rate-mbps", type=int, default=400)
     ap.add_argument("--cache-size", default="32MiB")
     args = ap.parse_args()
+    use_binaries("ci")
     work = tempfile.mkdtemp(prefix="scdlfs-chunk-rows-")
-    children = []
-    try:
-        port = free_port()
-        children.append(subprocess.Popen([os.path.join(VENV, "bin", "moto_server"), "-H", "127.0.0.1",
-                                          "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_port(port)
-        endpoint = "http://127.0.0.1:%d" % port
-        urllib.request.urlopen(urllib.request.Request(endpoint + "/" + BUCKET, method="PUT")).read()
-        proxy = subprocess.Popen([os.path.join(BIN, "scdlfs-bench"), "proxy", "--upstream", "127.0.0.1:%d" % port,
-                                  "--rate-mbps", str(args.rate_mbps), "--latency-ms", str(args.latency_ms)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        children.append(proxy)
-        proxied = "http://" + json.loads(proxy.stdout.readline())["listen"]
-        rows = []
-        for chunk_rows in args.chunk_rows:
-            name = "ds-%d" % chunk_rows
-            local = os.path.join(work, name)
-            digests = os.path.join(work, name + ".digests")
-            subprocess.run([os.path.join(BIN, "scdlfs-bench"), "gen", "--out", local, "--digests", digests,
-                            "--size-mb", str(args.size_mb), "--mean-values", "200", "--chunk-rows",
-                            str(chunk_rows)],
-                           check=True, stdout=subprocess.DEVNULL)
-            subprocess.run([os.path.join(BIN, "scdlfs-bench"), "upload", "--endpoint", endpoint, "--bucket",
-                            BUCKET, "--prefix", name, "--src", local], check=True, env=env())
-            seconds = []
-            for run in range(args.runs):
-                mnt, cache = os.path.join(work, "mnt"), os.path.join(work, "cache-%d-%d" % (chunk_rows, run))
-                os.makedirs(mnt, exist_ok=True)
-                subprocess.run([os.path.join(BIN, "scdlfs"), "mount", "s3://" + BUCKET, mnt, "--endpoint-url",
-                                proxied, "--region", "us-east-1", "--cache-dir", cache, "--cache-size",
-                                args.cache_size], check=True, env=env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-                try:
-                    out = subprocess.run([os.path.join(BIN, "scdlfs-bench"), "read", "--dataset",
-                                          os.path.join(mnt, name), "--digests", digests, "--order", "windows",
-                                          "--seed", "1", "--epoch", "0"], capture_output=True, text=True)
-                    if out.returncode != 0:
-                        raise RuntimeError("reader failed: " + out.stderr.strip())
-                    seconds.append(json.loads(out.stdout)["seconds"])
-                finally:
-                    subprocess.run([os.path.join(BIN, "scdlfs"), "unmount", mnt], check=False,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    shutil.rmtree(cache, ignore_errors=True)
-            chunks, share = diversity(local, chunk_rows)
-            log("chunk rows %d: epochs %s s, %.2f chunks per minibatch" % (chunk_rows, seconds, chunks))
-            rows.append((chunk_rows, statistics.median(seconds), chunks, share))
-        print("| `--chunk-rows` | cold epoch with a plan, s (median of %d) | distinct chunks per minibatch of %d "
-              "| share of the dataset a minibatch is drawn from |" % (args.runs, BATCH))
-        print("| ---: | ---: | ---: | ---: |")
-        for chunk_rows, secs, chunks, share in rows:
-            print("| %d | %.2f | %.2f | %.1f %% |" % (chunk_rows, secs, chunks, share))
-        print("\n%d MB synthetic dataset (200 values per row on average), link %d ms / %d Mbit/s, cache %s, chunk windows of %d chunks."
-              % (args.size_mb, args.latency_ms, args.rate_mbps, args.cache_size, CHUNKS_PER_WINDOW))
-    finally:
-        for child in children:
-            child.send_signal(signal.SIGTERM)
-            child.wait(timeout=30)
-        shutil.rmtree(work, ignore_errors=True)
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
+    atexit.register(cleanup)  # runs first: the mounts go before their folders
+    os.makedirs(os.path.join(work, "logs"))
+    endpoint = start_moto(moto_server(), "moto_server")
+    ctx = Ctx()
+    ctx.work, ctx.seed, ctx.cache_size = work, 1, args.cache_size
+    ctx.proxy, ctx.stats = start_proxy(endpoint, args.rate_mbps, args.latency_ms)
+    rows = []
+    for chunk_rows in args.chunk_rows:
+        name = "ds-%d" % chunk_rows
+        local = os.path.join(work, name)
+        ctx.digests = os.path.join(work, name + ".digests")
+        gen(local, ctx.digests, args.size_mb, chunk_rows, mean_values=200)
+        upload(endpoint, name, local)
+        seconds = []
+        for _ in range(args.runs):
+            mnt, cache = fresh_dir(os.path.join(work, "mnt")), fresh_dir(os.path.join(work, "cache"))
+            epoch = Epoch("scdlfs cold, hints", "windows", 0, DROPPED)
+            [r] = mount_and_read(ctx, "scdlfs", scdlfs_cmd(ctx, mnt, cache), clean_env(), mnt,
+                                 os.path.join(mnt, name), [epoch], layout="flat", scdlfs=True)
+            seconds.append(r["seconds"])
+        chunks, share = diversity(local, chunk_rows)
+        log("chunk rows %d: epochs %s s, %.2f chunks per minibatch" % (chunk_rows, seconds, chunks))
+        rows.append((chunk_rows, statistics.median(seconds), chunks, share))
+    print("| `--chunk-rows` | cold epoch with a plan, s (median of %d) | distinct chunks per minibatch of %d "
+          "| share of the dataset a minibatch is drawn from |" % (args.runs, BATCH))
+    print("| ---: | ---: | ---: | ---: |")
+    for chunk_rows, secs, chunks, share in rows:
+        print("| %d | %.2f | %.2f | %.1f %% |" % (chunk_rows, secs, chunks, share))
+    print("\n%d MB synthetic dataset (200 values per row on average), link %d ms / %d Mbit/s, cache %s, chunk windows of %d chunks."
+          % (args.size_mb, args.latency_ms, args.rate_mbps, args.cache_size, CHUNKS_PER_WINDOW))
 
 
 if __name__ == "__main__":

@@ -80,6 +80,8 @@ pub struct ReadArgs {
     digests: PathBuf,
     #[command(flatten)]
     epoch: EpochArgs,
+    #[command(flatten)]
+    shard: ShardArgs,
     /// Do not announce the order, even where the directory has a hint file.
     #[arg(long)]
     no_hints: bool,
@@ -222,10 +224,11 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
     }
     let dataset = Dataset::open(&layout)?;
     let order = args.epoch.order.order(args.epoch.seed);
+    let shard = args.shard.shard()?;
     let sampler = if args.no_hints {
-        Sampler::without_hints(&layout, order, Shard::single(), Workers::single())
+        Sampler::without_hints(&layout, order, shard, Workers::single())
     } else {
-        Sampler::new(&layout, order, Shard::single(), Workers::single())
+        Sampler::new(&layout, order, shard, Workers::single())
     };
     let mut sampler = sampler.map_err(|e| e.to_string())?;
     let hints = sampler.hints_active();
@@ -291,7 +294,18 @@ pub struct OrderArgs {
     chunk_rows: u64,
     #[command(flatten)]
     epoch: EpochArgs,
-    /// This rank's share of the epoch (the Python package's tests compare shards).
+    #[command(flatten)]
+    shard: ShardArgs,
+    /// Output: per step, its row count then its rows, all u64 little-endian.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Which share of the epoch a process reads: rank `rank` of `world_size`, as the
+/// samplers shard it (the Python package's tests compare shards; the bench's node
+/// scenario runs one reader per rank on one mount).
+#[derive(Args)]
+pub struct ShardArgs {
     #[arg(long, default_value_t = 0)]
     rank: u32,
     #[arg(long, default_value_t = 1)]
@@ -299,9 +313,19 @@ pub struct OrderArgs {
     /// How the ranks' shares are evened out.
     #[arg(long, value_enum, default_value_t = Even::Uneven)]
     even: Even,
-    /// Output: per step, its row count then its rows, all u64 little-endian.
-    #[arg(long)]
-    out: PathBuf,
+}
+
+impl ShardArgs {
+    fn shard(&self) -> Result<Shard, String> {
+        let even = match self.even {
+            Even::Uneven => EvenShares::Uneven,
+            Even::Pad => EvenShares::Pad,
+            Even::Drop => EvenShares::Drop,
+        };
+        let world_size =
+            NonZeroU32::new(self.world_size).ok_or("--world-size must be at least 1")?;
+        Shard::new(self.rank, world_size, even).map_err(|e| e.to_string())
+    }
 }
 
 /// [`EvenShares`] on the command line.
@@ -320,13 +344,7 @@ pub fn order(args: OrderArgs) -> Result<(), String> {
         kind: DatasetKind::RawView,
         chunks,
     };
-    let even = match args.even {
-        Even::Uneven => EvenShares::Uneven,
-        Even::Pad => EvenShares::Pad,
-        Even::Drop => EvenShares::Drop,
-    };
-    let world_size = NonZeroU32::new(args.world_size).ok_or("--world-size must be at least 1")?;
-    let shard = Shard::new(args.rank, world_size, even).map_err(|e| e.to_string())?;
+    let shard = args.shard.shard()?;
     let mut sampler = Sampler::without_hints(
         &layout,
         args.epoch.order.order(args.epoch.seed),

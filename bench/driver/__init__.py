@@ -1,0 +1,18 @@
+"""The scdlfs benchmark driver as a package; bench/run.py is its command line.
+
+Its modules, from the bottom up:
+  config         what every module agrees on: paths, bucket and keys, labels, sizes
+  procs          child processes, ports and mounts, and their cleanup at exit
+  tools          what a run installs (Debian, crates.io, PyPI) and the binaries it measures
+  servers        the dataset, the S3 server on 127.0.0.1, the emulated link, the server's ceiling
+  measure        one epoch: page-cache state, reader, /proc counters, daemon CPU, RSS, status
+  offline_bound  the half-cache case's yardstick (Belady's rule over the epoch's chunks)
+  summary        medians, ratios against local disk, and the targets (`Report`)
+  systems        the systems under test (local disk, scdlfs, s3fs-fuse, rclone, the loaders)
+  restart        the restart system: a cache across a remount, mount to first row
+  node           the node scenario: R rank processes reading their shares on one mount
+  registry       which system reads in which order, in the order a run reads them
+  report         docs/benchmarks.md, README's summary block and the PNG
+  quick          what the reduced variant (`--quick`) checks
+  runner         one run: everything above, in order
+bench/chunk_rows.py reuses procs, tools, servers, measure and systems."""

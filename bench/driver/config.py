@@ -1,0 +1,33 @@
+"""What every part of the benchmark agrees on: where the repository is, the bucket and the
+dummy keys, the orders, the labels the results carry for systems and page-cache states,
+and the sizes of the reduced variant and of the startup case."""
+
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUCKET = "bench"
+KEY, SECRET = "bench", "benchbench"
+ORDERS = ["windows", "blocks", "random"]
+# The page-cache states an epoch starts in. Every reader is a new process, so no memory
+# map of an earlier epoch keeps pages alive across a drop (PITFALLS.md, "Measuring").
+DROPPED = "page cache dropped"
+WARM = "page cache warm"
+HALF = "scdlfs half cache"
+TORCH = "PyTorch DataLoader"
+TORCH_ORDERS = ["windows", "blocks"]  # the orders of the scdlfs package's samplers
+TORCH_BEGIN, TORCH_END = "<!-- pytorch section: begin -->", "<!-- pytorch section: end -->"
+PYTHON_LOADER_CHUNKS = 8  # the Python chunk loader's LRU, in chunks
+QUICK_MIN_ROWS = 100  # --quick fails if an epoch read fewer rows (and was not the whole epoch)
+QUICK_SIZE_MB = 50  # --quick's dataset
+RESTART_BEGIN, RESTART_END = "<!-- restart section: begin -->", "<!-- restart section: end -->"
+RESTART_LONG = "scdlfs warm, long-running mount"
+RESTART_FIRST = "scdlfs first epoch after a remount"
+STARTUP_PART_SIZE = 4096  # the smallest --read-part-size: many parts from a moderate dataset
+STARTUP_PARTS, QUICK_STARTUP_PARTS = 100_000, 10_000  # parts in the cache of the startup case
+# The systems `--systems` names by default, in the order a run reads them (driver/registry.py).
+SYSTEM_NAMES = ["local", "scdlfs", "halfcache", "s3fs", "rclone", "python", "torch", "restart"]
+# Read only when named (or by --quick): `--systems node` alone updates its own section.
+OPT_IN_SYSTEMS = ["node"]
+NODE = "scdlfs node"
+NODE_BEGIN, NODE_END = "<!-- node section: begin -->", "<!-- node section: end -->"
+NODE_RANKS, QUICK_NODE_RANKS = [1, 2, 4, 8], [1, 2]
