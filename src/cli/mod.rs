@@ -346,6 +346,11 @@ pub(crate) fn parse_from(argv: impl IntoIterator<Item = OsString>) -> Result<Cli
 }
 
 pub fn main() -> ExitCode {
+    // Before anything can print them: the secrets this process was given.
+    for arg in std::env::args_os() {
+        crate::store::redact::register_url_secrets(&arg.to_string_lossy());
+    }
+    crate::store::redact::register_environment_secrets();
     let cli = parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit());
     let result = match cli.command {
         Command::Mount(args) => mount_cmd::run(*args),
@@ -367,7 +372,10 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("scdlfs: {error:#}");
+            eprintln!(
+                "scdlfs: {}",
+                crate::store::redact::redact(&format!("{error:#}"))
+            );
             ExitCode::FAILURE
         }
     }

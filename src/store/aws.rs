@@ -132,8 +132,13 @@ impl SdkCredentials {
                     expiry,
                     renew_at: expiry.map(|expiry| renewal_time(now, expiry)),
                 };
+                for secret in [&fresh.credential.key_id, &fresh.credential.secret_key]
+                    .into_iter()
+                    .chain(&fresh.credential.token)
+                {
+                    super::redact::register_secret(secret);
+                }
                 tracing::debug!(
-                    access_key_id = %fresh.credential.key_id,
                     expires_in = ?expiry.and_then(|e| e.duration_since(now).ok()),
                     "AWS credentials loaded"
                 );
