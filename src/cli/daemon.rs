@@ -1,6 +1,7 @@
 //! Detaching like other mount helpers: the command re-runs itself in the foreground as
 //! a new session, with its log in a file, and waits on a pipe until the child reports
-//! that the mount answers (or why it could not mount).
+//! that the mount answers (or why it could not mount). The child writes its report
+//! only into a descriptor that can be that pipe (`SCDLFS_READY_FD` is checked).
 
 use anyhow::{anyhow, Context};
 use std::io::Read;
@@ -67,15 +68,47 @@ pub fn spawn_and_wait(log_file: &Path) -> anyhow::Result<()> {
 
 /// In the daemon: reports the mount's fate to the waiting parent, if there is one.
 pub fn report(message: &str) {
-    let Some(fd) = std::env::var(READY_FD_VAR)
-        .ok()
-        .and_then(|v| v.parse::<i32>().ok())
-    else {
+    let Some(value) = std::env::var_os(READY_FD_VAR) else {
         return;
     };
     std::env::remove_var(READY_FD_VAR);
-    // SAFETY: the parent passed this descriptor to us for exactly this use, once.
-    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    let Some(mut pipe) = value
+        .to_str()
+        .and_then(|v| v.parse::<i32>().ok())
+        .and_then(inherited_pipe)
+    else {
+        tracing::warn!(
+            "{READY_FD_VAR}={} is not the write end of a pipe this process inherited; \
+             ignored",
+            value.to_string_lossy()
+        );
+        return;
+    };
     use std::io::Write;
-    let _ = file.write_all(message.as_bytes());
+    let _ = pipe.write_all(message.as_bytes());
+}
+
+/// `fd`, taken over, if it can be the detaching parent's pipe: not a standard stream,
+/// open, a pipe, and open for writing. Anything else (a variable left in a service's
+/// environment, a typo) is neither written to nor closed.
+fn inherited_pipe(fd: i32) -> Option<std::fs::File> {
+    if fd <= libc::STDERR_FILENO {
+        return None;
+    }
+    // SAFETY: fstat and fcntl(F_GETFL) only read; on a closed descriptor they fail
+    // with EBADF.
+    let (is_fifo, writable) = unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut stat) != 0 {
+            return None;
+        }
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        (
+            stat.st_mode & libc::S_IFMT == libc::S_IFIFO,
+            flags >= 0 && flags & libc::O_ACCMODE == libc::O_WRONLY,
+        )
+    };
+    // SAFETY: an open pipe's write end that the parent passed for this one report;
+    // the variable is gone, so nothing takes it again.
+    (is_fifo && writable).then(|| unsafe { std::fs::File::from_raw_fd(fd) })
 }
