@@ -1,14 +1,19 @@
 //! Secrets never leave the process in text: a password in an http(s) source URL and the
 //! AWS keys and session token a mount signs with appear in no message of the real
 //! `scdlfs` binary: not on standard error, not in the daemon's log file, at no log
-//! level (`--log-level trace`, `-d`), also when the mount fails.
+//! level (`--log-level trace`, `-d`), also when the mount fails. Nor on a command line
+//! (/proc/PID/cmdline, readable by every local user): the source can be given as
+//! `env:VAR`, and the detached daemon gets it in its environment.
 
 mod common;
 
+use std::io::Read;
+use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 
-use common::process::{scdlfs_command, PATIENCE};
+use common::process::{dies_with_test, scdlfs_command, wait_for, Cleanup, PATIENCE};
 use common::s3::moto;
 
 /// A password no other text contains.
@@ -149,4 +154,162 @@ fn a_failing_s3_mount_with_a_session_token_shows_no_credential_at_trace_level() 
             &format!("an environment mount of {endpoint}"),
         );
     }
+}
+
+/// A server on 127.0.0.1 that records the head of every request and never answers,
+/// so a mount of it stays in its first listing for a while.
+struct SilentServer {
+    port: u16,
+    heads: Arc<Mutex<Vec<String>>>,
+}
+
+impl SilentServer {
+    fn start() -> SilentServer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let seen = heads.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for mut stream in listener.incoming().flatten() {
+                let mut buffer = [0u8; 4096];
+                let n = stream.read(&mut buffer).unwrap_or(0);
+                seen.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&buffer[..n]).into_owned());
+                held.push(stream);
+            }
+        });
+        SilentServer { port, heads }
+    }
+
+    fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}
+
+/// The processes whose command line holds `text`, with their command lines.
+fn command_lines_holding(text: &str) -> Vec<(i32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let line = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if line.contains(text) {
+            found.push((pid, line));
+        }
+    }
+    found
+}
+
+/// The pids whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<i32> {
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // The fields after the command name (which may hold spaces) in its parentheses.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        if after.split(' ').nth(1) == Some(&parent.to_string()) {
+            children.push(pid);
+        }
+    }
+    children
+}
+
+/// `scdlfs mount SOURCE_ARG MOUNTPOINT` (detaching) with `env`, against a server that
+/// never answers; once the daemon has sent its first request, returns the request's
+/// head and the daemon's pid, the processes left to `cleanup`.
+fn mount_of_a_silent_server(
+    source_arg: &str,
+    env: &[(&str, &str)],
+    server: &SilentServer,
+    dir: &Path,
+    cleanup: &mut Cleanup,
+) -> (String, i32, u32) {
+    let mountpoint = dir.join("mnt");
+    std::fs::create_dir_all(&mountpoint).unwrap();
+    let mut command = scdlfs_command(["mount", source_arg]);
+    command
+        .arg(&mountpoint)
+        .arg("--cache-dir")
+        .arg(dir.join("cache"))
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    dies_with_test(&mut command);
+    let parent = cleanup.spawn(&mut command);
+    let parent_pid = parent.id();
+    wait_for("the daemon's first request", || {
+        if let Some(status) = parent.try_wait().unwrap() {
+            let mut stderr = String::new();
+            parent
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut stderr)
+                .unwrap();
+            panic!("the mount ended ({status}) before reaching the server: {stderr}");
+        }
+        !server.heads().is_empty()
+    });
+    let daemon = children_of(parent_pid);
+    assert_eq!(daemon.len(), 1, "not one daemon: {daemon:?}");
+    cleanup.pids.push(daemon[0]);
+    (server.heads()[0].clone(), daemon[0], parent_pid)
+}
+
+#[test]
+fn a_password_in_the_source_is_on_no_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = SilentServer::start();
+    let source = format!("http://reader:{PASSWORD}@127.0.0.1:{}/x", server.port);
+    let mut cleanup = Cleanup::default();
+
+    // Given in the environment (`env:VAR`): on no command line, the daemon's included.
+    let (head, _, _) = mount_of_a_silent_server(
+        "env:DATASET_SOURCE",
+        &[("DATASET_SOURCE", &source)],
+        &server,
+        &dir.path().join("by-environment"),
+        &mut cleanup,
+    );
+    assert!(
+        head.starts_with("PROPFIND /x "),
+        "the daemon did not list the source: {head}"
+    );
+    let holding = command_lines_holding(PASSWORD);
+    assert!(
+        holding.is_empty(),
+        "command lines with the password: {holding:?}"
+    );
+    drop(cleanup);
+
+    // Given on the command line, where the user put it: not passed on to the daemon.
+    let server = SilentServer::start();
+    let source = format!("http://reader:{PASSWORD}@127.0.0.1:{}/x", server.port);
+    let mut cleanup = Cleanup::default();
+    let (_, daemon, parent) = mount_of_a_silent_server(
+        &source,
+        &[],
+        &server,
+        &dir.path().join("by-argument"),
+        &mut cleanup,
+    );
+    let holding: Vec<_> = command_lines_holding(PASSWORD)
+        .into_iter()
+        .filter(|(pid, _)| *pid != parent as i32)
+        .collect();
+    assert!(
+        holding.is_empty(),
+        "the daemon {daemon} got the password on its command line: {holding:?}"
+    );
 }

@@ -156,7 +156,9 @@ pub enum View {
 
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
-    /// s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, http(s)://HOST/PREFIX, file:///PATH or a path.
+    /// s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, http(s)://HOST/PREFIX, file:///PATH or a
+    /// path; or env:VAR to read it from the variable VAR, so that a source with a
+    /// password is on no command line (which every local user can read).
     pub source: String,
     pub mountpoint: PathBuf,
 
