@@ -17,6 +17,7 @@
 //! cache on request (`scdlfs warm`).
 
 pub mod cache;
+pub mod cache_dir_check;
 pub mod catalog;
 pub mod chunker;
 pub mod cli;
