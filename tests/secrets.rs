@@ -3,7 +3,8 @@
 //! `scdlfs` binary: not on standard error, not in the daemon's log file, at no log
 //! level (`--log-level trace`, `-d`), also when the mount fails. Nor on a command line
 //! (/proc/PID/cmdline, readable by every local user): the source can be given as
-//! `env:VAR`, and the detached daemon gets it in its environment.
+//! `env:VAR`, and the detached daemon gets it in its environment. A mount that works
+//! shows it nowhere either: not in `status`, the metrics, the mount table or its log.
 
 mod common;
 
@@ -13,7 +14,9 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 
-use common::process::{dies_with_test, scdlfs_command, wait_for, Cleanup, PATIENCE};
+use common::process::{
+    dies_with_test, run_ok, scdlfs_command, status_json, unmount, wait_for, Cleanup, PATIENCE,
+};
 use common::s3::moto;
 
 /// A password no other text contains.
@@ -312,4 +315,111 @@ fn a_password_in_the_source_is_on_no_command_line() {
         holding.is_empty(),
         "the daemon {daemon} got the password on its command line: {holding:?}"
     );
+}
+
+/// WsgiDAV (from the test venv) serving `root` to anyone on a free port of 127.0.0.1;
+/// the server and its port.
+fn webdav(root: &Path) -> (std::process::Child, u16) {
+    let wsgidav = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/wsgidav");
+    for _ in 0..5 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut command = Command::new(&wsgidav);
+        command
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--auth",
+                "anonymous",
+                "--server",
+                "cheroot",
+            ])
+            .arg("--port")
+            .arg(port.to_string())
+            .arg("--root")
+            .arg(root)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        dies_with_test(&mut command);
+        let mut server = command.spawn().unwrap_or_else(|e| {
+            panic!("cannot start {wsgidav:?} ({e}); run scripts/setup-python-venv")
+        });
+        let mut listening = false;
+        wait_for("WsgiDAV to listen or exit", || {
+            listening = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+            listening || server.try_wait().unwrap().is_some()
+        });
+        if listening {
+            return (server, port);
+        }
+    }
+    panic!("WsgiDAV did not start on 5 free ports");
+}
+
+/// The body of `GET http://ADDRESS/metrics`.
+fn metrics(address: &str) -> String {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+#[test]
+fn a_working_mount_of_a_source_with_a_password_shows_it_nowhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("served");
+    let files = common::write_source(&root);
+    let (mut server, port) = webdav(&root);
+    let source = format!("http://reader:{PASSWORD}@127.0.0.1:{port}/");
+    let mountpoint = dir.path().join("mnt");
+    std::fs::create_dir(&mountpoint).unwrap();
+    let cache = dir.path().join("cache");
+    let metrics_address = {
+        let free = TcpListener::bind("127.0.0.1:0").unwrap();
+        free.local_addr().unwrap().to_string()
+    };
+    let mut cleanup = Cleanup::unmounting(mountpoint.clone());
+    run_ok(
+        scdlfs_command(["mount", "env:DATASET_SOURCE"])
+            .arg(&mountpoint)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .args(["--log-level", "trace", "--metrics-addr", &metrics_address])
+            .env("DATASET_SOURCE", &source),
+    );
+    let (name, bytes) = files.iter().next().unwrap();
+    assert_eq!(&std::fs::read(mountpoint.join(name)).unwrap(), bytes);
+
+    let status = status_json(&mountpoint).to_string();
+    assert!(
+        status.contains(&port.to_string()),
+        "status names no source: {status}"
+    );
+    assert_shows_none(&status, &[PASSWORD], "status --json");
+    let metrics = metrics(&metrics_address);
+    assert!(metrics.contains("200 OK"), "{metrics}");
+    assert_shows_none(&metrics, &[PASSWORD], "the metrics");
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert_shows_none(&table, &[PASSWORD], "the mount table");
+    let holding = command_lines_holding(PASSWORD);
+    assert!(
+        holding.is_empty(),
+        "command lines with the password: {holding:?}"
+    );
+    unmount(&mountpoint);
+    cleanup.mountpoints.clear();
+    let log = std::fs::read_to_string(cache.join("scdlfs.log")).unwrap();
+    assert!(log.contains("TRACE"), "the log has no trace lines");
+    assert_shows_none(&log, &[PASSWORD], "the daemon's log");
+    let _ = server.kill();
+    let _ = server.wait();
 }
