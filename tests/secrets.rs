@@ -423,3 +423,18 @@ fn a_working_mount_of_a_source_with_a_password_shows_it_nowhere() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+#[test]
+fn chunk_takes_its_source_and_target_from_the_environment_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, target) = (dir.path().join("mono"), dir.path().join("chunked"));
+    common::write_monolithic(&common::small_dataset(), &source);
+    let output = run_ok(
+        scdlfs_command(["chunk", "--quiet", "env:CHUNK_SOURCE", "env:CHUNK_TARGET"])
+            .env("CHUNK_SOURCE", &source)
+            .env("CHUNK_TARGET", &target),
+    );
+    assert!(target.join("header.sch").exists(), "nothing published");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains(&*target.to_string_lossy()), "{stdout}");
+}

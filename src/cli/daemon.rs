@@ -11,7 +11,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use super::mount_cmd::SOURCE_FROM_ENVIRONMENT;
+use super::SOURCE_FROM_ENVIRONMENT;
 
 /// The variable through which the parent tells the child where to report readiness.
 pub const READY_FD_VAR: &str = "SCDLFS_READY_FD";

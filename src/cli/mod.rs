@@ -333,6 +333,27 @@ fn parse_mode(text: &str) -> Result<u16, String> {
         .ok_or_else(|| format!("{text:?} is not an octal mode between 0 and 0777"))
 }
 
+/// How a SOURCE (or chunk TARGET) names a variable that holds it: `env:VAR`.
+pub const SOURCE_FROM_ENVIRONMENT: &str = "env:";
+
+/// The store a SOURCE names: itself, or with `env:VAR` the value of the variable VAR,
+/// so that one with credentials (`https://user:password@host/x`) need not be on a
+/// command line, which every local user can read in /proc/PID/cmdline. Its secrets are
+/// registered for redaction.
+fn resolve_source(source: &str) -> anyhow::Result<String> {
+    let text = match source.strip_prefix(SOURCE_FROM_ENVIRONMENT) {
+        Some(name) => std::env::var(name)
+            .ok()
+            .filter(|value| !value.trim().is_empty())
+            .with_context(|| format!("{source}: the variable {name} is not set"))?
+            .trim()
+            .to_owned(),
+        None => source.to_owned(),
+    };
+    crate::store::redact::register_url_secrets(&text);
+    Ok(text)
+}
+
 /// Parses a command line, with the other spellings of its flags ([`spellings`]).
 pub(crate) fn parse_from(argv: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Error> {
     let argv: Vec<OsString> = argv.into_iter().collect();

@@ -16,7 +16,7 @@ use crate::units::format_size;
 const MIN_DEFAULT_CACHE: u64 = 256 << 20;
 
 pub fn run(args: MountArgs) -> anyhow::Result<()> {
-    let source_text = source_text(&args.source)?;
+    let source_text = super::resolve_source(&args.source)?;
     let source = Source::parse(&source_text).map_err(anyhow::Error::msg)?;
     let cache_dir = match &args.cache_dir {
         Some(dir) => dir.clone(),
@@ -48,26 +48,6 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         }
     }
 }
-
-/// The source SOURCE names: itself, or with `env:NAME` the value of the variable
-/// NAME, so that a source with credentials (`https://user:password@host/x`) need not
-/// be on a command line, which every local user can read in /proc/PID/cmdline.
-fn source_text(source: &str) -> anyhow::Result<String> {
-    let text = match source.strip_prefix(SOURCE_FROM_ENVIRONMENT) {
-        Some(name) => std::env::var(name)
-            .ok()
-            .filter(|value| !value.trim().is_empty())
-            .with_context(|| format!("SOURCE {source}: the variable {name} is not set"))?
-            .trim()
-            .to_owned(),
-        None => source.to_owned(),
-    };
-    crate::store::redact::register_url_secrets(&text);
-    Ok(text)
-}
-
-/// How SOURCE names a variable that holds the source.
-pub const SOURCE_FROM_ENVIRONMENT: &str = "env:";
 
 fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<()> {
     if args.read_part_size < 4096 || !args.read_part_size.is_multiple_of(4096) {
