@@ -25,6 +25,7 @@
 //! are small helpers of the command line.
 
 pub mod cache;
+pub mod cache_dir_check;
 pub mod catalog;
 pub mod chunker;
 pub mod cli;

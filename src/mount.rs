@@ -361,18 +361,19 @@ impl Drop for Mount {
 }
 
 /// A store error for people: the missing bucket named as such, and the causes
-/// (connection refused, DNS, TLS) that the error's own message leaves out.
+/// (connection refused, DNS, TLS) that the error's own message leaves out. Every piece
+/// is redacted: the errors name URLs with their credentials.
 fn explain_store_error(error: &object_store::Error) -> String {
     let mut causes = Vec::new();
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
-        causes.push(cause.to_string());
+        causes.push(crate::store::redact::redact(&cause.to_string()));
         source = cause.source();
     }
-    let all = std::iter::once(error.to_string())
+    let all = std::iter::once(crate::store::redact::redact(&error.to_string()))
         .chain(causes)
         .collect::<Vec<_>>();
-    let text = crate::store::redact_urls(&all.join(": "));
+    let text = all.join(": ");
     if text.contains("NoSuchBucket") {
         return "the bucket does not exist".into();
     }

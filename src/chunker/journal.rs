@@ -1,9 +1,11 @@
 //! The resume record of a chunking job, kept at the target under `.scdlfs-chunk/` from
 //! the first upload until the header is published, then deleted.
 //!
-//! `job.json` names the job (the source's header checksum and array sizes, the chunk
-//! size): a second run resumes only the same job, and refuses a target that holds
-//! another's. Each uploaded object gets a marker `done/<key>.json` with its size, the
+//! `job.json` names the job (the source's header checksum, array sizes and every
+//! source object's ETag, the chunk size): a second run resumes only the same job, and
+//! refuses a target that holds another's, or this one's over a source changed since.
+//! It is created only where none exists, so that of two jobs started at once into one
+//! empty target exactly one begins. Each uploaded object gets a marker `done/<key>.json` with its size, the
 //! CRC32C of the bytes sent and the ETag the store gave back: a rerun skips an object
 //! whose size and ETag still match its marker, and re-sends the rest. Uploads are
 //! atomic in every store (a single PUT, or a multipart upload completed at the end), so
@@ -12,7 +14,7 @@
 //! The record is versioned; `FORMAT_VERSION` changes with any change of these files,
 //! and the golden test below fails when the encoding does.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
@@ -27,7 +29,7 @@ pub const JOURNAL_DIR: &str = ".scdlfs-chunk";
 const JOB_FILE: &str = "job.json";
 const DONE_DIR: &str = "done";
 const MARKER_SUFFIX: &str = ".json";
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Markers read at once when a job resumes.
 const MARKER_READS_IN_FLIGHT: usize = 16;
@@ -40,6 +42,34 @@ pub struct JobIdentity {
     pub source_header_crc32c: u32,
     /// Bytes of the source's data, row-offset and column-id arrays.
     pub source_array_bytes: [u64; 3],
+    /// The ETag of every source object the job reads, by path below the archive
+    /// (absent from records of format 1, which then differ by their format).
+    #[serde(default)]
+    pub source_e_tags: BTreeMap<String, String>,
+}
+
+impl JobIdentity {
+    /// What the job `self` is, said against `other`, for a refusal.
+    pub fn unlike(&self, other: &JobIdentity) -> String {
+        let same_shape = JobIdentity {
+            source_e_tags: other.source_e_tags.clone(),
+            ..self.clone()
+        };
+        if &same_shape != other {
+            return "another source or --chunk-rows".into();
+        }
+        let changed: Vec<&str> = other
+            .source_e_tags
+            .iter()
+            .filter(|(name, e_tag)| self.source_e_tags.get(*name) != Some(*e_tag))
+            .map(|(name, _)| name.as_str())
+            .collect();
+        format!(
+            "this source, which changed since (now another version: {}): its objects there \
+             hold the earlier version",
+            changed.join(", ")
+        )
+    }
 }
 
 /// One object as it was uploaded.
@@ -101,8 +131,17 @@ impl Journal {
         }
     }
 
+    /// Starts the record, refused if another job started one meanwhile.
     pub async fn begin(&self, job: &JobIdentity) -> Result<(), ChunkError> {
-        self.put_json(&self.job_location(), job).await
+        let location = self.job_location();
+        let bytes = serde_json::to_vec(job).expect("the record serializes");
+        match super::create(&self.store, &location, bytes).await {
+            Err(ChunkError::AlreadyExists(_)) => Err(ChunkError::TargetOccupied(format!(
+                "another job began at {} at the same time",
+                self.dir
+            ))),
+            other => other,
+        }
     }
 
     pub async fn record(&self, key: &str, uploaded: &Uploaded) -> Result<(), ChunkError> {
@@ -187,10 +226,14 @@ mod tests {
             chunk_rows: 8192,
             source_header_crc32c: 0xdead_beef,
             source_array_bytes: [400, 88, 200],
+            source_e_tags: BTreeMap::from([
+                ("data.npy".into(), "\"e1\"".into()),
+                ("header.sch".into(), "7-5f-20".into()),
+            ]),
         };
         assert_eq!(
             serde_json::to_string(&job).unwrap(),
-            r#"{"format":1,"chunk_rows":8192,"source_header_crc32c":3735928559,"source_array_bytes":[400,88,200]}"#
+            r#"{"format":2,"chunk_rows":8192,"source_header_crc32c":3735928559,"source_array_bytes":[400,88,200],"source_e_tags":{"data.npy":"\"e1\"","header.sch":"7-5f-20"}}"#
         );
         let uploaded = Uploaded {
             size: 12,
@@ -214,6 +257,7 @@ mod tests {
             chunk_rows: 10,
             source_header_crc32c: 1,
             source_array_bytes: [1, 2, 3],
+            source_e_tags: BTreeMap::from([("data.npy".into(), "v1".into())]),
         };
         journal.begin(&job).await.unwrap();
         let data = Uploaded {

@@ -24,9 +24,7 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
-use object_store::{
-    GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart,
-};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutPayload, WriteMultipart};
 use scdl_format::chunking::{chunked_header, encode_row_offsets, ChunkingError};
 use scdl_format::layout::{chunk_dir_name, HEADER_FILE};
 use scdl_format::{ArrayKind, ChunkedInfo, Header, HeaderError};
@@ -51,6 +49,12 @@ pub enum ChunkError {
     Inconsistent(String),
     #[error("the target is not free for this job: {0}")]
     TargetOccupied(String),
+    #[error(
+        "the source changed during the job: {0}; the objects uploaded so far hold its \
+         earlier version, so the job cannot continue: delete what it wrote at the target \
+         and run it again once the source is stable"
+    )]
+    SourceChanged(String),
     #[error("{location}: {source}")]
     Store {
         location: String,
@@ -63,6 +67,9 @@ pub enum ChunkError {
     /// Inside the job: the token was cancelled; [`run`] reports it as `Interrupted`.
     #[error("cancelled")]
     Cancelled,
+    /// Inside the job: a conditional create found the object there already.
+    #[error("{0} exists already")]
+    AlreadyExists(String),
 }
 
 impl ChunkError {
@@ -176,6 +183,7 @@ impl ChunkJob {
             chunk_rows,
             source_header_crc32c: crc32c::crc32c(&archive.header_bytes),
             source_array_bytes: ArrayKind::ALL.map(|kind| archive.array(kind).bytes),
+            source_e_tags: archive.e_tags.clone(),
         };
         Ok(ChunkJob {
             archive,
@@ -238,11 +246,11 @@ async fn run(
     }
     let recorded = match journal.job().await? {
         Some(existing) if &existing == identity => journal.uploaded().await?,
-        Some(_) => {
+        Some(existing) => {
             return Err(ChunkError::TargetOccupied(format!(
-                "{} holds an interrupted chunking of another source or --chunk-rows; \
-                 delete it or choose another target",
-                target.prefix
+                "{} holds an interrupted chunking of {}; delete it or choose another target",
+                target.prefix,
+                existing.unlike(identity)
             )))
         }
         None => {
@@ -252,6 +260,8 @@ async fn run(
                     target.prefix
                 )));
             }
+            // Created only if absent: of two jobs that found the target empty at once,
+            // one starts and the other is refused here.
             journal.begin(identity).await?;
             HashMap::new()
         }
@@ -317,13 +327,56 @@ async fn run(
     report.read_back_objects =
         verify_contents(archive, &target, objects, &record, options.verify_data).await?;
     let header_location = target.join(HEADER_FILE);
-    target
-        .store
-        .put(&header_location, PutPayload::from(header_bytes.clone()))
-        .await
-        .map_err(|source| ChunkError::store(&header_location, source))?;
+    match create(&target.store, &header_location, header_bytes.clone()).await {
+        Ok(()) => {}
+        // Another run of this very job published first: the same dataset.
+        Err(ChunkError::AlreadyExists(_))
+            if read_object(&target, HEADER_FILE, header_bytes.len() as u64)
+                .await
+                .is_ok_and(|published| &published == header_bytes) => {}
+        Err(ChunkError::AlreadyExists(_)) => {
+            return Err(ChunkError::TargetOccupied(format!(
+                "another job published a different dataset at {} while this one ran",
+                target.prefix
+            )))
+        }
+        Err(error) => return Err(error),
+    }
     journal.remove().await?;
     Ok(report)
+}
+
+/// Writes `bytes` at `location` only if nothing is there (`PutMode::Create`: S3's
+/// `If-None-Match: *`, GCS's generation 0, a hard link in a local folder);
+/// [`ChunkError::AlreadyExists`] if something is. A store that cannot create
+/// conditionally (an http(s) server) is written unconditionally, with a warning.
+pub(crate) async fn create(
+    store: &Arc<dyn ObjectStore>,
+    location: &ObjectPath,
+    bytes: Vec<u8>,
+) -> Result<(), ChunkError> {
+    let payload = PutPayload::from(bytes);
+    match store
+        .put_opts(location, payload.clone(), PutMode::Create.into())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(object_store::Error::AlreadyExists { .. }) => {
+            Err(ChunkError::AlreadyExists(location.to_string()))
+        }
+        Err(object_store::Error::NotImplemented { .. }) => {
+            tracing::warn!(
+                "{store} cannot refuse to overwrite {location}: two jobs started at once into \
+                 this target would not be told apart"
+            );
+            store
+                .put(location, payload)
+                .await
+                .map(drop)
+                .map_err(|source| ChunkError::store(location, source))
+        }
+        Err(source) => Err(ChunkError::store(location, source)),
+    }
 }
 
 /// The header to publish: the source's, less the neighbour arrays, chunked.
@@ -389,9 +442,27 @@ async fn row_offsets(archive: &MonolithicSource, chunk: u64) -> Result<Vec<u8>, 
         .await?;
     let entries = (rows.end - rows.start + 1) as usize;
     let first = archive.boundaries[chunk as usize];
-    let rebased: Vec<u64> = (0..entries)
-        .map(|i| array.dtype.read_uint(&raw, i) - first)
-        .collect();
+    let values = archive.boundaries[chunk as usize + 1] - first;
+    let mut rebased = Vec::with_capacity(entries);
+    for i in 0..entries {
+        let offset = array.dtype.read_uint(&raw, i);
+        // The offsets were checked when the job began; a store that ignores If-Match
+        // (or a source changed outside its ETag) can still answer others now.
+        let previous = rebased.last().copied().unwrap_or(0);
+        match offset.checked_sub(first) {
+            Some(at) if (previous..=values).contains(&at) => rebased.push(at),
+            _ => {
+                return Err(ChunkError::Inconsistent(format!(
+                    "{}: row offset {} ({offset}) is outside chunk {chunk}'s values \
+                     {first}..={} or below the one before it; the source changed since \
+                     it was checked",
+                    array.location,
+                    rows.start + i as u64,
+                    first + values
+                )))
+            }
+        }
+    }
     Ok(encode_row_offsets(array.dtype, &rebased)?)
 }
 
@@ -471,16 +542,7 @@ async fn stream_into(
     cancel: &CancellationToken,
 ) -> Result<u32, ChunkError> {
     let expected = range.end - range.start;
-    let options = GetOptions {
-        range: Some(GetRange::Bounded(range)),
-        ..Default::default()
-    };
-    let mut body = archive
-        .store
-        .get_opts(from, options)
-        .await
-        .map_err(|source| ChunkError::store(from, source))?
-        .into_stream();
+    let mut body = archive.get(from, Some(range)).await?.into_stream();
     let (mut crc, mut sent) = (0u32, 0u64);
     loop {
         let next = tokio::select! {

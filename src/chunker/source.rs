@@ -6,13 +6,20 @@
 //! before a single byte is written at the target: a bad source is refused with the
 //! target untouched. The row offsets are streamed once, in bounded pieces, so a source
 //! of any size is checked in constant memory.
+//!
+//! Every source object is pinned to the ETag it was listed with: every read of it,
+//! from the first (the header) to the last byte copied, carries `If-Match`, so a
+//! source rewritten while the job runs fails the job ([`ChunkError::SourceChanged`])
+//! instead of mixing two versions, and the ETags are part of the job's identity, so a
+//! source rewritten between two runs is not resumed into the first run's objects.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+use object_store::{GetOptions, GetRange, GetResult, ObjectMeta, ObjectStore, ObjectStoreExt};
 use scdl_format::chunking::GLOBAL_ENTRIES;
 use scdl_format::header::MAX_HEADER_BYTES;
 use scdl_format::layout::HEADER_FILE;
@@ -47,6 +54,8 @@ pub struct MonolithicSource {
     pub boundaries: Vec<u64>,
     /// Global entries (`version.json`, features...) as (path below the archive, size).
     pub globals: Vec<(String, u64)>,
+    /// The ETag every object read is pinned to, by path below the archive.
+    pub e_tags: BTreeMap<String, String>,
     prefix: ObjectPath,
 }
 
@@ -78,14 +87,19 @@ impl MonolithicSource {
                 "{header_location} holds {header_size} bytes, far more than an SCDL header"
             )));
         }
-        let header_bytes = store
-            .get(&header_location)
-            .await
-            .map_err(|source| ChunkError::store(&header_location, source))?
+        let header_e_tag = pinned_e_tag(store.as_ref(), &listing, &header_location).await?;
+        let header_bytes = get_pinned(store.as_ref(), &header_location, &header_e_tag, None)
+            .await?
             .bytes()
             .await
             .map_err(|source| ChunkError::store(&header_location, source))?
             .to_vec();
+        if header_bytes.len() as u64 != header_size {
+            return Err(ChunkError::SourceChanged(format!(
+                "{header_location} was listed with {header_size} bytes and read with {}",
+                header_bytes.len()
+            )));
+        }
         let header = Header::decode(&header_bytes).map_err(|source| ChunkError::Header {
             location: header_location.to_string(),
             source,
@@ -163,7 +177,7 @@ impl MonolithicSource {
             )));
         }
 
-        let globals = listing
+        let globals: Vec<(String, u64)> = listing
             .iter()
             .filter_map(|meta| {
                 let name = relative(&meta.location)?;
@@ -171,6 +185,16 @@ impl MonolithicSource {
                 GLOBAL_ENTRIES.contains(&top).then_some((name, meta.size))
             })
             .collect();
+        let mut e_tags = BTreeMap::from([(HEADER_FILE.to_owned(), header_e_tag)]);
+        let read_later = arrays.iter().map(|array| array.location.clone()).chain(
+            globals
+                .iter()
+                .map(|(name, _)| location_below(&prefix, name)),
+        );
+        for location in read_later {
+            let e_tag = pinned_e_tag(store.as_ref(), &listing, &location).await?;
+            e_tags.insert(relative(&location).unwrap_or_default(), e_tag);
+        }
         let mut source = MonolithicSource {
             store,
             header,
@@ -179,6 +203,7 @@ impl MonolithicSource {
             geometry,
             boundaries: Vec::new(),
             globals,
+            e_tags,
             prefix,
         };
         source.boundaries = source.check_row_offsets(values).await?;
@@ -190,9 +215,19 @@ impl MonolithicSource {
     }
 
     pub fn location(&self, relative: &str) -> ObjectPath {
-        relative
-            .split('/')
-            .fold(self.prefix.clone(), |path, part| path.join(part))
+        location_below(&self.prefix, relative)
+    }
+
+    /// Reads `range` (or all) of a source object, pinned to the version the job is of.
+    pub async fn get(
+        &self,
+        location: &ObjectPath,
+        range: Option<Range<u64>>,
+    ) -> Result<GetResult, ChunkError> {
+        let e_tag = relative_key(location, &self.prefix)
+            .and_then(|name| self.e_tags.get(&name))
+            .unwrap_or_else(|| panic!("{location} is read but was never pinned"));
+        get_pinned(self.store.as_ref(), location, e_tag, range).await
     }
 
     /// Streams the row offsets once: they must start at 0, never decrease and end at
@@ -257,15 +292,9 @@ impl MonolithicSource {
         if range.is_empty() {
             return Ok(Vec::new());
         }
-        let options = GetOptions {
-            range: Some(GetRange::Bounded(range.clone())),
-            ..Default::default()
-        };
         let bytes = self
-            .store
-            .get_opts(location, options)
-            .await
-            .map_err(|source| ChunkError::store(location, source))?
+            .get(location, Some(range.clone()))
+            .await?
             .bytes()
             .await
             .map_err(|source| ChunkError::store(location, source))?;
@@ -279,4 +308,63 @@ impl MonolithicSource {
         }
         Ok(bytes.to_vec())
     }
+}
+
+fn location_below(prefix: &ObjectPath, relative: &str) -> ObjectPath {
+    relative
+        .split('/')
+        .fold(prefix.clone(), |path, part| path.join(part))
+}
+
+/// The ETag of `location` as listed, else as a HEAD answers (some servers list none).
+async fn pinned_e_tag(
+    store: &dyn ObjectStore,
+    listing: &[ObjectMeta],
+    location: &ObjectPath,
+) -> Result<String, ChunkError> {
+    let listed = listing
+        .iter()
+        .find(|meta| &meta.location == location)
+        .and_then(|meta| meta.e_tag.clone());
+    let e_tag = match listed {
+        Some(e_tag) => Some(e_tag),
+        None => {
+            store
+                .head(location)
+                .await
+                .map_err(|source| ChunkError::store(location, source))?
+                .e_tag
+        }
+    };
+    e_tag.ok_or_else(|| {
+        ChunkError::Usage(format!(
+            "{location}: the store gives no ETag, so a change of the source during the job \
+             could not be told from its own bytes; copy the source to a folder or an object \
+             store first"
+        ))
+    })
+}
+
+/// One read of `location` that fails, rather than mixes versions, if the object is no
+/// longer the one with `e_tag`.
+async fn get_pinned(
+    store: &dyn ObjectStore,
+    location: &ObjectPath,
+    e_tag: &str,
+    range: Option<Range<u64>>,
+) -> Result<GetResult, ChunkError> {
+    let options = GetOptions {
+        range: range.map(GetRange::Bounded),
+        if_match: Some(e_tag.to_owned()),
+        ..Default::default()
+    };
+    store
+        .get_opts(location, options)
+        .await
+        .map_err(|source| match source {
+            object_store::Error::Precondition { .. } => ChunkError::SourceChanged(format!(
+                "{location} is no longer the version (ETag {e_tag}) the job started from"
+            )),
+            source => ChunkError::store(location, source),
+        })
 }

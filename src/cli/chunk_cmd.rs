@@ -14,10 +14,11 @@ use crate::units::{format_size, parse_size};
 
 #[derive(Args, Debug)]
 pub struct ChunkArgs {
-    /// The monolithic archive (header.sch backend 1): a local folder or a store URL.
+    /// The monolithic archive (header.sch backend 1): a local folder or a store URL, or
+    /// env:VAR to read it from the variable VAR (a URL with a password).
     pub source: String,
     /// Where the chunked archive goes: an empty local folder or store prefix (or one an
-    /// interrupted run of the same job left).
+    /// interrupted run of the same job left); env:VAR as for SOURCE.
     pub target: String,
     /// Rows per chunk.
     #[arg(long, default_value_t = 8192)]
@@ -65,6 +66,10 @@ pub fn run(args: ChunkArgs) -> anyhow::Result<()> {
         quiet: args.quiet,
     };
     let settings = args.store.client_settings();
+    let (source_text, target_text) = (
+        super::resolve_source(&args.source)?,
+        super::resolve_source(&args.target)?,
+    );
     let open = |text: &str| -> anyhow::Result<Location> {
         let source = Source::parse(text).with_context(|| text.to_owned())?;
         let (store, prefix) = runtime
@@ -73,15 +78,15 @@ pub fn run(args: ChunkArgs) -> anyhow::Result<()> {
         Ok(Location { store, prefix })
     };
     let job = runtime
-        .block_on(ChunkJob::prepare(open(&args.source)?, args.chunk_rows))
+        .block_on(ChunkJob::prepare(open(&source_text)?, args.chunk_rows))
         .map_err(anyhow::Error::msg)?;
     // Only a source that passed its checks gets a target folder made for it.
-    if let Source::Local { root } = Source::parse(&args.target).map_err(anyhow::Error::msg)? {
+    if let Source::Local { root } = Source::parse(&target_text).map_err(anyhow::Error::msg)? {
         std::fs::create_dir_all(&root)
             .with_context(|| format!("cannot create {}", root.display()))?;
     }
     let report = runtime
-        .block_on(job.run(open(&args.target)?, &options, cancel))
+        .block_on(job.run(open(&target_text)?, &options, cancel))
         .map_err(|error| {
             if error.resumable() {
                 anyhow!("{error}; run the same command again to resume")
@@ -89,10 +94,11 @@ pub fn run(args: ChunkArgs) -> anyhow::Result<()> {
                 anyhow!("{error}")
             }
         })?;
+    let target_shown = crate::store::redact::redact(&target_text);
     if report.already_published {
         println!(
             "{} already holds this dataset ({} rows in {} chunks); nothing to do",
-            args.target, report.rows, report.chunks
+            target_shown, report.rows, report.chunks
         );
     } else {
         println!(
@@ -101,7 +107,7 @@ pub fn run(args: ChunkArgs) -> anyhow::Result<()> {
              header.sch published",
             report.rows,
             report.chunks,
-            args.target,
+            target_shown,
             report.uploaded_objects,
             format_size(report.uploaded_bytes),
             report.reused_objects,

@@ -1,18 +1,28 @@
 //! Detaching like other mount helpers: the command re-runs itself in the foreground as
 //! a new session, with its log in a file, and waits on a pipe until the child reports
-//! that the mount answers (or why it could not mount).
+//! that the mount answers (or why it could not mount). The child writes its report
+//! only into a descriptor that can be that pipe (`SCDLFS_READY_FD` is checked). The
+//! source reaches the child in its environment, never on its command line.
 
 use anyhow::{anyhow, Context};
+use std::ffi::OsString;
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use super::SOURCE_FROM_ENVIRONMENT;
+
 /// The variable through which the parent tells the child where to report readiness.
 pub const READY_FD_VAR: &str = "SCDLFS_READY_FD";
 
-/// Starts the daemon and waits for its verdict.
-pub fn spawn_and_wait(log_file: &Path) -> anyhow::Result<()> {
+/// The variable through which the parent hands the child the source: an environment
+/// is readable by its owner only, a command line by every local user.
+pub const SOURCE_VAR: &str = "SCDLFS_SOURCE";
+
+/// Starts the daemon and waits for its verdict. `source_arg` is SOURCE as given on
+/// the command line, `source` what it names.
+pub fn spawn_and_wait(log_file: &Path, source_arg: &str, source: &str) -> anyhow::Result<()> {
     let (read_end, write_end) = rustix::pipe::pipe().context("pipe")?;
     // Only the write end goes to the child.
     rustix::io::fcntl_setfd(&read_end, rustix::io::FdFlags::CLOEXEC).context("pipe")?;
@@ -22,12 +32,17 @@ pub fn spawn_and_wait(log_file: &Path) -> anyhow::Result<()> {
         .open(log_file)
         .with_context(|| format!("cannot open log file {}", log_file.display()))?;
     let exe = std::env::current_exe().map_err(anyhow::Error::msg)?;
+    let mut rest: Vec<OsString> = std::env::args_os().skip(2).collect();
+    if let Some(at) = rest.iter().position(|arg| arg.as_os_str() == source_arg) {
+        rest[at] = format!("{SOURCE_FROM_ENVIRONMENT}{SOURCE_VAR}").into();
+    }
     let mut command = Command::new(exe);
     command
         // The flag goes right after the subcommand, so a user's `--` stays last.
         .args(std::env::args_os().skip(1).take(1))
         .arg("--foreground")
-        .args(std::env::args_os().skip(2))
+        .args(rest)
+        .env(SOURCE_VAR, source)
         // A detached daemon is not the process a service manager watches.
         .env_remove("NOTIFY_SOCKET")
         .env(READY_FD_VAR, write_end.as_raw_fd().to_string())
@@ -67,15 +82,47 @@ pub fn spawn_and_wait(log_file: &Path) -> anyhow::Result<()> {
 
 /// In the daemon: reports the mount's fate to the waiting parent, if there is one.
 pub fn report(message: &str) {
-    let Some(fd) = std::env::var(READY_FD_VAR)
-        .ok()
-        .and_then(|v| v.parse::<i32>().ok())
-    else {
+    let Some(value) = std::env::var_os(READY_FD_VAR) else {
         return;
     };
     std::env::remove_var(READY_FD_VAR);
-    // SAFETY: the parent passed this descriptor to us for exactly this use, once.
-    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    let Some(mut pipe) = value
+        .to_str()
+        .and_then(|v| v.parse::<i32>().ok())
+        .and_then(inherited_pipe)
+    else {
+        tracing::warn!(
+            "{READY_FD_VAR}={} is not the write end of a pipe this process inherited; \
+             ignored",
+            value.to_string_lossy()
+        );
+        return;
+    };
     use std::io::Write;
-    let _ = file.write_all(message.as_bytes());
+    let _ = pipe.write_all(message.as_bytes());
+}
+
+/// `fd`, taken over, if it can be the detaching parent's pipe: not a standard stream,
+/// open, a pipe, and open for writing. Anything else (a variable left in a service's
+/// environment, a typo) is neither written to nor closed.
+fn inherited_pipe(fd: i32) -> Option<std::fs::File> {
+    if fd <= libc::STDERR_FILENO {
+        return None;
+    }
+    // SAFETY: fstat and fcntl(F_GETFL) only read; on a closed descriptor they fail
+    // with EBADF.
+    let (is_fifo, writable) = unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut stat) != 0 {
+            return None;
+        }
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        (
+            stat.st_mode & libc::S_IFMT == libc::S_IFIFO,
+            flags >= 0 && flags & libc::O_ACCMODE == libc::O_WRONLY,
+        )
+    };
+    // SAFETY: an open pipe's write end that the parent passed for this one report;
+    // the variable is gone, so nothing takes it again.
+    (is_fifo && writable).then(|| unsafe { std::fs::File::from_raw_fd(fd) })
 }

@@ -156,7 +156,9 @@ pub enum View {
 
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
-    /// s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, http(s)://HOST/PREFIX, file:///PATH or a path.
+    /// s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, http(s)://HOST/PREFIX, file:///PATH or a
+    /// path; or env:VAR to read it from the variable VAR, so that a source with a
+    /// password is on no command line (which every local user can read).
     pub source: String,
     pub mountpoint: PathBuf,
 
@@ -331,6 +333,27 @@ fn parse_mode(text: &str) -> Result<u16, String> {
         .ok_or_else(|| format!("{text:?} is not an octal mode between 0 and 0777"))
 }
 
+/// How a SOURCE (or chunk TARGET) names a variable that holds it: `env:VAR`.
+pub const SOURCE_FROM_ENVIRONMENT: &str = "env:";
+
+/// The store a SOURCE names: itself, or with `env:VAR` the value of the variable VAR,
+/// so that one with credentials (`https://user:password@host/x`) need not be on a
+/// command line, which every local user can read in /proc/PID/cmdline. Its secrets are
+/// registered for redaction.
+fn resolve_source(source: &str) -> anyhow::Result<String> {
+    let text = match source.strip_prefix(SOURCE_FROM_ENVIRONMENT) {
+        Some(name) => std::env::var(name)
+            .ok()
+            .filter(|value| !value.trim().is_empty())
+            .with_context(|| format!("{source}: the variable {name} is not set"))?
+            .trim()
+            .to_owned(),
+        None => source.to_owned(),
+    };
+    crate::store::redact::register_url_secrets(&text);
+    Ok(text)
+}
+
 /// Parses a command line, with the other spellings of its flags ([`spellings`]).
 pub(crate) fn parse_from(argv: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Error> {
     let argv: Vec<OsString> = argv.into_iter().collect();
@@ -346,6 +369,11 @@ pub(crate) fn parse_from(argv: impl IntoIterator<Item = OsString>) -> Result<Cli
 }
 
 pub fn main() -> ExitCode {
+    // Before anything can print them: the secrets this process was given.
+    for arg in std::env::args_os() {
+        crate::store::redact::register_url_secrets(&arg.to_string_lossy());
+    }
+    crate::store::redact::register_environment_secrets();
     let cli = parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit());
     let result = match cli.command {
         Command::Mount(args) => mount_cmd::run(*args),
@@ -367,7 +395,10 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("scdlfs: {error:#}");
+            eprintln!(
+                "scdlfs: {}",
+                crate::store::redact::redact(&format!("{error:#}"))
+            );
             ExitCode::FAILURE
         }
     }

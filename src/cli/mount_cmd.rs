@@ -16,7 +16,8 @@ use crate::units::format_size;
 const MIN_DEFAULT_CACHE: u64 = 256 << 20;
 
 pub fn run(args: MountArgs) -> anyhow::Result<()> {
-    let source = Source::parse(&args.source).map_err(anyhow::Error::msg)?;
+    let source_text = super::resolve_source(&args.source)?;
+    let source = Source::parse(&source_text).map_err(anyhow::Error::msg)?;
     let cache_dir = match &args.cache_dir {
         Some(dir) => dir.clone(),
         None => default_cache_dir(&args.mountpoint)?,
@@ -24,6 +25,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
         .create(&cache_dir)
         .with_context(|| format!("cannot create cache directory {}", cache_dir.display()))?;
+    crate::cache_dir_check::check(&cache_dir).map_err(anyhow::Error::msg)?;
     if !args.foreground {
         // Obvious mistakes are reported here, before anything detaches.
         check_mountpoint(&args.mountpoint).map_err(anyhow::Error::msg)?;
@@ -31,7 +33,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             .log_file
             .clone()
             .unwrap_or_else(|| cache_dir.join("scdlfs.log"));
-        return daemon::spawn_and_wait(&log_file);
+        return daemon::spawn_and_wait(&log_file, &args.source, &source_text);
     }
     crate::process_memory::limit_heap_arenas();
     let served =

@@ -132,8 +132,13 @@ impl SdkCredentials {
                     expiry,
                     renew_at: expiry.map(|expiry| renewal_time(now, expiry)),
                 };
+                for secret in [&fresh.credential.key_id, &fresh.credential.secret_key]
+                    .into_iter()
+                    .chain(&fresh.credential.token)
+                {
+                    super::redact::register_secret(secret);
+                }
                 tracing::debug!(
-                    access_key_id = %fresh.credential.key_id,
                     expires_in = ?expiry.and_then(|e| e.duration_since(now).ok()),
                     "AWS credentials loaded"
                 );
@@ -228,8 +233,9 @@ mod tests {
             let issued = self.issued_at.lock().unwrap_or(SystemTime::UNIX_EPOCH);
             future::ProvideCredentials::ready(Ok(Credentials::new(
                 format!("KEY{calls}"),
-                "secret",
-                Some("token".into()),
+                // Distinct from any word: the process redacts them from every message.
+                "test-secret-key-7f3a",
+                Some("test-session-token-7f3a".into()),
                 self.lifetime.map(|life| issued + life),
                 "test",
             )))
@@ -282,7 +288,7 @@ mod tests {
                 .await
                 .unwrap();
             assert_eq!(key.key_id, "KEY1");
-            assert_eq!(key.token.as_deref(), Some("token"));
+            assert_eq!(key.token.as_deref(), Some("test-session-token-7f3a"));
         }
         assert_eq!(*source.calls.lock(), 1);
         let renewed = t0 + HOUR - REFRESH_AHEAD;

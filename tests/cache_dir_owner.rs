@@ -1,0 +1,128 @@
+//! A mount trusts its cache directory with bytes it serves as the dataset's, so it
+//! refuses, with a message that says why, one that another user could have planted or
+//! could swap away: an existing directory owned by someone else (`nobody` here) or
+//! writable by group or others, and one below a directory that others may write
+//! (not sticky) or that belongs to another user. A directory of its own below a
+//! sticky world-writable one (`/tmp`) is fine. Through the real `scdlfs mount`, as root.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use common::process::{is_mount_point, scdlfs_command, unmount, Cleanup};
+use common::write_source;
+
+fn nobody() -> (u32, u32) {
+    // SAFETY: getpwnam with a NUL-terminated name; the entry is read at once.
+    let entry = unsafe { libc::getpwnam(c"nobody".as_ptr()) };
+    assert!(!entry.is_null(), "this machine has no user nobody");
+    // SAFETY: checked non-null just above.
+    unsafe { ((*entry).pw_uid, (*entry).pw_gid) }
+}
+
+fn chown(path: &Path, (uid, gid): (u32, u32)) {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+}
+
+fn chmod(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// `scdlfs mount` (detaching) of a local folder with `--cache-dir cache`: Ok, or the
+/// error it printed. A mount it made is undone.
+fn mount_with_cache(dir: &Path, cache: &Path) -> Result<(), String> {
+    let source = dir.join("source");
+    if !source.exists() {
+        write_source(&source);
+    }
+    let mountpoint = dir.join("mnt");
+    std::fs::create_dir_all(&mountpoint).unwrap();
+    let _cleanup = Cleanup::unmounting(mountpoint.clone());
+    let output = scdlfs_command(["mount"])
+        .arg(&source)
+        .arg(&mountpoint)
+        .arg("--cache-dir")
+        .arg(cache)
+        .output()
+        .unwrap();
+    if is_mount_point(&mountpoint) {
+        unmount(&mountpoint);
+    }
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+#[track_caller]
+fn assert_refused(result: Result<(), String>, words: &[&str]) {
+    let message = result.expect_err("the mount used a cache directory it cannot trust");
+    for word in words {
+        assert!(message.contains(word), "no {word:?} in: {message}");
+    }
+}
+
+#[test]
+fn an_existing_cache_directory_owned_by_another_user_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    chmod(&cache, 0o700);
+    chown(&cache, nobody());
+    assert_refused(
+        mount_with_cache(dir.path(), &cache),
+        &[
+            &cache.display().to_string(),
+            "owned by",
+            &nobody().0.to_string(),
+        ],
+    );
+}
+
+#[test]
+fn a_cache_directory_writable_by_group_or_others_is_refused() {
+    for mode in [0o770, 0o707] {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        std::fs::create_dir(&cache).unwrap();
+        chmod(&cache, mode);
+        assert_refused(
+            mount_with_cache(dir.path(), &cache),
+            &[&cache.display().to_string(), "writable"],
+        );
+    }
+}
+
+#[test]
+fn a_cache_directory_below_a_world_writable_or_foreign_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    chmod(&open, 0o777);
+    assert_refused(
+        mount_with_cache(dir.path(), &open.join("cache")),
+        &[&open.display().to_string(), "writable"],
+    );
+
+    let foreign = dir.path().join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    chmod(&foreign, 0o755);
+    chown(&foreign, nobody());
+    assert_refused(
+        mount_with_cache(dir.path(), &foreign.join("cache")),
+        &[&foreign.display().to_string(), "owned by"],
+    );
+}
+
+#[test]
+fn a_private_cache_directory_below_a_sticky_shared_one_is_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    chmod(&shared, 0o1777);
+    mount_with_cache(dir.path(), &shared.join("cache")).expect("a private cache was refused");
+    let mode = std::fs::metadata(shared.join("cache")).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+}
