@@ -6,6 +6,7 @@ mod daemon;
 mod demo;
 mod logging;
 mod mount_cmd;
+mod mount_flags;
 mod notify;
 mod spellings;
 mod status_cmd;
@@ -66,6 +67,9 @@ pub(crate) enum Command {
     /// Make a synthetic chunked dataset, mount it from a local folder, read one epoch
     /// through the mount in shuffled chunk-window order, check every row, and report.
     Demo(demo::DemoArgs),
+    /// Print the mount command's flags as JSON (for the Python package).
+    #[command(hide = true)]
+    MountFlags,
 }
 
 /// How to reach an object store; shared by every command that talks to one.
@@ -363,6 +367,7 @@ pub fn main() -> ExitCode {
         },
         Command::Chunk(args) => chunk_cmd::run(*args),
         Command::Demo(args) => demo::run(args),
+        Command::MountFlags => mount_flags::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,4 +1,5 @@
-"""PyTorch samplers for SCDL single-cell datasets on an scdlfs mount.
+"""PyTorch samplers for SCDL single-cell datasets on an scdlfs mount, and the mount
+itself from Python (:func:`mount`, :func:`open_dataset`).
 
 The samplers yield global row indices for a map-style dataset such as bionemo-scdl's
 ``SingleCellMemMapDataset``, in an order that reads well from a remote chunked store:
@@ -41,6 +42,7 @@ from typing import Any, Literal
 
 from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, NativeSampler, NotADatasetError, RowSubset
 from scdlfs._native import split_by_chunk as _split_by_chunk
+from scdlfs._mount import Mount, MountError, mount, open_dataset
 
 try:  # The samplers are torch Samplers when torch is installed, as it is for training.
     from torch.utils.data import Sampler as _TorchSampler
@@ -52,9 +54,13 @@ __all__ = [
     "BlockSampler",
     "ChunkAwareSampler",
     "ChunkWindowSampler",
+    "Mount",
+    "MountError",
     "NotADatasetError",
     "RowSubset",
     "distributed_rank_and_world_size",
+    "mount",
+    "open_dataset",
     "split_by_chunk",
 ]
 
