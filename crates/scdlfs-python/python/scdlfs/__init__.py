@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, NativeSampler, NotADatasetError, RowSubset
 from scdlfs._native import split_by_chunk as _split_by_chunk
-from scdlfs._mount import Mount, MountError, mount, open_dataset
+from scdlfs._mount import Mount, MountError, mount, open_dataset, scdlfs_binary
 
 try:  # The samplers are torch Samplers when torch is installed, as it is for training.
     from torch.utils.data import Sampler as _TorchSampler
@@ -61,6 +61,7 @@ __all__ = [
     "distributed_rank_and_world_size",
     "mount",
     "open_dataset",
+    "scdlfs_binary",
     "split_by_chunk",
 ]
 
