@@ -268,3 +268,31 @@ def test_changing_the_epoch_drops_the_resume_point(path):
     sampler.load_state_dict(dict(sampler.state_dict(rows_done=100), epoch=0))
     sampler.set_epoch(1)
     assert list(sampler) == epoch1
+
+
+# --------------------------------------------------------------------------
+# PyTorch Lightning's DistributedSamplerWrapper
+# --------------------------------------------------------------------------
+
+
+def test_a_plain_dataloader_gets_no_warning(path):
+    from torch.utils.data import DataLoader
+
+    sampler = scdlfs.ChunkWindowSampler(path, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sorted(i for batch in DataLoader(range(ROWS), batch_size=100, sampler=sampler) for i in batch.tolist()) == list(range(ROWS))
+
+
+def test_lightnings_wrapper_is_warned_of_once_with_the_fix(path):
+    """Lightning (`use_distributed_sampler=True`, the default) wraps a DataLoader's sampler
+    in this wrapper under DDP; the wrapper itself is enough to show the harm."""
+    wrapper_module = pytest.importorskip("lightning_fabric.utilities.distributed", reason="Lightning is not installed")
+    sampler = scdlfs.ChunkWindowSampler(path, seed=1, rank=0, world_size=1)
+    wrapped = wrapper_module.DistributedSamplerWrapper(sampler, num_replicas=2, rank=0, shuffle=False)
+    with pytest.warns(UserWarning, match=r"use_distributed_sampler=False\) and build the sampler in the"):
+        rows = list(wrapped)
+    assert len(rows) == ROWS // 2, "the wrapper took half of the rank's rows"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(wrapped)  # once per sampler

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -181,6 +182,7 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         self._epoch = 0
         self._rows_done = 0
         self._resume_at = 0
+        self._warned_rewrapped = False
         self._native = self._build()
         _LIVE.add(self)
 
@@ -250,10 +252,28 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         return self._native.rows_in_epoch(self._epoch)
 
     def __iter__(self) -> Iterator[int]:
+        self._warn_if_rewrapped(sys._getframe(1))
         for minibatch in self._minibatches():
             for row in minibatch:
                 self._rows_done += 1
                 yield row
+
+    def _warn_if_rewrapped(self, caller: Any) -> None:
+        """Warns once when Lightning's ``DistributedSamplerWrapper`` (whose dataset
+        ``_DatasetSamplerWrapper`` lists the sampler) iterates this sampler: it would
+        reshuffle the rows, shard them a second time and take the whole epoch at once."""
+        if self._warned_rewrapped or type(caller.f_locals.get("self")).__name__ != "_DatasetSamplerWrapper":
+            return
+        self._warned_rewrapped = True
+        warnings.warn(
+            f"scdlfs.{type(self).__name__} is wrapped by Lightning's DistributedSamplerWrapper, which shuffles "
+            "its rows again (losing chunk locality), shards them a second time (each rank reads a share of its "
+            "share) and lists the whole epoch at once (the mount is told all of it at the start). The sampler "
+            "already shards by rank: pass Trainer(use_distributed_sampler=False) and build the sampler in the "
+            "LightningDataModule's train_dataloader().",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def _minibatches(self) -> Iterator[list[int]]:
         """The order's minibatches from the resume point (then from the epoch's start);
@@ -317,6 +337,7 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         self._settings = state["settings"]
         self._epoch = state["epoch"]
         self._rows_done = self._resume_at = state["resume_at"]
+        self._warned_rewrapped = False
         self._native = self._build()
         _LIVE.add(self)
 
