@@ -95,25 +95,31 @@ impl EpochCursor {
             position: 0,
             rows_left,
         };
+        // The step holding the next row, and the row's place in it.
         let mut before = 0;
-        for (index, share_step) in cursor.share.iter().enumerate() {
-            if before + share_step.rows > rows_done {
-                // Entered now, so that announcing starts from it.
-                cursor.enter(index);
-                cursor.position = (rows_done - before) as usize;
-                cursor.announced = index;
-                break;
-            }
-            before += share_step.rows;
-        }
-        if rows_left == 0 {
-            cursor.next_step = cursor.share.len();
-            cursor.announced = cursor.share.len();
-        }
+        let resume_in = cursor
+            .share
+            .iter()
+            .enumerate()
+            .find_map(|(index, share_step)| {
+                let holds_next = before + share_step.rows > rows_done;
+                let found = holds_next.then(|| (index, (rows_done - before) as usize));
+                before += share_step.rows;
+                found
+            });
+        let current = resume_in.map_or(cursor.share.len(), |(index, _)| index);
+        // Announcing starts from the current step; its rows are computed after the
+        // announcement is handed to the writer, so the daemon hears of it first.
+        cursor.next_step = current + usize::from(resume_in.is_some());
+        cursor.announced = current;
         let greeting = vec![HintLine::Plan {
             epoch: cursor.plan.epoch(),
         }];
         cursor.announce(hints, greeting);
+        if let Some((index, offset)) = resume_in {
+            cursor.enter(index);
+            cursor.position = offset;
+        }
         Some(cursor)
     }
 

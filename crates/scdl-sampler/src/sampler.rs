@@ -116,7 +116,7 @@ impl Sampler {
     /// [`Sampler::next_minibatch`].
     pub fn start_epoch(&mut self, epoch: u64) -> EpochCursor {
         self.resume_epoch(epoch, 0)
-            .expect("every share has at least no rows")
+            .expect("an epoch resumes after its first 0 rows")
     }
 
     /// Resumes epoch `epoch` after this worker's first `rows_done` rows of it, as if
