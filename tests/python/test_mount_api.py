@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -117,3 +118,22 @@ def test_options_are_the_mount_flags_checked_before_anything_starts(tmp_path, mo
                             "options": ["ro", "nodev"], "metadata_ttl": None}) == [
         "--allow-other", "--read-part-size", "1MiB", "--uid", "7", "--options", "ro", "--options", "nodev",
     ]  # fmt: skip
+
+
+def test_a_dropped_mount_is_unmounted_when_python_exits(chunked, tmp_path):
+    """A plain call whose Mount nobody keeps or unmounts: the daemon must not outlive the
+    interpreter that started it, and neither must the temporary directories."""
+    script = (
+        "import gc, sys, scdlfs\n"
+        "m = scdlfs.mount(sys.argv[1], sys.argv[2], cache_dir=sys.argv[3], cache_size='64MiB')\n"
+        "print(m.pid, m.log.parent, flush=True)\n"
+        "del m\n"
+        "gc.collect()\n"
+    )
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    out = H.run([sys.executable, "-c", script, chunked[NAME].parent, mountpoint, tmp_path / "cache"], timeout=120)
+    pid, scratch = out.stdout.split()
+    assert not H.is_mounted(mountpoint)
+    assert not daemon_running(int(pid))
+    assert not Path(scratch).exists()

@@ -24,7 +24,6 @@ import subprocess
 import tempfile
 import time
 import warnings
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -100,17 +99,20 @@ def mount_arguments(options: dict[str, Any], binary: str | None = None) -> list[
     return argv
 
 
-# Mounts this process still holds, unmounted at interpreter exit.
-_LIVE: weakref.WeakSet[Mount] = weakref.WeakSet()
+# Mounts this process started and has not finished with: unmounted at interpreter exit
+# even when nothing refers to them any more (a dropped Mount must not leave its daemon
+# serving), and their temporary directories removed once their daemons are gone.
+_LIVE: set[Mount] = set()
 
 
 @atexit.register
 def _unmount_all() -> None:
     for m in list(_LIVE):
         try:
-            m.unmount()
+            m.unmount(timeout=10)
         except MountError:
             pass
+        m._forget_if_stopped(wait=2)
 
 
 class Mount:
@@ -163,12 +165,23 @@ class Mount:
                                       f"daemon (pid {self.pid}) exits once they are closed", stacklevel=2)  # fmt: skip
                     break
                 time.sleep(0.05)
-        _LIVE.discard(self)
         if self._process.returncode not in (0, None):
+            _LIVE.discard(self)
             raise MountError(f"unmounting {self.mountpoint} failed: {_last_error(self.log)}")
-        if self._scratch is not None and self._process.returncode == 0:
+        self._forget_if_stopped(wait=0)
+
+    def _forget_if_stopped(self, wait: float) -> None:
+        """Once the daemon has exited: removes the temporary directories and stops
+        tracking the mount. A daemon still serving files of a detached mount is kept
+        track of, to clean up after at exit."""
+        try:
+            self._process.wait(wait)
+        except subprocess.TimeoutExpired:
+            return
+        if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
+        _LIVE.discard(self)
 
     def __enter__(self) -> Mount:
         return self
