@@ -6,18 +6,17 @@ processes, and scdlfs.ChunkWindowSampler telling the daemon what comes next.
     examples/train.py                          # the demo's synthetic dataset, from a local folder
     examples/train.py --source s3://bucket/prefix --dataset tahoe [--endpoint-url URL]
 
-Prints rows/s and the mount's counters (`scdlfs status --json`): how many reads
-waited on the network, how many the prefetch had already fetched. Needs the `scdlfs`
-binary (on PATH, or --scdlfs) and the scdlfs package (pip install ./crates/scdlfs-python).
+The mount is made from Python (`scdlfs.mount`, unmounted when the block ends). Prints
+rows/s and the mount's counters (`scdlfs status --json`): how many reads waited on the
+network, how many the prefetch had already fetched. Needs the scdlfs wheel
+(scripts/build-wheel), or the package and a `scdlfs` binary on PATH or given by --scdlfs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
+import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,20 +31,10 @@ import scdlfs
 INPUTS = 1024
 
 
-def find_scdlfs(given: str | None) -> str:
-    if given:
-        return given
-    repo_build = Path(__file__).resolve().parents[1] / "target" / "release" / "scdlfs"
-    found = shutil.which("scdlfs") or (str(repo_build) if repo_build.exists() else None)
-    if not found:
-        sys.exit("scdlfs not found: put it on PATH or pass --scdlfs (cargo build --release)")
-    return found
-
-
-def demo_dataset(scdlfs_bin: str, workdir: Path, rows: int) -> tuple[str, str]:
+def demo_dataset(workdir: Path, rows: int) -> tuple[str, str]:
     """Writes the demo's synthetic chunked dataset into a local folder (`scdlfs demo`
     also reads it once through a mount and checks every row), as the source to mount."""
-    subprocess.run([scdlfs_bin, "demo", "--rows", str(rows), "--workdir", str(workdir / "demo")],
+    subprocess.run([scdlfs.scdlfs_binary(), "demo", "--rows", str(rows), "--workdir", str(workdir / "demo")],
                    check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     return str(workdir / "demo" / "bucket"), "demo_dataset"
 
@@ -60,17 +49,11 @@ def collate(rows: list[torch.Tensor]) -> torch.Tensor:
     return batch
 
 
-def status(scdlfs_bin: str, mountpoint: Path) -> dict:
-    out = subprocess.run([scdlfs_bin, "status", "--json", str(mountpoint)], check=True,
-                         capture_output=True, text=True)  # fmt: skip
-    return json.loads(out.stdout)
-
-
-def train(args, scdlfs_bin: str, dataset_dir: Path) -> None:
+def train(args, mount: scdlfs.Mount, dataset_dir: Path) -> None:
     from bionemo.scdl.io.single_cell_memmap_dataset import SingleCellMemMapDataset
 
     dataset = SingleCellMemMapDataset(str(dataset_dir))
-    sampler = scdlfs.ChunkWindowSampler(dataset_dir, chunks_per_window=args.chunks_per_window, seed=args.seed,
+    sampler = scdlfs.ChunkWindowSampler(dataset, chunks_per_window=args.chunks_per_window, seed=args.seed,
                                         hints=not args.no_hints)  # fmt: skip
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers,
                         collate_fn=collate, persistent_workers=args.num_workers > 0)  # fmt: skip
@@ -97,7 +80,7 @@ def train(args, scdlfs_bin: str, dataset_dir: Path) -> None:
                 break
         epoch += 1
     seconds = time.monotonic() - started
-    counters = status(scdlfs_bin, args.mountpoint)["counters"]
+    counters = mount.status()["counters"]
     problem = sampler.take_hint_error()
     del loader, sampler, dataset  # close the hint file and the maps before unmounting
     print(f"trained {step} steps, {rows} rows in {seconds:.1f} s: {rows / seconds:.0f} rows/s; "
@@ -124,29 +107,21 @@ def main() -> None:
     parser.add_argument("--no-hints", action="store_true", help="do not tell the mount the order")
     parser.add_argument("--cache-size", default="1GiB")
     parser.add_argument("--workdir", type=Path, help="mountpoint and cache go here (default: a temporary folder)")
-    parser.add_argument("--scdlfs", help="the scdlfs binary (default: on PATH, or target/release)")
+    parser.add_argument("--scdlfs", help="the scdlfs binary (default: the wheel's, else on PATH)")
     args = parser.parse_args()
     if bool(args.source) != bool(args.dataset):
         parser.error("--source and --dataset go together")
-    scdlfs_bin = find_scdlfs(args.scdlfs)
+    if args.scdlfs:
+        os.environ["SCDLFS_BIN"] = args.scdlfs
 
     with tempfile.TemporaryDirectory(prefix="scdlfs-train-") as tmp:
-        workdir = args.workdir or Path(tmp)
-        source, name = (args.source, args.dataset) if args.source else demo_dataset(scdlfs_bin, workdir, args.demo_rows)
-        args.mountpoint = workdir / "mnt"
-        args.mountpoint.mkdir(parents=True, exist_ok=True)
-        mount = [scdlfs_bin, "mount", source, str(args.mountpoint), "--cache-dir", str(workdir / "cache"),
-                 "--cache-size", args.cache_size]  # fmt: skip
-        if args.endpoint_url:
-            mount += ["--endpoint-url", args.endpoint_url]
-        if args.no_sign_request:
-            mount.append("--no-sign-request")
-        subprocess.run(mount, check=True)
-        try:
-            train(args, scdlfs_bin, args.mountpoint / name)
-        finally:
-            subprocess.run([scdlfs_bin, "unmount", str(args.mountpoint)], check=True)
-
+        workdir = (args.workdir or Path(tmp)).absolute()
+        source, name = (args.source, args.dataset) if args.source else demo_dataset(workdir, args.demo_rows)
+        mountpoint = workdir / "mnt"
+        mountpoint.mkdir(parents=True, exist_ok=True)
+        with scdlfs.mount(source, mountpoint, cache_dir=workdir / "cache", cache_size=args.cache_size,
+                          endpoint_url=args.endpoint_url, no_sign_request=args.no_sign_request) as mount:  # fmt: skip
+            train(args, mount, mount.mountpoint / name)
 
 if __name__ == "__main__":
     main()

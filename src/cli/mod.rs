@@ -6,6 +6,7 @@ mod daemon;
 mod demo;
 mod logging;
 mod mount_cmd;
+mod mount_flags;
 mod notify;
 mod spellings;
 mod status_cmd;
@@ -66,6 +67,9 @@ pub(crate) enum Command {
     /// Make a synthetic chunked dataset, mount it from a local folder, read one epoch
     /// through the mount in shuffled chunk-window order, check every row, and report.
     Demo(demo::DemoArgs),
+    /// Print the mount command's flags as JSON (for the Python package).
+    #[command(hide = true)]
+    MountFlags,
 }
 
 /// How to reach an object store; shared by every command that talks to one.
@@ -264,9 +268,10 @@ pub struct MountArgs {
     pub gid: Option<u32>,
     /// Mode of the files, in octal. The released SCDL reader opens files read-write, so
     /// users who run it need write bits (every write still fails with EROFS); the hint
-    /// files are writable by exactly those who may read.
-    #[arg(long, value_name = "MODE", value_parser = parse_mode, default_value = "0644", help_heading = "Mount")]
-    pub file_mode: u16,
+    /// files are writable by exactly those who may read [default: 0644; 0666 with
+    /// --allow-other, so that the other users it lets in can run the reader].
+    #[arg(long, value_name = "MODE", value_parser = parse_mode, help_heading = "Mount")]
+    pub file_mode: Option<u16>,
     /// Mode of the directories, in octal.
     #[arg(long, value_name = "MODE", value_parser = parse_mode, default_value = "0755", help_heading = "Mount")]
     pub dir_mode: u16,
@@ -318,11 +323,21 @@ impl MountArgs {
         Ownership {
             uid: self.uid.unwrap_or(user.uid),
             gid: self.gid.unwrap_or(user.gid),
-            file_mode: self.file_mode,
+            file_mode: self.file_mode.unwrap_or(if self.allow_other {
+                ALLOW_OTHER_FILE_MODE
+            } else {
+                OWNER_FILE_MODE
+            }),
             dir_mode: self.dir_mode,
         }
     }
 }
+
+/// Files' mode when only the mounting user (and maybe root) uses the mount.
+const OWNER_FILE_MODE: u16 = 0o644;
+/// Files' mode with `--allow-other`: the users it lets in open the files read-write, as
+/// the released SCDL reader does (writes still fail with EROFS).
+const ALLOW_OTHER_FILE_MODE: u16 = 0o666;
 
 /// A permission mode in octal (`0644`, `644` or `0o644`).
 fn parse_mode(text: &str) -> Result<u16, String> {
@@ -391,6 +406,7 @@ pub fn main() -> ExitCode {
         },
         Command::Chunk(args) => chunk_cmd::run(*args),
         Command::Demo(args) => demo::run(args),
+        Command::MountFlags => mount_flags::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

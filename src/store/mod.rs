@@ -19,7 +19,7 @@ pub mod redact;
 pub mod throttled;
 pub mod wrapper;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue};
@@ -82,6 +82,10 @@ pub struct ClientSettings {
 pub enum SourceError {
     #[error("unsupported source {0:?}: use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, http(s)://HOST/PREFIX, file:///PATH or a local path")]
     Unsupported(String),
+    #[error("source {given:?} is a malformed URL: did you mean {meant:?}?")]
+    MalformedUrl { given: String, meant: String },
+    #[error("source {0:?} is neither a URL nor a local path: write s3://{0} or gs://{0} for a bucket, and ./{0}, an absolute path or file:// for a local folder")]
+    BareName(String),
     #[error("source {0:?} names no bucket")]
     NoBucket(String),
     #[error("local source {0} is not a directory")]
@@ -92,6 +96,35 @@ pub enum SourceError {
     BillingProject(String),
     #[error("--expected-bucket-owner is not supported: object_store 0.14 signs extra headers on object requests but sends them unsigned on listings, which S3 refuses; restrict the bucket with a policy (aws:ResourceAccount) instead")]
     ExpectedBucketOwner,
+}
+
+/// Whether `text` is unmistakably a local path: absolute, or relative from `.` or `..`.
+/// A bare name (`my-bucket`) is refused rather than read as a folder of that name.
+fn is_explicit_path(text: &str) -> bool {
+    Path::new(text).is_absolute()
+        || matches!(text, "." | "..")
+        || text.starts_with("./")
+        || text.starts_with("../")
+}
+
+/// The URL a slip of the keyboard was meant to be (`s3:/bucket`, `s3//bucket`,
+/// `s3:bucket` for `s3://bucket`), for the schemes a source can have.
+fn malformed_url(text: &str) -> Option<String> {
+    ["s3", "gs", "http", "https", "file"]
+        .iter()
+        .find_map(|scheme| {
+            let rest = text
+                .get(..scheme.len())
+                .filter(|head| head.eq_ignore_ascii_case(scheme))
+                .map(|_| &text[scheme.len()..])?;
+            let path = rest
+                .strip_prefix(":/")
+                .or_else(|| rest.strip_prefix("//"))
+                .or_else(|| rest.strip_prefix(':'))?;
+            // A file URL's path is absolute: file:///PATH.
+            let root = if *scheme == "file" { "/" } else { "" };
+            Some(format!("{scheme}://{root}{}", path.trim_start_matches('/')))
+        })
 }
 
 impl Source {
@@ -124,10 +157,17 @@ impl Source {
             })
         } else if text.contains("://") {
             Err(SourceError::Unsupported(redact_urls(text)))
-        } else {
+        } else if let Some(meant) = malformed_url(text) {
+            Err(SourceError::MalformedUrl {
+                given: redact_urls(text),
+                meant: redact_urls(&meant),
+            })
+        } else if is_explicit_path(text) {
             Ok(Source::Local {
                 root: PathBuf::from(text),
             })
+        } else {
+            Err(SourceError::BareName(text.to_owned()))
         }
     }
 
@@ -340,6 +380,51 @@ mod tests {
         assert!(matches!(
             Source::parse("ftp://x/y"),
             Err(SourceError::Unsupported(_))
+        ));
+    }
+
+    #[test]
+    fn a_local_folder_must_be_written_as_a_path() {
+        for path in ["/abs/x", ".", "..", "./x", "../x"] {
+            assert_eq!(
+                Source::parse(path).unwrap(),
+                Source::Local { root: path.into() }
+            );
+        }
+        let refused = Source::parse("my-bucket").unwrap_err().to_string();
+        assert_eq!(
+            refused,
+            "source \"my-bucket\" is neither a URL nor a local path: write s3://my-bucket or \
+             gs://my-bucket for a bucket, and ./my-bucket, an absolute path or file:// for a \
+             local folder"
+        );
+        assert!(matches!(
+            Source::parse("data/sets"),
+            Err(SourceError::BareName(_))
+        ));
+    }
+
+    #[test]
+    fn a_slip_in_a_url_is_refused_with_the_url_meant() {
+        for (given, meant) in [
+            ("s3:/bucket/x", "s3://bucket/x"),
+            ("s3//bucket/x", "s3://bucket/x"),
+            ("s3:bucket", "s3://bucket"),
+            ("S3:/bucket", "s3://bucket"),
+            ("gs:/b", "gs://b"),
+            ("https:/host/p", "https://host/p"),
+            ("file:/data", "file:///data"),
+        ] {
+            match Source::parse(given) {
+                Err(SourceError::MalformedUrl { given: g, meant: m }) => {
+                    assert_eq!((g.as_str(), m.as_str()), (given, meant))
+                }
+                other => panic!("{given}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            Source::parse("s3x:/y"),
+            Err(SourceError::BareName(_))
         ));
     }
 

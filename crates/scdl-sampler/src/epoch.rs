@@ -72,14 +72,19 @@ impl<'a> EpochIter<'a> {
 }
 
 impl EpochCursor {
-    /// Starts the epoch: writes `plan <epoch>` and the first `lookahead` steps.
+    /// Starts the epoch after the first `rows_done` rows of the share (0 for its
+    /// beginning): writes `plan <epoch>` and the `lookahead` steps from the one that
+    /// holds the next row. The steps before it are skipped without computing their
+    /// rows. `None` when the share has fewer than `rows_done` rows.
     pub(crate) fn start(
         plan: EpochPlan,
         share: Vec<ShareStep>,
         hints: &mut HintWriter,
         lookahead: usize,
-    ) -> EpochCursor {
-        let rows_left = share.iter().map(|s| s.rows).sum();
+        rows_done: u64,
+    ) -> Option<EpochCursor> {
+        let share_rows: u64 = share.iter().map(|s| s.rows).sum();
+        let rows_left = share_rows.checked_sub(rows_done)?;
         let mut cursor = EpochCursor {
             plan,
             share,
@@ -90,11 +95,32 @@ impl EpochCursor {
             position: 0,
             rows_left,
         };
+        // The step holding the next row, and the row's place in it.
+        let mut before = 0;
+        let resume_in = cursor
+            .share
+            .iter()
+            .enumerate()
+            .find_map(|(index, share_step)| {
+                let holds_next = before + share_step.rows > rows_done;
+                let found = holds_next.then(|| (index, (rows_done - before) as usize));
+                before += share_step.rows;
+                found
+            });
+        let current = resume_in.map_or(cursor.share.len(), |(index, _)| index);
+        // Announcing starts from the current step; its rows are computed after the
+        // announcement is handed to the writer, so the daemon hears of it first.
+        cursor.next_step = current + usize::from(resume_in.is_some());
+        cursor.announced = current;
         let greeting = vec![HintLine::Plan {
             epoch: cursor.plan.epoch(),
         }];
         cursor.announce(hints, greeting);
-        cursor
+        if let Some((index, offset)) = resume_in {
+            cursor.enter(index);
+            cursor.position = offset;
+        }
+        Some(cursor)
     }
 
     /// The whole epoch's plan, for all ranks and workers.
@@ -124,6 +150,11 @@ impl EpochCursor {
         Some(minibatch)
     }
 
+    /// The rows of the share yielded so far (counting those skipped by a resume).
+    pub fn rows_done(&self) -> u64 {
+        self.share.iter().map(|s| s.rows).sum::<u64>() - self.rows_left
+    }
+
     /// The rows of the share not yet yielded.
     pub fn rows_left(&self) -> u64 {
         self.rows_left
@@ -143,16 +174,22 @@ impl EpochCursor {
     /// once the share is exhausted.
     fn current_step_has_rows(&mut self, hints: &mut HintWriter) -> bool {
         while self.position == self.rows.len() {
-            let Some(entered) = self.share.get(self.next_step).copied() else {
+            if self.next_step == self.share.len() {
                 return false;
-            };
-            self.next_step += 1;
-            self.rows = self.plan.rows_of(entered.step);
-            self.rows.truncate(entered.rows as usize);
-            self.position = 0;
+            }
+            self.enter(self.next_step);
             self.announce(hints, Vec::new());
         }
         true
+    }
+
+    /// Makes step `index` of the share the current one, at its first row.
+    fn enter(&mut self, index: usize) {
+        let entered = self.share[index];
+        self.next_step = index + 1;
+        self.rows = self.plan.rows_of(entered.step);
+        self.rows.truncate(entered.rows as usize);
+        self.position = 0;
     }
 
     /// Writes `lines`, then the steps not yet announced up to `lookahead` steps from

@@ -11,6 +11,12 @@
 //!   random, a fetch of them read in ascending order, the fetch's rows shuffled in memory
 //!   and cut into minibatches.
 //!
+//! An order can visit a subset of the rows instead of all of them ([`RowSubset`]): a
+//! split by whole chunks ([`RowSubset::split_by_chunk`]) or any rows a caller lists,
+//! with windows and blocks made of the subset's rows so that reads stay local.
+//! A worker can resume an epoch after the rows it already read
+//! ([`Sampler::resume_epoch`]), with the hints restarting from there.
+//!
 //! An epoch is cut into steps (windows or fetches), which ranks and data-loading workers
 //! share out whole ([`Shard`], [`Workers`], [`EvenShares`]). Everything random is derived
 //! from (seed, epoch), so every process computes the same [`EpochPlan`] on its own.
@@ -56,6 +62,7 @@ mod order;
 mod sampler;
 mod seeding;
 mod shard;
+mod subset;
 
 pub use epoch::{EpochCursor, EpochIter};
 pub use hints::{HintWriteError, HintWriter};
@@ -63,5 +70,6 @@ pub use layout::{
     ChunkLayout, DatasetKind, DatasetLayout, LayoutError, DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
 pub use order::{BlockOrder, ChunkWindowOrder, EpochPlan, Order, Step};
-pub use sampler::{Sampler, DEFAULT_HINT_LOOKAHEAD};
+pub use sampler::{RestrictError, Sampler, DEFAULT_HINT_LOOKAHEAD};
 pub use shard::{rank_share, worker_share, EvenShares, Shard, ShardError, ShareStep, Workers};
+pub use subset::{RowSubset, SubsetError};

@@ -2,12 +2,14 @@
 //! dataset's hint file held open across epochs (the daemon keeps a plan per handle).
 
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 
 use crate::epoch::{EpochCursor, EpochIter};
 use crate::hints::{HintWriteError, HintWriter};
 use crate::layout::{ChunkLayout, DatasetLayout};
 use crate::order::{EpochPlan, Order};
-use crate::shard::{worker_share, Shard, ShardError, Workers};
+use crate::shard::{worker_share, Shard, ShardError, ShareStep, Workers};
+use crate::subset::{RowSubset, SubsetError};
 
 /// Steps announced ahead of the reader unless the caller says otherwise: enough for
 /// the daemon to keep its downloads busy (at least half of them are always announced,
@@ -16,9 +18,19 @@ use crate::shard::{worker_share, Shard, ShardError, Workers};
 /// writes to the daemon: with 16, one write per eight minibatches of a random order.
 pub const DEFAULT_HINT_LOOKAHEAD: NonZeroUsize = NonZeroUsize::new(16).unwrap();
 
+/// Why a sampler cannot be restricted to a subset.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RestrictError {
+    #[error(transparent)]
+    Subset(#[from] SubsetError),
+    #[error(transparent)]
+    Shard(#[from] ShardError),
+}
+
 #[derive(Debug)]
 pub struct Sampler {
     chunks: ChunkLayout,
+    subset: Arc<RowSubset>,
     order: Order,
     shard: Shard,
     workers: Workers,
@@ -61,6 +73,7 @@ impl Sampler {
         shard.check_step_count(order.step_count(&layout.chunks))?;
         Ok(Sampler {
             chunks: layout.chunks,
+            subset: Arc::new(RowSubset::all(layout.chunks.total_rows())),
             order,
             shard,
             workers,
@@ -84,13 +97,47 @@ impl Sampler {
         EpochIter::new(cursor, &mut self.hints)
     }
 
+    /// The same sampler over the rows of `subset` only (a split, or any rows of the
+    /// dataset); see [`RowSubset`] for how the orders keep their locality.
+    pub fn restricted_to(self, subset: Arc<RowSubset>) -> Result<Sampler, RestrictError> {
+        subset.check_within(self.chunks.total_rows())?;
+        self.shard
+            .check_step_count(self.order.step_count_over(&self.chunks, &subset))?;
+        Ok(Sampler { subset, ..self })
+    }
+
+    /// The rows this sampler visits (all ranks and workers together).
+    pub fn subset(&self) -> &RowSubset {
+        &self.subset
+    }
+
     /// Starts epoch `epoch` like [`Sampler::epoch`], for a caller that keeps the
     /// position apart from the sampler and advances it with
     /// [`Sampler::next_minibatch`].
     pub fn start_epoch(&mut self, epoch: u64) -> EpochCursor {
-        let plan = EpochPlan::new(self.chunks, self.order, epoch);
+        self.resume_epoch(epoch, 0)
+            .expect("an epoch resumes after its first 0 rows")
+    }
+
+    /// Resumes epoch `epoch` after this worker's first `rows_done` rows of it, as if
+    /// they had been read: the rest comes out exactly as an uninterrupted epoch would
+    /// yield it, and the daemon is told the plan from the step that holds the next row.
+    /// `None` when this worker's share of the epoch has fewer than `rows_done` rows.
+    pub fn resume_epoch(&mut self, epoch: u64, rows_done: u64) -> Option<EpochCursor> {
+        let (plan, share) = self.share(epoch);
+        EpochCursor::start(
+            plan,
+            share,
+            &mut self.hints,
+            self.lookahead.get(),
+            rows_done,
+        )
+    }
+
+    fn share(&self, epoch: u64) -> (EpochPlan, Vec<ShareStep>) {
+        let plan = EpochPlan::over(self.chunks, self.subset.clone(), self.order, epoch);
         let share = worker_share(&plan, &self.shard, &self.workers);
-        EpochCursor::start(plan, share, &mut self.hints, self.lookahead.get())
+        (plan, share)
     }
 
     /// The rows up to `cursor`'s next minibatch boundary, announcing steps as it
@@ -104,10 +151,17 @@ impl Sampler {
 
     /// How many rows this worker visits in epoch `epoch`.
     pub fn rows_in_epoch(&self, epoch: u64) -> u64 {
-        let plan = EpochPlan::new(self.chunks, self.order, epoch);
-        worker_share(&plan, &self.shard, &self.workers)
+        self.share(epoch).1.iter().map(|s| s.rows).sum()
+    }
+
+    /// How many minibatches this worker reads in epoch `epoch` when every step is cut
+    /// into minibatches of `batch_size` rows (the last of a step maybe shorter), as
+    /// [`Sampler::next_minibatch`] cuts the block order's.
+    pub fn minibatches_in_epoch(&self, epoch: u64, batch_size: u64) -> u64 {
+        self.share(epoch)
+            .1
             .iter()
-            .map(|s| s.rows)
+            .map(|step| step.rows.div_ceil(batch_size))
             .sum()
     }
 

@@ -19,6 +19,8 @@ pub(crate) enum Stream {
     Steps,
     /// The order of the rows inside step `index` of the epoch.
     StepRows(usize),
+    /// The chunks' order when a dataset is split by chunk (the same every epoch).
+    Split,
 }
 
 pub(crate) fn rng(seed: u64, epoch: u64, stream: Stream) -> ChaCha8Rng {
@@ -29,6 +31,7 @@ pub(crate) fn rng(seed: u64, epoch: u64, stream: Stream) -> ChaCha8Rng {
     rng.set_stream(match stream {
         Stream::Steps => 0,
         Stream::StepRows(index) => index as u64 + 1,
+        Stream::Split => u64::MAX,
     });
     rng
 }

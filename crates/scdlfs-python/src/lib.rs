@@ -12,13 +12,14 @@
 
 use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use scdl_sampler::{
-    worker_share, BlockOrder, ChunkWindowOrder, DatasetLayout, EpochCursor, EpochPlan, EvenShares,
-    Order, Sampler, Shard, Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
+    BlockOrder, ChunkWindowOrder, DatasetLayout, EpochCursor, EvenShares, Order, RowSubset,
+    Sampler, Shard, Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
 
 create_exception!(
@@ -41,12 +42,118 @@ struct NativeSampler {
     lookahead: NonZeroUsize,
     order: Order,
     shard: Shard,
+    subset: Arc<RowSubset>,
 }
 
 /// A position in one epoch, advanced by [`NativeSampler::next_minibatch`].
 #[pyclass(module = "scdlfs._native")]
 struct NativeEpoch {
     cursor: EpochCursor,
+}
+
+#[pymethods]
+impl NativeEpoch {
+    /// Rows of the share handed out so far, counting those a resume skipped.
+    #[getter]
+    fn rows_done(&self) -> u64 {
+        self.cursor.rows_done()
+    }
+}
+
+/// A set of rows of a dataset for a sampler to visit instead of all of them
+/// (`scdl_sampler::RowSubset`).
+#[pyclass(module = "scdlfs._native", name = "RowSubset", frozen)]
+struct PyRowSubset {
+    subset: Arc<RowSubset>,
+}
+
+/// What unpickling calls to rebuild a subset: `RowSubset.from_ranges(ranges)`.
+type Rebuild<'py> = (Bound<'py, PyAny>, (Vec<(u64, u64)>,));
+
+#[pymethods]
+impl PyRowSubset {
+    /// The rows listed, in any order; a row listed twice counts once.
+    #[staticmethod]
+    fn from_rows(rows: Vec<u64>) -> PyRowSubset {
+        PyRowSubset {
+            subset: Arc::new(RowSubset::from_rows(rows)),
+        }
+    }
+
+    /// The rows of the `(start, stop)` ranges, stop excluded.
+    #[staticmethod]
+    fn from_ranges(ranges: Vec<(u64, u64)>) -> PyRowSubset {
+        PyRowSubset {
+            subset: Arc::new(RowSubset::from_ranges(
+                ranges.into_iter().map(|(a, b)| a..b),
+            )),
+        }
+    }
+
+    /// The subset as sorted, disjoint `(start, stop)` ranges.
+    fn ranges(&self) -> Vec<(u64, u64)> {
+        self.subset
+            .ranges()
+            .iter()
+            .map(|r| (r.start, r.end))
+            .collect()
+    }
+
+    fn __len__(&self) -> usize {
+        self.subset.len() as usize
+    }
+
+    fn __contains__(&self, row: u64) -> bool {
+        self.subset.contains(row)
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<PyRowSubset>()
+            .is_ok_and(|o| o.get().subset == self.subset)
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Rebuild<'py>> {
+        let rebuild = slf.get_type().getattr("from_ranges")?;
+        Ok((rebuild, (slf.get().ranges(),)))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "RowSubset({} rows in {} ranges)",
+            self.subset.len(),
+            self.subset.ranges().len()
+        )
+    }
+}
+
+/// The dataset at `dataset_dir` split into parts of whole chunks in the proportions of
+/// `fractions`, the chunks dealt at random by `seed`: disjoint parts that together hold
+/// every row.
+#[pyfunction]
+fn split_by_chunk(
+    dataset_dir: PathBuf,
+    fractions: Vec<f64>,
+    seed: i64,
+) -> PyResult<Vec<PyRowSubset>> {
+    let layout = discover(&dataset_dir)?;
+    let parts = RowSubset::split_by_chunk(&layout.chunks, &fractions, seed_of(seed)?)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(parts
+        .into_iter()
+        .map(|subset| PyRowSubset {
+            subset: Arc::new(subset),
+        })
+        .collect())
+}
+
+fn discover(dataset_dir: &std::path::Path) -> PyResult<DatasetLayout> {
+    DatasetLayout::discover(dataset_dir, DEFAULT_VIRTUAL_CHUNK_SIZE).map_err(|e| {
+        NotADatasetError::new_err(format!(
+            "{} is not an SCDL dataset: {e}",
+            dataset_dir.display()
+        ))
+    })
 }
 
 fn positive_u64(name: &str, value: i64) -> PyResult<NonZeroU64> {
@@ -100,6 +207,7 @@ impl NativeSampler {
         shard: Shard,
         hints: bool,
         lookahead: i64,
+        subset: Option<&PyRowSubset>,
     ) -> PyResult<NativeSampler> {
         let lookahead = usize::try_from(lookahead)
             .ok()
@@ -109,14 +217,14 @@ impl NativeSampler {
                     "hint_lookahead must be at least 1, got {lookahead}"
                 ))
             })?;
-        let layout =
-            DatasetLayout::discover(&dataset_dir, DEFAULT_VIRTUAL_CHUNK_SIZE).map_err(|e| {
-                NotADatasetError::new_err(format!(
-                    "{} is not an SCDL dataset: {e}",
-                    dataset_dir.display()
-                ))
-            })?;
+        let layout = discover(&dataset_dir)?;
+        let subset = match subset {
+            Some(s) => s.subset.clone(),
+            None => Arc::new(RowSubset::all(layout.chunks.total_rows())),
+        };
         let unhinted = Sampler::without_hints(&layout, order, shard, Workers::single())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?
+            .restricted_to(subset.clone())
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(NativeSampler {
             layout,
@@ -126,6 +234,7 @@ impl NativeSampler {
             lookahead,
             order,
             shard,
+            subset,
         })
     }
 
@@ -142,6 +251,8 @@ impl NativeSampler {
             self.hinted = None;
             let sampler = Sampler::new(&self.layout, self.order, self.shard, Workers::single())
                 .expect("the shard was checked against the order when the sampler was built")
+                .restricted_to(self.subset.clone())
+                .expect("the subset was checked when the sampler was built")
                 .with_hint_lookahead(self.lookahead);
             self.hinted = Some((pid, sampler));
         }
@@ -153,32 +264,41 @@ impl NativeSampler {
 impl NativeSampler {
     /// The chunk-window order over the dataset at `dataset_dir`.
     #[staticmethod]
-    #[pyo3(signature = (dataset_dir, *, chunks_per_window, seed, shuffle, rank, world_size, even, hints, hint_lookahead))]
+    #[pyo3(signature = (dataset_dir, *, chunks_per_window, seed, shuffle_chunks, shuffle_within_window, rank, world_size, even, hints, hint_lookahead, subset=None))]
     #[allow(clippy::too_many_arguments)]
     fn chunk_windows(
         dataset_dir: PathBuf,
         chunks_per_window: i64,
         seed: i64,
-        shuffle: bool,
+        shuffle_chunks: bool,
+        shuffle_within_window: bool,
         rank: i64,
         world_size: i64,
         even: &str,
         hints: bool,
         hint_lookahead: i64,
+        subset: Option<PyRef<'_, PyRowSubset>>,
     ) -> PyResult<NativeSampler> {
         let order = Order::ChunkWindows(ChunkWindowOrder {
             seed: seed_of(seed)?,
             chunks_per_window: positive_u32("chunks_per_window", chunks_per_window)?,
-            shuffle_chunks: shuffle,
-            shuffle_within_window: shuffle,
+            shuffle_chunks,
+            shuffle_within_window,
         });
         let shard = shard_of(rank, world_size, even)?;
-        NativeSampler::build(dataset_dir, order, shard, hints, hint_lookahead)
+        NativeSampler::build(
+            dataset_dir,
+            order,
+            shard,
+            hints,
+            hint_lookahead,
+            subset.as_deref(),
+        )
     }
 
     /// The scDataset block order over the dataset at `dataset_dir`.
     #[staticmethod]
-    #[pyo3(signature = (dataset_dir, *, block_size, batch_size, fetch_factor, seed, rank, world_size, even, hints, hint_lookahead))]
+    #[pyo3(signature = (dataset_dir, *, block_size, batch_size, fetch_factor, seed, rank, world_size, even, hints, hint_lookahead, subset=None))]
     #[allow(clippy::too_many_arguments)]
     fn blocks(
         dataset_dir: PathBuf,
@@ -191,6 +311,7 @@ impl NativeSampler {
         even: &str,
         hints: bool,
         hint_lookahead: i64,
+        subset: Option<PyRef<'_, PyRowSubset>>,
     ) -> PyResult<NativeSampler> {
         let order = Order::Blocks(BlockOrder {
             seed: seed_of(seed)?,
@@ -199,14 +320,27 @@ impl NativeSampler {
             fetch_factor: positive_u64("fetch_factor", fetch_factor)?,
         });
         let shard = shard_of(rank, world_size, even)?;
-        NativeSampler::build(dataset_dir, order, shard, hints, hint_lookahead)
+        NativeSampler::build(
+            dataset_dir,
+            order,
+            shard,
+            hints,
+            hint_lookahead,
+            subset.as_deref(),
+        )
     }
 
-    /// Starts epoch `epoch` in this process: announces the new plan when hints are on.
-    fn start_epoch(&mut self, epoch: u64) -> NativeEpoch {
-        NativeEpoch {
-            cursor: self.sampler().start_epoch(epoch),
-        }
+    /// Starts epoch `epoch` in this process after this rank's first `rows_done` rows
+    /// of it (0: from the beginning): announces the plan from there when hints are on.
+    #[pyo3(signature = (epoch, rows_done=0))]
+    fn start_epoch(&mut self, epoch: u64, rows_done: u64) -> PyResult<NativeEpoch> {
+        let share = self.unhinted.rows_in_epoch(epoch);
+        let cursor = self.sampler().resume_epoch(epoch, rows_done).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "cannot resume epoch {epoch} after {rows_done} rows: this rank's share of it has {share}"
+            ))
+        })?;
+        Ok(NativeEpoch { cursor })
     }
 
     /// The rows up to the next minibatch boundary (a block-order minibatch, or the
@@ -228,11 +362,7 @@ impl NativeSampler {
                 "the chunk-window order has no minibatches of its own: give a batch size",
             ));
         };
-        let plan = EpochPlan::new(self.layout.chunks, self.order, epoch);
-        Ok(worker_share(&plan, &self.shard, &Workers::single())
-            .iter()
-            .map(|step| step.rows.div_ceil(batch))
-            .sum())
+        Ok(self.unhinted.minibatches_in_epoch(epoch, batch))
     }
 
     /// Whether this process is telling the daemon its plan (opens the hint file if
@@ -274,6 +404,8 @@ impl NativeSampler {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeSampler>()?;
     m.add_class::<NativeEpoch>()?;
+    m.add_class::<PyRowSubset>()?;
+    m.add_function(wrap_pyfunction!(split_by_chunk, m)?)?;
     m.add("NotADatasetError", m.py().get_type::<NotADatasetError>())?;
     m.add(
         "DEFAULT_HINT_LOOKAHEAD",

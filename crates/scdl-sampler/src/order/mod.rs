@@ -12,12 +12,14 @@ mod windows;
 
 use std::num::{NonZeroU32, NonZeroU64};
 use std::ops::Range;
+use std::sync::Arc;
 
 use rand::seq::SliceRandom;
 use scdl_format::hint::HintLine;
 
 use crate::layout::ChunkLayout;
 use crate::seeding::{self, Stream};
+use crate::subset::RowSubset;
 
 /// Visit chunks a window at a time, as the original `ChunkAwareSampler` does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,9 +60,14 @@ impl Order {
 
     /// How many steps every epoch of this order has over `chunks`.
     pub fn step_count(&self, chunks: &ChunkLayout) -> usize {
+        self.step_count_over(chunks, &RowSubset::all(chunks.total_rows()))
+    }
+
+    /// How many steps every epoch of this order has over the rows of `subset`.
+    pub fn step_count_over(&self, chunks: &ChunkLayout, subset: &RowSubset) -> usize {
         match self {
-            Order::ChunkWindows(o) => windows::window_count(o, chunks),
-            Order::Blocks(o) => blocks::fetch_count(o, chunks),
+            Order::ChunkWindows(o) => windows::window_count(o, chunks, subset),
+            Order::Blocks(o) => blocks::fetch_count(o, subset),
         }
     }
 
@@ -83,28 +90,14 @@ impl Order {
 /// One step of an epoch: the rows one reader takes in one piece.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// Every row of these chunks (listed in the epoch's chunk order).
+    /// Every row of these chunks (listed in the epoch's chunk order) that is in the
+    /// plan's subset.
     Window { chunks: Vec<u32> },
-    /// Every row of these blocks, sorted ascending.
+    /// Every row of these blocks, sorted ascending (all in the plan's subset).
     Fetch { blocks: Vec<Range<u64>> },
 }
 
 impl Step {
-    pub fn row_count(&self, chunks: &ChunkLayout) -> u64 {
-        self.row_ranges(chunks)
-            .iter()
-            .map(|r| r.end - r.start)
-            .sum()
-    }
-
-    /// The step's rows as contiguous ranges, in the order the step lists them.
-    pub fn row_ranges(&self, chunks: &ChunkLayout) -> Vec<Range<u64>> {
-        match self {
-            Step::Window { chunks: ids } => ids.iter().map(|&c| chunks.chunk_rows(c)).collect(),
-            Step::Fetch { blocks } => blocks.clone(),
-        }
-    }
-
     /// The hint line that announces this step: a `window` line, or a `rows` line with
     /// the fetch's blocks.
     pub fn hint_lines(&self) -> Vec<HintLine> {
@@ -123,19 +116,34 @@ impl Step {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EpochPlan {
     chunks: ChunkLayout,
+    subset: Arc<RowSubset>,
     order: Order,
     epoch: u64,
     steps: Vec<Step>,
 }
 
 impl EpochPlan {
+    /// The plan of epoch `epoch` over every row of the dataset.
     pub fn new(chunks: ChunkLayout, order: Order, epoch: u64) -> EpochPlan {
+        let all = Arc::new(RowSubset::all(chunks.total_rows()));
+        EpochPlan::over(chunks, all, order, epoch)
+    }
+
+    /// The plan of epoch `epoch` over the rows of `subset` (which must lie within
+    /// `chunks`, see [`RowSubset::check_within`]).
+    pub fn over(
+        chunks: ChunkLayout,
+        subset: Arc<RowSubset>,
+        order: Order,
+        epoch: u64,
+    ) -> EpochPlan {
         let steps = match &order {
-            Order::ChunkWindows(o) => windows::windows(o, &chunks, epoch),
-            Order::Blocks(o) => blocks::fetches(o, &chunks, epoch),
+            Order::ChunkWindows(o) => windows::windows(o, &chunks, &subset, epoch),
+            Order::Blocks(o) => blocks::fetches(o, &subset, epoch),
         };
         EpochPlan {
             chunks,
+            subset,
             order,
             epoch,
             steps,
@@ -155,17 +163,29 @@ impl EpochPlan {
         &self.steps
     }
 
+    /// The rows the plan visits.
+    pub fn subset(&self) -> &RowSubset {
+        &self.subset
+    }
+
     pub fn row_count(&self, step: usize) -> u64 {
-        self.steps[step].row_count(&self.chunks)
+        self.row_ranges(step).iter().map(|r| r.end - r.start).sum()
+    }
+
+    /// The rows of step `step` as contiguous ranges, in the order the step lists them.
+    pub fn row_ranges(&self, step: usize) -> Vec<Range<u64>> {
+        match &self.steps[step] {
+            Step::Window { chunks } => chunks
+                .iter()
+                .flat_map(|&c| self.subset.intersect(self.chunks.chunk_rows(c)))
+                .collect(),
+            Step::Fetch { blocks } => blocks.clone(),
+        }
     }
 
     /// The rows of step `step` in the order they are visited.
     pub fn rows_of(&self, step: usize) -> Vec<u64> {
-        let mut rows: Vec<u64> = self.steps[step]
-            .row_ranges(&self.chunks)
-            .into_iter()
-            .flatten()
-            .collect();
+        let mut rows: Vec<u64> = self.row_ranges(step).into_iter().flatten().collect();
         if self.order.shuffles_rows_within_steps() {
             let seed = self.order.seed();
             rows.shuffle(&mut seeding::rng(seed, self.epoch, Stream::StepRows(step)));

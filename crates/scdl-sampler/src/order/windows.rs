@@ -7,14 +7,32 @@ use rand::seq::SliceRandom;
 use super::{ChunkWindowOrder, Step};
 use crate::layout::ChunkLayout;
 use crate::seeding::{self, Stream};
+use crate::subset::RowSubset;
 
-pub(super) fn window_count(order: &ChunkWindowOrder, chunks: &ChunkLayout) -> usize {
-    chunks.num_chunks().div_ceil(order.chunks_per_window.get()) as usize
+/// The chunks that hold rows of `subset`, in ascending order.
+fn chunks_of<'a>(chunks: &'a ChunkLayout, subset: &'a RowSubset) -> impl Iterator<Item = u32> + 'a {
+    (0..chunks.num_chunks()).filter(move |&c| subset.meets(chunks.chunk_rows(c)))
 }
 
-/// The epoch's windows, in visiting order; only the last may hold fewer chunks.
-pub(super) fn windows(order: &ChunkWindowOrder, chunks: &ChunkLayout, epoch: u64) -> Vec<Step> {
-    let mut ids: Vec<u32> = (0..chunks.num_chunks()).collect();
+pub(super) fn window_count(
+    order: &ChunkWindowOrder,
+    chunks: &ChunkLayout,
+    subset: &RowSubset,
+) -> usize {
+    chunks_of(chunks, subset)
+        .count()
+        .div_ceil(order.chunks_per_window.get() as usize)
+}
+
+/// The epoch's windows of the chunks that hold rows of `subset`, in visiting order;
+/// only the last may hold fewer chunks.
+pub(super) fn windows(
+    order: &ChunkWindowOrder,
+    chunks: &ChunkLayout,
+    subset: &RowSubset,
+    epoch: u64,
+) -> Vec<Step> {
+    let mut ids: Vec<u32> = chunks_of(chunks, subset).collect();
     if order.shuffle_chunks {
         ids.shuffle(&mut seeding::rng(order.seed, epoch, Stream::Steps));
     }

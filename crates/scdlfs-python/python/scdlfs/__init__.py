@@ -1,4 +1,5 @@
-"""PyTorch samplers for SCDL single-cell datasets on an scdlfs mount.
+"""PyTorch samplers for SCDL single-cell datasets on an scdlfs mount, and the mount
+itself from Python (:func:`mount`, :func:`open_dataset`).
 
 The samplers yield global row indices for a map-style dataset such as bionemo-scdl's
 ``SingleCellMemMapDataset``, in an order that reads well from a remote chunked store:
@@ -13,12 +14,16 @@ order through the dataset's ``.scdlfs-hints`` file, and the daemon fetches those
 before the DataLoader's workers read them. Elsewhere the rows are the same and nothing
 is written. ``hints=False`` turns the hints off.
 
+A sampler visits a part of the rows with ``indices=`` (e.g. a part of
+:func:`split_by_chunk`), and resumes an interrupted epoch with
+``load_state_dict(state_dict())``.
+
     from torch.utils.data import DataLoader
     from bionemo.scdl.io.single_cell_memmap_dataset import SingleCellMemMapDataset
     import scdlfs
 
     dataset = SingleCellMemMapDataset("/mnt/atlas/tahoe")
-    sampler = scdlfs.ChunkWindowSampler("/mnt/atlas/tahoe", chunks_per_window=4, seed=0)
+    sampler = scdlfs.ChunkWindowSampler(dataset, chunks_per_window=4, seed=0)
     loader = DataLoader(dataset, batch_size=64, sampler=sampler, num_workers=2,
                         collate_fn=...)
     for epoch in range(10):
@@ -31,11 +36,14 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, NativeSampler, NotADatasetError
+from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, NativeSampler, NotADatasetError, RowSubset
+from scdlfs._native import split_by_chunk as _split_by_chunk
+from scdlfs._mount import Mount, MountError, mount, open_dataset, scdlfs_binary
 
 try:  # The samplers are torch Samplers when torch is installed, as it is for training.
     from torch.utils.data import Sampler as _TorchSampler
@@ -45,12 +53,59 @@ except ImportError:  # pragma: no cover - the protocol is all a DataLoader needs
 __all__ = [
     "BatchSampler",
     "BlockSampler",
+    "ChunkAwareSampler",
     "ChunkWindowSampler",
+    "Mount",
+    "MountError",
     "NotADatasetError",
+    "RowSubset",
     "distributed_rank_and_world_size",
+    "mount",
+    "open_dataset",
+    "scdlfs_binary",
+    "split_by_chunk",
 ]
 
 Even = Literal["pad", "drop", "uneven"]
+#: A dataset directory, or a dataset object that knows its directory (bionemo-scdl's
+#: ``SingleCellMemMapDataset``, whose ``data_path`` it is).
+Dataset = Any
+#: Rows to visit instead of all: a :class:`RowSubset` (e.g. a part of
+#: :func:`split_by_chunk`), a ``range``, or any iterable of row indices.
+Indices = Any
+
+
+def _directory_of(dataset: Dataset) -> str:
+    """The directory of ``dataset``: a path itself, or the ``data_path`` of a
+    ``SingleCellMemMapDataset`` (or of any object that has one)."""
+    if isinstance(dataset, (str, os.PathLike)):
+        return os.fspath(dataset)
+    path = getattr(dataset, "data_path", None)
+    if isinstance(path, (str, os.PathLike)):
+        return os.fspath(path)
+    raise TypeError(
+        f"expected a dataset directory or a SingleCellMemMapDataset (anything with a data_path), "
+        f"got {type(dataset).__name__}"
+    )
+
+
+def _row_subset(indices: Indices) -> RowSubset | None:
+    if indices is None or isinstance(indices, RowSubset):
+        return indices
+    if isinstance(indices, range) and indices.step == 1:
+        return RowSubset.from_ranges([(indices.start, indices.stop)] if indices.start < indices.stop else [])
+    rows = indices.tolist() if hasattr(indices, "tolist") else list(indices)
+    if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in rows):
+        raise TypeError("indices must be non-negative integers (row indices of the dataset)")
+    return RowSubset.from_rows(rows)
+
+
+def split_by_chunk(dataset: Dataset, fractions: list[float], seed: int = 0) -> list[RowSubset]:
+    """Splits ``dataset`` into parts of whole chunks (e.g. ``[0.9, 0.1]`` for training and
+    validation), the chunks dealt at random by ``seed``: the parts are disjoint, hold every
+    row between them, and each reads as locally as the whole dataset. Give a part to a
+    sampler as ``indices=``; every rank must use the same seed."""
+    return _split_by_chunk(_directory_of(dataset), list(fractions), seed)
 
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
@@ -100,19 +155,34 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
 
     def __init__(
         self,
-        dataset_dir: str | os.PathLike[str],
+        dataset: Dataset,
         order: dict[str, Any],
         rank: int | None,
         world_size: int | None,
-        even: Even,
+        even: Even | None,
         hints: bool,
         hint_lookahead: int,
+        num_replicas: int | None,
+        drop_last: bool | None,
+        indices: Indices,
     ) -> None:
+        if num_replicas is not None:
+            if world_size is not None and world_size != num_replicas:
+                raise ValueError(f"num_replicas={num_replicas} and world_size={world_size} disagree: give one")
+            world_size = num_replicas
+        if drop_last is not None:
+            implied = "drop" if drop_last else "pad"
+            if even is not None and even != implied:
+                raise ValueError(f"drop_last={drop_last} means even={implied!r}, but even={even!r} was given: give one")
+            even = implied
         rank, world_size = distributed_rank_and_world_size(rank, world_size)
-        self._dataset_dir = os.fspath(dataset_dir)
-        self._settings = dict(order, rank=rank, world_size=world_size, even=even, hints=hints,
-                              hint_lookahead=hint_lookahead)  # fmt: skip
+        self._dataset_dir = _directory_of(dataset)
+        self._settings = dict(order, rank=rank, world_size=world_size, even=even or "pad", hints=hints,
+                              hint_lookahead=hint_lookahead, subset=_row_subset(indices))  # fmt: skip
         self._epoch = 0
+        self._rows_done = 0
+        self._resume_at = 0
+        self._warned_rewrapped = False
         self._native = self._build()
         _LIVE.add(self)
 
@@ -124,6 +194,10 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         each epoch has its own order, the same in every process."""
         if epoch < 0:
             raise ValueError(f"epoch must not be negative, got {epoch}")
+        if epoch != self._epoch:
+            # A resume point belongs to its epoch (a training loop calls set_epoch with
+            # the resumed epoch after load_state_dict, which must keep it).
+            self._resume_at = 0
         self._epoch = epoch
 
     @property
@@ -137,6 +211,21 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
     @property
     def world_size(self) -> int:
         return self._settings["world_size"]
+
+    @property
+    def num_replicas(self) -> int:
+        """``world_size``, by ``DistributedSampler``'s name."""
+        return self._settings["world_size"]
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether ranks are evened out by dropping rows (``even="drop"``)."""
+        return self._settings["even"] == "drop"
+
+    @property
+    def indices(self) -> RowSubset | None:
+        """The rows visited, when not the whole dataset."""
+        return self._settings["subset"]
 
     @property
     def dataset_dir(self) -> str:
@@ -163,16 +252,68 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         return self._native.rows_in_epoch(self._epoch)
 
     def __iter__(self) -> Iterator[int]:
-        native = self._native
-        cursor = native.start_epoch(self._epoch)
-        while (minibatch := native.next_minibatch(cursor)) is not None:
-            yield from minibatch
+        self._warn_if_rewrapped(sys._getframe(1))
+        for minibatch in self._minibatches():
+            for row in minibatch:
+                self._rows_done += 1
+                yield row
+
+    def _warn_if_rewrapped(self, caller: Any) -> None:
+        """Warns once when Lightning's ``DistributedSamplerWrapper`` (whose dataset
+        ``_DatasetSamplerWrapper`` lists the sampler) iterates this sampler: it would
+        reshuffle the rows, shard them a second time and take the whole epoch at once."""
+        if self._warned_rewrapped or type(caller.f_locals.get("self")).__name__ != "_DatasetSamplerWrapper":
+            return
+        self._warned_rewrapped = True
+        warnings.warn(
+            f"scdlfs.{type(self).__name__} is wrapped by Lightning's DistributedSamplerWrapper, which shuffles "
+            "its rows again (losing chunk locality), shards them a second time (each rank reads a share of its "
+            "share) and lists the whole epoch at once (the mount is told all of it at the start). The sampler "
+            "already shards by rank: pass Trainer(use_distributed_sampler=False) and build the sampler in the "
+            "LightningDataModule's train_dataloader().",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def _minibatches(self) -> Iterator[list[int]]:
+        """The order's minibatches from the resume point (then from the epoch's start);
+        a consumer counts the rows it hands out in ``_rows_done``."""
         native = self._native
-        cursor = native.start_epoch(self._epoch)
+        cursor = native.start_epoch(self._epoch, self._resume_at)
+        self._rows_done, self._resume_at = self._resume_at, 0
         while (minibatch := native.next_minibatch(cursor)) is not None:
             yield minibatch
+
+    def state_dict(self, rows_done: int | None = None) -> dict[str, Any]:
+        """Where this rank is in the current epoch, for :meth:`load_state_dict` to resume
+        there: the epoch and the rows handed out of it so far (or ``rows_done``, e.g. the
+        rows the training loop has consumed, which a DataLoader that reads ahead makes
+        fewer than the rows the sampler handed out)."""
+        return {
+            "epoch": self._epoch,
+            "rows_done": self._rows_done if rows_done is None else rows_done,
+            "seed": self._settings["seed"],
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "rows_in_epoch": len(self),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Makes the next iteration resume ``state``'s epoch after its ``rows_done`` rows,
+        yielding exactly the rows the interrupted iteration had still to yield, and
+        telling the daemon the plan from there. The sampler must have the settings of the
+        one that saved the state (same seed, rank, world size and rows per epoch)."""
+        self.set_epoch(state["epoch"])
+        saved = {k: state[k] for k in ("seed", "rank", "world_size")}
+        mine = {"seed": self._settings["seed"], "rank": self.rank, "world_size": self.world_size}
+        if saved != mine or state["rows_in_epoch"] != len(self):
+            raise ValueError(
+                f"the state is of another sampler ({saved}, {state['rows_in_epoch']} rows in epoch "
+                f"{state['epoch']}) than this one ({mine}, {len(self)} rows)"
+            )
+        if not 0 <= state["rows_done"] <= len(self):
+            raise ValueError(f"rows_done={state['rows_done']} is outside this epoch's {len(self)} rows")
+        self._resume_at = self._rows_done = state["rows_done"]
 
     @property
     def hints_active(self) -> bool:
@@ -188,12 +329,15 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
     def __getstate__(self) -> dict[str, Any]:
         # The native sampler holds this process's hint handle: a process that unpickles
         # the sampler (a spawned worker) builds its own and opens its own handle.
-        return {"dataset_dir": self._dataset_dir, "settings": self._settings, "epoch": self._epoch}
+        return {"dataset_dir": self._dataset_dir, "settings": self._settings, "epoch": self._epoch,
+                "resume_at": self._resume_at}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._dataset_dir = state["dataset_dir"]
         self._settings = state["settings"]
         self._epoch = state["epoch"]
+        self._rows_done = self._resume_at = state["resume_at"]
+        self._warned_rewrapped = False
         self._native = self._build()
         _LIVE.add(self)
 
@@ -208,35 +352,55 @@ class ChunkWindowSampler(_SCDLSampler):
     one step: ranks take whole windows round-robin.
 
     Args:
-        dataset_dir: the dataset directory (an scdlfs mount's flat or raw view, or a
-            local SCDL archive, whose chunks are then virtual).
+        dataset: the dataset directory (an scdlfs mount's flat or raw view, or a local
+            SCDL archive, whose chunks are then virtual), or a ``SingleCellMemMapDataset``
+            opened there.
         chunks_per_window: chunks read together; more mixes rows better and needs more
             cache.
         seed: the seed every rank must share.
-        shuffle: False visits chunks and rows in ascending order.
-        rank, world_size: this process's share; by default from ``torch.distributed``
-            when initialized, else ``RANK``/``WORLD_SIZE``, else 0 and 1.
+        shuffle: False visits chunks and rows in ascending order; sets both of
+            ``shuffle_chunks`` (the chunks' order, new each epoch) and
+            ``shuffle_within_window`` (the rows' order inside a window) unless they are
+            given.
+        rank, world_size (or ``num_replicas``): this process's share; by default from
+            ``torch.distributed`` when initialized, else ``RANK``/``WORLD_SIZE``, else 0
+            and 1.
         even: how ranks with different row counts are evened out: ``"pad"`` repeats a
             rank's own rows (the default, as ``DistributedSampler``), ``"drop"`` cuts
             every rank to the shortest share, ``"uneven"`` leaves shares as dealt.
+            ``drop_last=True``/``False`` is ``"drop"``/``"pad"``, as in ``DistributedSampler``.
+        indices: visit only these rows (a part of :func:`split_by_chunk`, a ``range`` or
+            any row indices); windows are made of the chunks that hold them.
         hints: tell an scdlfs mount the order (default True; no effect off a mount).
         hint_lookahead: windows announced ahead of the one being read.
     """
 
     def __init__(
         self,
-        dataset_dir: str | os.PathLike[str],
+        dataset: Dataset,
         chunks_per_window: int = 4,
         seed: int = 0,
         shuffle: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
-        even: Even = "pad",
+        even: Even | None = None,
         hints: bool = True,
         hint_lookahead: int = DEFAULT_HINT_LOOKAHEAD,
+        *,
+        shuffle_chunks: bool | None = None,
+        shuffle_within_window: bool | None = None,
+        num_replicas: int | None = None,
+        drop_last: bool | None = None,
+        indices: Indices = None,
     ) -> None:
-        order = dict(chunks_per_window=chunks_per_window, seed=seed, shuffle=shuffle)
-        super().__init__(dataset_dir, order, rank, world_size, even, hints, hint_lookahead)
+        order = dict(
+            chunks_per_window=chunks_per_window,
+            seed=seed,
+            shuffle_chunks=shuffle if shuffle_chunks is None else shuffle_chunks,
+            shuffle_within_window=shuffle if shuffle_within_window is None else shuffle_within_window,
+        )
+        super().__init__(dataset, order, rank, world_size, even, hints, hint_lookahead, num_replicas, drop_last,
+                         indices)  # fmt: skip
 
     def _build(self) -> NativeSampler:
         return NativeSampler.chunk_windows(self._dataset_dir, **self._settings)
@@ -248,13 +412,32 @@ class ChunkWindowSampler(_SCDLSampler):
         return BatchSampler(self, batch_size, drop_last)
 
 
+class ChunkAwareSampler(ChunkWindowSampler):
+    """The chunk-window order by the name and signature of the remote-SCDL proposal's
+    sampler: ``ChunkAwareSampler(dataset, chunks_per_window=2, shuffle_chunks=True,
+    shuffle_within_window=True)``. Every other argument is :class:`ChunkWindowSampler`'s."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        chunks_per_window: int = 2,
+        shuffle_chunks: bool = True,
+        shuffle_within_window: bool = True,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, chunks_per_window, seed, shuffle_chunks=shuffle_chunks,
+                         shuffle_within_window=shuffle_within_window, **kwargs)  # fmt: skip
+
+
 class BlockSampler(_SCDLSampler):
     """scDataset's block order: contiguous blocks of ``block_size`` rows drawn at
     random, ``fetch_factor`` minibatches' worth read together in ascending order (one
     step, and one ranged read per block), the fetch's rows shuffled and cut into
     minibatches of ``batch_size``. Ranks take whole fetches round-robin.
 
-    Args: as :class:`ChunkWindowSampler`, and
+    Args: as :class:`ChunkWindowSampler` (``indices``: blocks are cut from those rows in
+    ascending order), and
         block_size: rows per block (1 gives uniformly random rows).
         batch_size: rows per minibatch.
         fetch_factor: minibatches per fetch.
@@ -262,19 +445,24 @@ class BlockSampler(_SCDLSampler):
 
     def __init__(
         self,
-        dataset_dir: str | os.PathLike[str],
+        dataset: Dataset,
         block_size: int = 32,
         fetch_factor: int = 16,
         batch_size: int = 64,
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
-        even: Even = "pad",
+        even: Even | None = None,
         hints: bool = True,
         hint_lookahead: int = DEFAULT_HINT_LOOKAHEAD,
+        *,
+        num_replicas: int | None = None,
+        drop_last: bool | None = None,
+        indices: Indices = None,
     ) -> None:
         order = dict(block_size=block_size, batch_size=batch_size, fetch_factor=fetch_factor, seed=seed)
-        super().__init__(dataset_dir, order, rank, world_size, even, hints, hint_lookahead)
+        super().__init__(dataset, order, rank, world_size, even, hints, hint_lookahead, num_replicas, drop_last,
+                         indices)  # fmt: skip
 
     def _build(self) -> NativeSampler:
         return NativeSampler.blocks(self._dataset_dir, **self._settings)
@@ -301,7 +489,20 @@ class BatchSampler:
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
+    def state_dict(self, rows_done: int | None = None) -> dict[str, Any]:
+        """The sampler's :meth:`~_SCDLSampler.state_dict`; rows are counted by batches
+        handed out."""
+        return self.sampler.state_dict(rows_done)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+
     def __iter__(self) -> Iterator[list[int]]:
+        for batch in self._batches():
+            self.sampler._rows_done += len(batch)
+            yield batch
+
+    def _batches(self) -> Iterator[list[int]]:
         if self.batch_size is None:
             yield from self.sampler._minibatches()
             return

@@ -12,6 +12,22 @@ class NotADatasetError(ValueError):
 class NativeEpoch:
     """A position in one epoch, advanced by NativeSampler.next_minibatch."""
 
+    @property
+    def rows_done(self) -> int: ...
+
+class RowSubset:
+    """A set of rows of a dataset for a sampler to visit instead of all of them."""
+
+    @staticmethod
+    def from_rows(rows: list[int]) -> RowSubset: ...
+    @staticmethod
+    def from_ranges(ranges: list[tuple[int, int]]) -> RowSubset: ...
+    def ranges(self) -> list[tuple[int, int]]: ...
+    def __len__(self) -> int: ...
+    def __contains__(self, row: int) -> bool: ...
+
+def split_by_chunk(dataset_dir: str | os.PathLike[str], fractions: list[float], seed: int) -> list[RowSubset]: ...
+
 class NativeSampler:
     """One order over one dataset for one rank, with this process's hint handle."""
 
@@ -21,12 +37,14 @@ class NativeSampler:
         *,
         chunks_per_window: int,
         seed: int,
-        shuffle: bool,
+        shuffle_chunks: bool,
+        shuffle_within_window: bool,
         rank: int,
         world_size: int,
         even: str,
         hints: bool,
         hint_lookahead: int,
+        subset: RowSubset | None = None,
     ) -> NativeSampler: ...
     @staticmethod
     def blocks(
@@ -41,8 +59,9 @@ class NativeSampler:
         even: str,
         hints: bool,
         hint_lookahead: int,
+        subset: RowSubset | None = None,
     ) -> NativeSampler: ...
-    def start_epoch(self, epoch: int) -> NativeEpoch: ...
+    def start_epoch(self, epoch: int, rows_done: int = 0) -> NativeEpoch: ...
     def next_minibatch(self, epoch: NativeEpoch) -> list[int] | None: ...
     def rows_in_epoch(self, epoch: int) -> int: ...
     def minibatches_in_epoch(self, epoch: int) -> int: ...
