@@ -1,6 +1,8 @@
 //! S3 credentials as the AWS CLI finds them, through the real `scdlfs mount` against
 //! moto_server on 127.0.0.1, with the fault proxy in between to see what each request
-//! was signed with:
+//! was signed with. The server accepts any signature, so each request's is computed
+//! again from the secret and session token the test handed out (`common::sigv4`) and
+//! must match: a mount that signs with the wrong secret or drops the token fails.
 //!
 //! - a `--profile` whose `credential_process` hands out credentials that expire within
 //!   seconds: the mount signs with them, asks the process again before they expire
@@ -30,6 +32,7 @@ use parking_lot::Mutex;
 use common::cli_mount::{mount_command, CliMount};
 use common::proxy::FaultProxy;
 use common::s3::{moto, unique_bucket};
+use common::sigv4::{self, Secret};
 use common::*;
 
 const ROLE_ARN: &str = "arn:aws:iam::123456789012:role/reader";
@@ -54,14 +57,34 @@ fn signing_keys(proxy: &FaultProxy) -> Vec<String> {
         .collect()
 }
 
-/// Asserts that requests reached the proxy and all were signed with `key`.
+/// Asserts that requests reached the proxy and that each carries the signature S3
+/// computes for it from the secret (and session token) `secrets` gives for its key.
 #[track_caller]
-fn assert_signed_only_with(proxy: &FaultProxy, key: &str) {
+fn assert_signed_correctly(proxy: &FaultProxy, secrets: impl Fn(&str) -> Option<Secret>) {
+    let seen = proxy.seen();
+    assert!(!seen.is_empty(), "no request reached the server");
+    for request in &seen {
+        if let Err(wrong) = sigv4::verify(request, &secrets) {
+            panic!("{} {}: {wrong}", request.method, request.path);
+        }
+    }
+}
+
+/// Asserts that requests reached the proxy, all signed with `key` and correctly so for
+/// its `secret` and session `token`.
+#[track_caller]
+fn assert_signed_only_with(proxy: &FaultProxy, key: &str, secret: &str, token: Option<&str>) {
     let keys = signing_keys(proxy);
     assert!(
         !keys.is_empty() && keys.iter().all(|signed| signed == key),
         "not all signed with {key}: {keys:?}"
     );
+    assert_signed_correctly(proxy, |signed| {
+        (signed == key).then(|| Secret {
+            secret_access_key: secret.into(),
+            session_token: token.map(str::to_owned),
+        })
+    });
 }
 
 /// Mounts `s3://BUCKET/data` through the proxy with `extra` flags and `env`, reads
@@ -315,6 +338,14 @@ fn a_credential_process_profile_signs_the_mount_and_is_asked_again_before_expiry
         keys.iter().all(|key| key.starts_with("PROCESS")),
         "requests signed with other keys: {keys:?}"
     );
+    // Each request carries credential N's session token and is signed with its secret.
+    assert_signed_correctly(&proxy, |key| {
+        let n = key.strip_prefix("PROCESS")?;
+        Some(Secret {
+            secret_access_key: "secret".into(),
+            session_token: Some(format!("token{n}")),
+        })
+    });
     // The newest credentials signed the last request...
     assert_eq!(
         keys.last(),
@@ -356,7 +387,12 @@ fn web_identity_credentials_come_from_sts() {
         "{body}"
     );
     assert!(body.contains(ROLE_ARN_ENCODED), "{body}");
-    assert_signed_only_with(&proxy, "WEBIDENTITYKEY");
+    assert_signed_only_with(
+        &proxy,
+        "WEBIDENTITYKEY",
+        "secret-of-WEBIDENTITYKEY",
+        Some("token-of-WEBIDENTITYKEY"),
+    );
 }
 
 #[test]
@@ -394,7 +430,12 @@ fn an_assume_role_profile_asks_sts_with_its_source_profile_keys() {
         headers.contains("Credential=BASEKEY/"),
         "AssumeRole not signed with the source profile's keys:\n{headers}"
     );
-    assert_signed_only_with(&proxy, "ASSUMEDROLEKEY");
+    assert_signed_only_with(
+        &proxy,
+        "ASSUMEDROLEKEY",
+        "secret-of-ASSUMEDROLEKEY",
+        Some("token-of-ASSUMEDROLEKEY"),
+    );
 }
 
 #[test]
@@ -449,7 +490,7 @@ fn an_sso_profile_takes_role_credentials_with_the_cached_login_token() {
             .contains("x-amz-sso_bearer_token: sso-login-token"),
         "{headers}"
     );
-    assert_signed_only_with(&proxy, "SSOROLEKEY");
+    assert_signed_only_with(&proxy, "SSOROLEKEY", "secret", Some("token"));
 }
 
 #[test]
@@ -483,6 +524,8 @@ fn requester_pays_is_signed_into_every_request() {
             "{authorization}"
         );
     }
+    // Keys without a session token send none.
+    assert_signed_only_with(&proxy, "ENVIRONMENTKEY", "environment-secret", None);
 }
 
 #[test]
