@@ -5,6 +5,10 @@
 //! right bytes or EIO, never wrong bytes, never later than the bound; errors that heal
 //! are retried (the reads succeed) and errors that cannot are not (one request).
 //! Each test prints its outcome counts (`--nocapture` shows them).
+//!
+//! Every mount is the real `scdlfs mount`, its bounds given as flags; each bound flag
+//! (`--stall-timeout`, `--request-timeout`, `--read-timeout`, `--max-attempts`) has a
+//! test whose timing or request count the flag's default would break.
 
 mod common;
 
@@ -13,10 +17,14 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::faulty_mount::{judged_read, setup, Setup, MAX_TRIES};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::faulty_mount::{judged_read, setup, setup_with_bounds, Setup, BOUNDS, MAX_TRIES};
 use common::proxy::{Fault, Outcomes, Request};
 use common::s3::moto;
 use common::*;
+use scdlfs::store::NetworkBounds;
 
 fn is_part_get(request: &Request) -> bool {
     request.method == "GET" && request.range.is_some()
@@ -68,7 +76,7 @@ fn report(fault: &str, setup: &Setup, outcomes: Outcomes) {
 
 /// A fault on the first `burst` part requests of each object: retries must hide it.
 fn healing_burst(name: &str, fault: Fault, burst: u64) {
-    let setup = setup(name, |_| {});
+    let setup = setup(name, &[]);
     setup
         .proxy
         .set_rule(move |r| (is_part_get(r) && r.repeat < burst).then_some(fault));
@@ -121,7 +129,7 @@ fn a_request_never_answered_is_abandoned_and_retried() {
 /// Every part request of one object fails the same way: its reads get EIO within the
 /// bound, the other objects read fine, and each of its downloads sent `tries` requests.
 fn lasting_fault_on_one_object(name: &str, fault: Fault, tries: std::ops::RangeInclusive<u64>) {
-    let setup = setup(name, |_| {});
+    let setup = setup(name, &[]);
     let victim = "nested/big.bin";
     setup
         .proxy
@@ -192,7 +200,7 @@ fn a_store_that_never_answers_gives_eio_within_the_bound() {
 #[test]
 fn short_partial_bodies_are_never_served() {
     let name = "short-206";
-    let setup = setup(name, |_| {});
+    let setup = setup(name, &[]);
     setup
         .proxy
         .set_rule(|r| (is_part_get(r) && r.repeat < 2).then_some(Fault::ShortPartial));
@@ -208,7 +216,7 @@ fn short_partial_bodies_are_never_served() {
 #[test]
 fn an_outage_gives_eio_or_bytes_and_the_mount_recovers() {
     let name = "outage";
-    let setup = setup(name, |_| {});
+    let setup = setup(name, &[]);
     setup.proxy.set_rule(|_| Some(Fault::Refuse));
     let during = read_everything(&setup.mount.path(), &setup.files, 4, 4);
     report(name, &setup, during);
@@ -222,7 +230,7 @@ fn an_outage_gives_eio_or_bytes_and_the_mount_recovers() {
 #[test]
 fn an_object_replaced_during_reads_is_never_mixed() {
     let name = "object-replaced";
-    let setup = setup(name, |_| {});
+    let setup = setup(name, &[]);
     let key = "nested/big.bin";
     let old = setup.files[key].clone();
     let mnt = setup.mount.path();
@@ -238,4 +246,88 @@ fn an_object_replaced_during_reads_is_never_mixed() {
     let after = read_everything(&mnt, &only, 4, 12);
     report(name, &setup, after);
     assert!(after.eio > 0, "no read met the changed object");
+}
+
+/// The first read of `nested/big.bin` on a mount with `bounds` whose first request for
+/// the file's first part gets `fault`, and the outcome.
+fn first_read_with_one_fault(name: &str, bounds: &NetworkBounds, fault: Fault) -> Outcomes {
+    let setup = setup_with_bounds(name, bounds, &[]);
+    let key = "nested/big.bin";
+    let first = Arc::new(AtomicBool::new(true));
+    setup.proxy.set_rule(move |r| {
+        let first_part = r
+            .range
+            .as_deref()
+            .is_some_and(|range| range.starts_with("bytes=0-"));
+        (is_part_get(r)
+            && r.path.ends_with(key)
+            && first_part
+            && first.swap(false, Ordering::Relaxed))
+        .then_some(fault)
+    });
+    let file = File::open(setup.mount.path().join(key)).unwrap();
+    let outcome = judged_read(&file, &setup.files[key], 0, 1000);
+    println!(
+        "FAULT {name}: {outcome}; injected {:?}",
+        setup.proxy.injected()
+    );
+    assert_eq!(
+        setup.proxy.injected().get(&fault),
+        Some(&1),
+        "{name}: no fault was injected"
+    );
+    outcome
+}
+
+#[test]
+fn the_stall_timeout_flag_abandons_a_silent_body_that_soon() {
+    // Only the stall bound can end the stalled attempt early: the others are long.
+    let bounds = NetworkBounds {
+        stall_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(30),
+        read_timeout: Duration::from_secs(30),
+        ..BOUNDS
+    };
+    let outcome = first_read_with_one_fault("stall-flag", &bounds, Fault::StallAfterHeaders);
+    assert_eq!(outcome.ok, 1, "{outcome}");
+    // The default stall bound (5 s) would hold the read past this.
+    assert!(outcome.slowest_ms < 3500, "{outcome}");
+}
+
+#[test]
+fn the_request_timeout_flag_abandons_a_body_that_never_ends() {
+    // A byte every 300 ms never trips the 1 s stall bound; only the request bound ends it.
+    let bounds = NetworkBounds {
+        stall_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(2),
+        read_timeout: Duration::from_secs(30),
+        ..BOUNDS
+    };
+    let outcome = first_read_with_one_fault("request-timeout-flag", &bounds, Fault::Trickle);
+    assert_eq!(outcome.ok, 1, "{outcome}");
+    // The default request bound (10 s) would hold the read past this.
+    assert!(outcome.slowest_ms < 6000, "{outcome}");
+}
+
+#[test]
+fn the_read_timeout_flag_fails_a_read_that_soon() {
+    // The store never answers, and no attempt ends before the read's own bound.
+    let bounds = NetworkBounds {
+        stall_timeout: Duration::from_secs(30),
+        request_timeout: Duration::from_secs(30),
+        read_timeout: Duration::from_secs(2),
+        ..BOUNDS
+    };
+    let setup = setup_with_bounds("read-timeout-flag", &bounds, &[]);
+    let key = "nested/big.bin";
+    setup.proxy.set_rule(move |r| {
+        (is_part_get(r) && r.path.ends_with(key)).then_some(Fault::StallNoHeaders)
+    });
+    let file = File::open(setup.mount.path().join(key)).unwrap();
+    let outcome = judged_read(&file, &setup.files[key], 0, 1000);
+    println!("FAULT read-timeout-flag: {outcome}");
+    assert_eq!(outcome.eio, 1, "{outcome}");
+    // Twice the bound (the kernel asks again once) and slack, far under the default
+    // 15 s.
+    assert!(outcome.slowest_ms < 7000, "{outcome}");
 }

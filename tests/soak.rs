@@ -52,11 +52,19 @@ fn random_fault(n: u64) -> Option<Fault> {
 
 #[test]
 fn sixteen_readers_under_random_faults() {
-    let setup = setup("soak", |s| {
-        s.cache_bytes = 8 * PART;
-        s.fetch_memory = MEMORY_CAP;
-        s.max_concurrent_requests = 8;
-    });
+    let cache = (8 * PART).to_string();
+    let memory_cap = MEMORY_CAP.to_string();
+    let setup = setup(
+        "soak",
+        &[
+            "--cache-size",
+            &cache,
+            "--max-fetch-memory",
+            &memory_cap,
+            "--max-concurrent-requests",
+            "8",
+        ],
+    );
     let sequence = Arc::new(AtomicU64::new(0));
     setup.proxy.set_rule(move |r| {
         if r.method != "GET" || r.range.is_none() {
