@@ -4,7 +4,7 @@
 //! reading its own version (bytes it had, or EIO for parts the store no longer has),
 //! never a byte of the new one. Without a TTL the first listing stands for the mount.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fs::File;

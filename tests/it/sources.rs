@@ -16,7 +16,7 @@
 //! a stale `If-Match` with 412, fake-gcs-server ignores `If-Match` and the daemon's own
 //! comparison of the answer's ETag with the pinned one catches the change.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;

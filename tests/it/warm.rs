@@ -3,7 +3,7 @@
 //! nothing the second time (counted at the store), stays within the cache budget, and
 //! stops cleanly on SIGINT.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

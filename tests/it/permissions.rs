@@ -2,7 +2,7 @@
 //! enforces (`default_permissions`) for the other users `--allow-other` lets in, and
 //! the hint file is writable by exactly those who may read the dataset.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;

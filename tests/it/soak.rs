@@ -7,9 +7,9 @@
 //!
 //! `SCDLFS_SOAK_SECONDS` sets the duration (default 20 s in the suite, capped at 60 s
 //! unless `SCDLFS_SOAK_LONG=1`); the long run:
-//! `SCDLFS_SOAK_LONG=1 SCDLFS_SOAK_SECONDS=600 cargo test --release --test soak -- --nocapture`
+//! `SCDLFS_SOAK_LONG=1 SCDLFS_SOAK_SECONDS=600 cargo test --release --test it soak:: -- --nocapture`
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};

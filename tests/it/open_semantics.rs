@@ -2,7 +2,7 @@
 //! reads correct data, while every write fails with EROFS and changes nothing, neither
 //! in the bucket nor in the cache.
 
-mod common;
+use crate::common;
 
 use std::fs::OpenOptions;
 use std::io::{ErrorKind, Write};

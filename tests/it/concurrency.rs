@@ -1,7 +1,7 @@
 //! Eight threads reading random ranges of the same and of different files at once get
 //! correct bytes, and each part is downloaded exactly once.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! stop the mount: every read still returns the right bytes, served from the store, and
 //! `status` says why the cache is off.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

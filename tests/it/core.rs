@@ -2,7 +2,7 @@
 //! `object_store::memory::InMemory` behind the counting double, so these tests see the
 //! exact requests the core makes, and run in seconds.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;

@@ -3,7 +3,7 @@
 //! objects and for the flat view of a chunked dataset; from a local folder and from a
 //! real S3 server.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fs::File;

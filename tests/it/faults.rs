@@ -10,7 +10,7 @@
 //! (`--stall-timeout`, `--request-timeout`, `--read-timeout`, `--max-attempts`) has a
 //! test whose timing or request count the flag's default would break.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fs::File;

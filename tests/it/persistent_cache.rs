@@ -3,7 +3,7 @@
 //! and never serves a part of a changed object, a damaged part or a torn write; a
 //! smaller budget shrinks the directory at once.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;

@@ -3,7 +3,7 @@
 //! without hints waits on the network at every new window. The cache is smaller than
 //! the dataset, and nothing is downloaded twice: the window being read is never evicted.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::num::{NonZeroU32, NonZeroU64};

@@ -10,7 +10,7 @@
 //!   is not remembered;
 //! - garbage written to a hint file fails that write with EINVAL and nothing else.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};

@@ -6,7 +6,7 @@
 //! /dev/fuse). Every daemon is held by a guard that detaches its mount and kills it,
 //! so a failing test leaves no mount behind.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -16,7 +16,7 @@
 //!
 //! The instance metadata service is off and no request leaves 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;

@@ -8,7 +8,7 @@
 //! ([`common::process::Cleanup`]) lazily unmounts its mountpoints and kills the
 //! processes it started.
 
-mod common;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;

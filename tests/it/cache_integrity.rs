@@ -3,7 +3,7 @@
 //! bytes, and each damaged part is dropped and downloaded exactly once more (counted at
 //! the store).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! cache directory stays within its budget at every moment (sampled during the pass),
 //! under the byte budget and under the chunk budget alike.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! read equals the source. A dataset whose arrays disagree with its header is shown as
 //! stored, without a hint file.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};

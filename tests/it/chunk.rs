@@ -4,7 +4,7 @@
 //! scdlfs' code, the mount reads it flat, an interrupted job resumes to the same bytes,
 //! and bad input is refused with the target untouched.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
