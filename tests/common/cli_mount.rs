@@ -49,6 +49,14 @@ impl CliMount {
         std::fs::read_to_string(self.dir.path().join("log")).unwrap()
     }
 
+    /// The daemon's figures, as `scdlfs status --json` reads them.
+    pub fn status(&self) -> scdlfs::status::Status {
+        let mut buf = vec![0u8; 1 << 20];
+        let len = rustix::fs::getxattr(self.path(), scdlfs::status::STATUS_XATTR, &mut buf[..])
+            .unwrap_or_else(|e| panic!("no status ({e}); the daemon's log:\n{}", self.log()));
+        serde_json::from_slice(&buf[..len]).expect("the status is JSON")
+    }
+
     /// The bytes of `name` under the mount; a failure shows the daemon's log.
     pub fn read(&self, name: &str) -> Vec<u8> {
         std::fs::read(self.path().join(name))
@@ -58,7 +66,7 @@ impl CliMount {
 
 /// The mount command with a clean environment ([`scdlfs_command`]: no AWS or Google
 /// settings of the machine, instance metadata off, no credentials files); `env` adds
-/// the test's own.
+/// the test's own; a 64 MiB cache unless `extra` sets `--cache-size`.
 pub fn mount_command(
     source: &str,
     dir: &Path,
@@ -69,10 +77,11 @@ pub fn mount_command(
     command
         .arg(dir.join("mnt"))
         .arg("--cache-dir")
-        .arg(dir.join("cache"))
-        .args(["--cache-size", "64MiB"])
-        .args(extra)
-        .stdout(Stdio::null());
+        .arg(dir.join("cache"));
+    if !extra.contains(&"--cache-size") {
+        command.args(["--cache-size", "64MiB"]);
+    }
+    command.args(extra).stdout(Stdio::null());
     for (key, value) in env {
         command.env(key, value);
     }

@@ -1,54 +1,73 @@
 //! The fault tests' harness: moto_server with the plain test files, the fault proxy in
-//! front, a mount through it with the daemon's client settings, and
-//! reads judged against the source: right bytes, EIO, wrong bytes, or past the bound.
+//! front, and the real `scdlfs mount` through it, its network bounds given as the
+//! command-line flags a user would pass (`--request-timeout`, `--stall-timeout`,
+//! `--max-attempts`, `--read-timeout`); reads judged against the source: right bytes,
+//! EIO, wrong bytes, or past the bound.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use scdlfs::mount::MountSettings;
-use std::sync::Arc;
-
-use object_store::aws::AmazonS3Builder;
-use object_store::ObjectStore;
 use scdlfs::store::NetworkBounds;
 
+use super::cli_mount::CliMount;
 use super::proxy::{FaultProxy, Outcomes};
 use super::s3::{moto, unique_bucket};
-use super::{plain_files, write_files, TestMount};
+use super::{plain_files, write_files};
 
-/// Short bounds so that the stall tests finish quickly.
+/// Short bounds so that the stall tests finish quickly, each unlike the flag's default
+/// so that a flag the mount ignored shows.
 pub const BOUNDS: NetworkBounds = NetworkBounds {
     request_timeout: Duration::from_secs(3),
     stall_timeout: Duration::from_secs(1),
-    max_attempts: 4,
+    max_attempts: 3,
     read_timeout: Duration::from_secs(6),
 };
 
 pub const MAX_TRIES: u64 = BOUNDS.max_attempts as u64;
 
-/// The bound on one read(2): the kernel sends a failed read-ahead page again, once, as
-/// a request of its own, so a read that fails may wait for two FUSE requests.
-pub const READ_SYSCALL_BOUND: Duration = Duration::from_secs(2 * 6);
+/// The bound on one read(2) with `bounds`: the kernel sends a failed read-ahead page
+/// again, once, as a request of its own, so a read that fails may wait for two FUSE
+/// requests.
+pub fn read_syscall_bound(bounds: &NetworkBounds) -> Duration {
+    2 * bounds.read_timeout
+}
 
 /// Scheduling delay allowed on top of the bound on a loaded machine.
 pub const SLACK: Duration = Duration::from_secs(3);
 
 pub struct Setup {
     pub proxy: FaultProxy,
-    pub mount: TestMount,
+    pub mount: CliMount,
     pub files: BTreeMap<String, Vec<u8>>,
     pub bucket: String,
 }
 
-/// moto_server with the plain test files, the proxy in front, a mount through it.
-pub fn setup(name: &str, configure: impl FnOnce(&mut MountSettings)) -> Setup {
-    // The daemon's log lines, for a failing run: RUST_LOG=scdlfs=debug.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+/// The flags that give a mount `bounds`.
+pub fn bound_flags(bounds: &NetworkBounds) -> Vec<String> {
+    let duration = |d: Duration| humantime::format_duration(d).to_string();
+    vec![
+        "--request-timeout".into(),
+        duration(bounds.request_timeout),
+        "--stall-timeout".into(),
+        duration(bounds.stall_timeout),
+        "--max-attempts".into(),
+        bounds.max_attempts.to_string(),
+        "--read-timeout".into(),
+        duration(bounds.read_timeout),
+    ]
+}
+
+/// moto_server with the plain test files, the proxy in front, `scdlfs mount` through
+/// it with [`BOUNDS`] and the `extra` flags.
+pub fn setup(name: &str, extra: &[&str]) -> Setup {
+    setup_with_bounds(name, &BOUNDS, extra)
+}
+
+/// As [`setup`], with the network bounds `bounds`.
+pub fn setup_with_bounds(name: &str, bounds: &NetworkBounds, extra: &[&str]) -> Setup {
     let moto = moto();
     let bucket = unique_bucket(name);
     moto.create_bucket(&bucket);
@@ -57,25 +76,18 @@ pub fn setup(name: &str, configure: impl FnOnce(&mut MountSettings)) -> Setup {
     write_files(dir.path(), &files);
     moto.upload(&bucket, "data", dir.path());
     let proxy = FaultProxy::start(&moto.endpoint);
-    // The daemon's client settings (`NetworkBounds` shapes retries and timeouts as in
-    // `Source::open`), with explicit dummy keys: moto refuses unsigned reads.
-    let store: Arc<dyn ObjectStore> = Arc::new(
-        AmazonS3Builder::new()
-            .with_bucket_name(&bucket)
-            .with_endpoint(proxy.endpoint())
-            .with_region("us-east-1")
-            .with_access_key_id("test")
-            .with_secret_access_key("test")
-            .with_virtual_hosted_style_request(false)
-            .with_client_options(BOUNDS.client_options().with_allow_http(true))
-            .with_retry(BOUNDS.retry_config())
-            .build()
-            .unwrap(),
+    let endpoint = proxy.endpoint();
+    let bound_flags = bound_flags(bounds);
+    let mut flags = vec!["--endpoint-url", &endpoint, "--read-part-size", "64KiB"];
+    flags.extend(bound_flags.iter().map(String::as_str));
+    flags.extend_from_slice(extra);
+    // Explicit dummy keys: moto refuses unsigned reads.
+    let key = OsString::from("test");
+    let mount = CliMount::start(
+        &format!("s3://{bucket}/data"),
+        &flags,
+        &[("AWS_ACCESS_KEY_ID", &key), ("AWS_SECRET_ACCESS_KEY", &key)],
     );
-    let mount = TestMount::start(store, "data", |s| {
-        s.read_timeout = BOUNDS.read_timeout;
-        configure(s);
-    });
     // Listed before any fault: the tests break part downloads, not lookups.
     for name in files.keys() {
         std::fs::metadata(mount.path().join(name)).unwrap();
@@ -89,6 +101,7 @@ pub fn setup(name: &str, configure: impl FnOnce(&mut MountSettings)) -> Setup {
 }
 
 /// One read of `len` bytes at `offset`, judged against `want`.
+/// Late means past [`read_syscall_bound`] of [`BOUNDS`].
 pub fn judged_read(file: &File, want: &[u8], offset: u64, len: usize) -> Outcomes {
     let started = Instant::now();
     let mut buf = vec![0u8; len];
@@ -106,7 +119,7 @@ pub fn judged_read(file: &File, want: &[u8], offset: u64, len: usize) -> Outcome
     let elapsed = started.elapsed();
     let mut outcome = Outcomes {
         slowest_ms: elapsed.as_millis() as u64,
-        late: u64::from(elapsed > READ_SYSCALL_BOUND + SLACK),
+        late: u64::from(elapsed > read_syscall_bound(&BOUNDS) + SLACK),
         ..Outcomes::default()
     };
     match result {

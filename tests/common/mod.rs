@@ -9,6 +9,7 @@ pub mod files;
 pub mod process;
 pub mod proxy;
 pub mod s3;
+pub mod sigv4;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;

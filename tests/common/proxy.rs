@@ -26,6 +26,9 @@ pub enum Fault {
     ShortPartial,
     /// Sends the headers, then nothing, ever.
     StallAfterHeaders,
+    /// Sends the headers, then the body a byte at a time, a byte every 300 ms: never
+    /// silent for long, never done in time.
+    Trickle,
     /// Reads the request and never answers.
     StallNoHeaders,
     /// Closes the connection without answering (an outage).
@@ -223,6 +226,15 @@ async fn serve(state: Arc<State>, mut client: TcpStream) {
         Some(Fault::StallAfterHeaders) => {
             let _ = client.write_all(head.as_bytes()).await;
             return stall(client).await;
+        }
+        Some(Fault::Trickle) => {
+            let _ = client.write_all(head.as_bytes()).await;
+            for byte in body.chunks(1) {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                if client.write_all(byte).await.is_err() {
+                    return;
+                }
+            }
         }
         Some(Fault::Status(_) | Fault::Refuse | Fault::StallNoHeaders) => unreachable!(),
     }

@@ -1,0 +1,275 @@
+//! Hint-guided prefetch over a slow link: a reader that announces its order through the
+//! sampler finds the next windows (or row blocks) already local, while the same epoch
+//! without hints waits on the network at every new window. The cache is smaller than
+//! the dataset, and nothing is downloaded twice: the window being read is never evicted.
+
+use crate::common;
+
+use std::fs::File;
+use std::num::{NonZeroU32, NonZeroU64};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use scdl_sampler::{
+    BlockOrder, ChunkWindowOrder, DatasetLayout, Order, Sampler, Shard, Workers,
+    DEFAULT_VIRTUAL_CHUNK_SIZE,
+};
+use scdlfs::metrics::MetricsSnapshot;
+use scdlfs::store::throttled::Throttle;
+use scdlfs::store::wrapper::HookedStore;
+use scdlfs::synthetic::SyntheticDataset;
+
+fn dataset() -> SyntheticDataset {
+    SyntheticDataset {
+        rows: 24_000,
+        genes: 3_000,
+        chunk_rows: 2_000,
+        mean_values: 100,
+        seed: 21,
+    }
+}
+
+/// How the epoch went: counters after the first step and at the end.
+struct Epoch {
+    after_first_step: MetricsSnapshot,
+    at_end: MetricsSnapshot,
+    steps: usize,
+}
+
+/// Mounts the dataset behind a 20 ms, 40 MB/s link with a cache of about a third of
+/// it, and reads one epoch with `order`, spending 40 µs of "training" per row.
+/// The epochs of this file run one at a time: each measures waits against a clock.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn run_epoch(order: Order, hints: bool, cache_bytes: u64, part_size: u64) -> Epoch {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let src = tempfile::tempdir().unwrap();
+    let spec = dataset();
+    spec.write_chunked(&src.path().join("ds")).unwrap();
+    let link = Throttle::new(Duration::from_millis(20), 40_000_000);
+    let store = Arc::new(HookedStore::new(local_store(src.path()), link));
+    let mount = TestMount::start(store, "", |s| {
+        s.part_size = part_size;
+        s.cache_bytes = cache_bytes;
+        s.prefetch_lookahead_steps = 3;
+    });
+    let dir = mount.path().join("ds");
+    let layout = DatasetLayout::discover(&dir, DEFAULT_VIRTUAL_CHUNK_SIZE).unwrap();
+    let mut sampler = Sampler::new(&layout, order, Shard::single(), Workers::single()).unwrap();
+    if !hints {
+        // A reader that does not announce anything: open no hint file.
+        sampler = Sampler::new(
+            &DatasetLayout {
+                dir: Path::new("/nonexistent").to_owned(),
+                ..layout.clone()
+            },
+            order,
+            Shard::single(),
+            Workers::single(),
+        )
+        .unwrap();
+    }
+    assert_eq!(sampler.hints_active(), hints);
+    let reader = MappedRows::open(&dir);
+    let mut rows = sampler.epoch(0);
+    let first_step_rows = rows.share()[0].rows;
+    let steps = rows.share().len();
+    let mut after_first_step = None;
+    let mut read = 0;
+    while let Some(batch) = rows.next_minibatch() {
+        for &row in &batch {
+            assert_eq!(reader.row(row), spec.row(row), "row {row}");
+        }
+        std::thread::sleep(Duration::from_micros(40 * batch.len() as u64));
+        read += batch.len() as u64;
+        if after_first_step.is_none() && read >= first_step_rows {
+            after_first_step = Some(mount.status().counters);
+        }
+    }
+    drop(rows);
+    assert!(sampler.take_hint_error().is_none());
+    Epoch {
+        after_first_step: after_first_step.unwrap(),
+        at_end: mount.status().counters,
+        steps,
+    }
+}
+
+fn dataset_bytes() -> u64 {
+    let spec = dataset();
+    let total = spec.total_values();
+    let chunks = spec.rows.div_ceil(spec.chunk_rows as u64);
+    total * 4 + total * spec.column_dtype().size().unwrap() + (spec.rows + chunks) * 4
+}
+
+fn window_order() -> Order {
+    Order::ChunkWindows(ChunkWindowOrder {
+        seed: 9,
+        chunks_per_window: NonZeroU32::new(1).unwrap(),
+        shuffle_chunks: true,
+        shuffle_within_window: true,
+    })
+}
+
+fn block_order() -> Order {
+    Order::Blocks(BlockOrder {
+        seed: 9,
+        block_size: NonZeroU64::new(500).unwrap(),
+        batch_size: NonZeroU64::new(100).unwrap(),
+        fetch_factor: NonZeroU64::new(10).unwrap(),
+    })
+}
+
+fn waits_after_first_step(epoch: &Epoch) -> u64 {
+    epoch.at_end.demand_reads_waited - epoch.after_first_step.demand_reads_waited
+}
+
+/// Parts a reader had to ask for after the first step because no prefetch had: what
+/// the plan missed, counted the same on a fast or a loaded machine (a read waiting for
+/// a prefetch still under way is a matter of speed, and not in it).
+fn unforeseen_after_first_step(epoch: &Epoch) -> u64 {
+    epoch.at_end.demand_downloads - epoch.after_first_step.demand_downloads
+}
+
+#[test]
+fn chunk_window_hints_keep_the_reader_off_the_network() {
+    let with = run_epoch(window_order(), true, 6 << 20, 128 << 10);
+    let without = run_epoch(window_order(), false, 6 << 20, 128 << 10);
+    let (waits_with, waits_without) = (
+        waits_after_first_step(&with),
+        waits_after_first_step(&without),
+    );
+    let (unforeseen_with, unforeseen_without) = (
+        unforeseen_after_first_step(&with),
+        unforeseen_after_first_step(&without),
+    );
+    eprintln!(
+        "windows: {} steps; after the first, reads that waited: {waits_with} with hints, \
+         {waits_without} without; parts no prefetch foresaw: {unforeseen_with} with, \
+         {unforeseen_without} without; fetched {} of {} bytes; prefetch hits {}",
+        with.steps,
+        with.at_end.bytes_fetched,
+        dataset_bytes(),
+        with.at_end.prefetch_hits
+    );
+    assert!(
+        unforeseen_without >= with.steps as u64,
+        "without hints the reader asks for every window itself"
+    );
+    assert!(
+        unforeseen_with * 10 <= unforeseen_without && unforeseen_with <= with.steps as u64 / 2,
+        "with hints the reader should hardly ask for anything itself"
+    );
+    assert!(with.at_end.prefetch_hits > 0);
+    // A cache of a third of the dataset, and little fetched twice: the plans kept the
+    // window being read and evicted what was done with. What is fetched twice are the
+    // edges of neighbouring chunks, fetched early for the kernel's read-around and
+    // evicted before their own window comes.
+    assert!(
+        with.at_end.bytes_fetched <= dataset_bytes() * 5 / 4,
+        "re-fetched data"
+    );
+}
+
+#[test]
+fn row_range_hints_prefetch_block_order() {
+    let with = run_epoch(block_order(), true, 10 << 20, 64 << 10);
+    let without = run_epoch(block_order(), false, 10 << 20, 64 << 10);
+    let (waits_with, waits_without) = (
+        waits_after_first_step(&with),
+        waits_after_first_step(&without),
+    );
+    let (unforeseen_with, unforeseen_without) = (
+        unforeseen_after_first_step(&with),
+        unforeseen_after_first_step(&without),
+    );
+    eprintln!(
+        "blocks: {} fetches; after the first, reads that waited: {waits_with} with hints, \
+         {waits_without} without; parts no prefetch foresaw: {unforeseen_with} with, \
+         {unforeseen_without} without; prefetch hits {}",
+        with.steps, with.at_end.prefetch_hits
+    );
+    assert!(
+        unforeseen_without >= with.steps as u64,
+        "without hints every fetch asks for its own parts"
+    );
+    assert!(
+        unforeseen_with * 2 <= unforeseen_without,
+        "row-range hints should foresee most of what the reader needs"
+    );
+    assert!(with.at_end.prefetch_hits > 0);
+}
+
+#[test]
+fn a_sequential_reader_without_hints_gets_read_ahead() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let src = tempfile::tempdir().unwrap();
+    let bytes = pattern(5, 6 << 20);
+    std::fs::write(src.path().join("big.bin"), &bytes).unwrap();
+    let link = Throttle::new(Duration::from_millis(20), 40_000_000);
+    let store = Arc::new(HookedStore::new(local_store(src.path()), link));
+    let part = 128 << 10;
+    let mount = TestMount::start(store, "", |s| s.part_size = part);
+    let file = File::open(mount.path().join("big.bin")).unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut offset = 0;
+    while offset < bytes.len() {
+        let n = std::os::unix::fs::FileExt::read_at(&file, &mut buf, offset as u64).unwrap();
+        assert!(n > 0, "0-byte read at {offset} of {}", bytes.len());
+        assert_eq!(&buf[..n], &bytes[offset..offset + n]);
+        offset += n;
+        // A reader that works on what it read, slower than the 40 MB/s link.
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    let counters = mount.status().counters;
+    let parts = bytes.len() as u64 / part;
+    eprintln!(
+        "sequential: {parts} parts, {} reads waited, {} parts the reader asked for itself, \
+         {} prefetched, {} prefetch hits",
+        counters.demand_reads_waited,
+        counters.demand_downloads,
+        counters.prefetch_requests,
+        counters.prefetch_hits
+    );
+    assert!(counters.prefetch_requests > 0);
+    assert!(
+        counters.demand_downloads * 4 <= parts,
+        "read-ahead should ask for most parts before the reader does"
+    );
+}
+
+/// A reader that gives no hint but takes chunks a few random rows at a time (windows
+/// of one chunk, shuffled within) has each chunk fetched whole once it touched it at
+/// scattered places, so the chunk's parts come side by side rather than one wait each;
+/// nothing is fetched for nothing: with a cache that holds the dataset, each byte once.
+#[test]
+fn scattered_rows_without_hints_get_their_chunks_fetched_whole() {
+    let epoch = run_epoch(window_order(), false, 64 << 20, 128 << 10);
+    let counters = &epoch.at_end;
+    eprintln!(
+        "windows without hints: {} steps, {} chunks fetched whole, {} reads waited, \
+         {} direct reads, fetched {} of {} bytes; parts {} prefetched {} hits {}",
+        epoch.steps,
+        counters.chunks_fetched_whole,
+        counters.demand_reads_waited,
+        counters.direct_reads,
+        counters.bytes_fetched,
+        dataset_bytes(),
+        counters.parts_fetched,
+        counters.prefetch_requests,
+        counters.prefetch_hits,
+    );
+    assert!(
+        counters.chunks_fetched_whole + 1 >= epoch.steps as u64,
+        "every chunk (but perhaps one read without scatter) is fetched whole"
+    );
+    assert!(counters.prefetch_hits > 0);
+    assert!(
+        counters.bytes_fetched <= dataset_bytes() * 21 / 20,
+        "fetched {} bytes of a {}-byte dataset",
+        counters.bytes_fetched,
+        dataset_bytes()
+    );
+}
