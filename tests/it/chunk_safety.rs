@@ -4,7 +4,7 @@
 //! jobs started at once into one empty target cannot both write it. Against local
 //! folders and moto_server on 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! (not sticky) or that belongs to another user. A directory of its own below a
 //! sticky world-writable one (`/tmp`) is fine. Through the real `scdlfs mount`, as root.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;

@@ -6,7 +6,7 @@
 //! `env:VAR`, and the detached daemon gets it in its environment. A mount that works
 //! shows it nowhere either: not in `status`, the metrics, the mount table or its log.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -272,6 +272,8 @@ fn mount_of_a_silent_server(
 
 #[test]
 fn a_password_in_the_source_is_on_no_command_line() {
+    // Its own password: the other tests, running beside it, put theirs on command lines.
+    const PASSWORD: &str = "pw-Cm7dLnQ2xR";
     let dir = tempfile::tempdir().unwrap();
     let server = SilentServer::start();
     let source = format!("http://reader:{PASSWORD}@127.0.0.1:{}/x", server.port);
@@ -375,6 +377,8 @@ fn metrics(address: &str) -> String {
 
 #[test]
 fn a_working_mount_of_a_source_with_a_password_shows_it_nowhere() {
+    // Its own password: the other tests, running beside it, put theirs on command lines.
+    const PASSWORD: &str = "pw-Wk5mTsH8vJ";
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("served");
     let files = common::write_source(&root);

@@ -3,7 +3,7 @@
 //! service's environment, a typo) neither writes into that descriptor nor closes it.
 //! Through the real binary, mounting a local folder in the foreground.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
