@@ -45,6 +45,7 @@ fuzz_target!(|input: &[u8]| {
             chunk_rows: 1024,
             source_header_crc32c: 7,
             source_array_bytes: [1, 2, 3],
+            source_e_tags: [("data.npy".to_owned(), "\"source\"".to_owned())].into(),
         };
         let uploaded = Uploaded {
             size: 5,
