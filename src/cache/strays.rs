@@ -122,7 +122,7 @@ impl DiskCache {
         let (header, header_len) = match read {
             Ok(read) => read,
             Err(reason) => {
-                self.remove_stray(&mut inner, &path, &reason);
+                self.remove_stray(&mut inner, &path, &reason.to_string());
                 return;
             }
         };
@@ -228,7 +228,7 @@ impl DiskCache {
                 inner.policy.contains(key)
             }
             Err(reason) => {
-                self.remove_stray(&mut inner, &path, &reason);
+                self.remove_stray(&mut inner, &path, &reason.to_string());
                 false
             }
         }
