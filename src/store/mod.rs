@@ -9,7 +9,8 @@
 //!
 //! Beside it live the test doubles that wrap any store: [`counting`] counts requests,
 //! [`throttled`] adds latency and a bandwidth cap, [`faulty`] injects failures. The
-//! benchmarks and the failure tests use them; the daemon never does.
+//! benchmarks and the failure tests use them; the daemon never does. The daemon uses
+//! only their [`wrapper`], to time its GETs.
 
 pub mod aws;
 pub mod bounds;
