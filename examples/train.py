@@ -85,8 +85,8 @@ def train(args, mount: scdlfs.Mount, dataset_dir: Path) -> None:
     del loader, sampler, dataset  # close the hint file and the maps before unmounting
     print(f"trained {step} steps, {rows} rows in {seconds:.1f} s: {rows / seconds:.0f} rows/s; "
           f"loss {losses[0]:.4f} -> {sum(losses[-20:]) / len(losses[-20:]):.4f}")  # fmt: skip
-    print(f"mount: {counters['reads']} reads, {counters['demand_reads_waited']} waited on the network "
-          f"({counters['demand_wait_micros'] / 1e6:.2f} s in all), {counters['prefetch_hits']} found prefetched; "
+    print(f"mount: {counters['reads']} reads, {counters['demand_wait_seconds']['count']} waited on the network "
+          f"({counters['demand_wait_seconds']['sum']:.2f} s in all), {counters['prefetch_hits']} found prefetched; "
           f"{counters['bytes_fetched'] / 1e6:.1f} MB fetched")  # fmt: skip
     if problem:
         print(f"hints: {problem}")

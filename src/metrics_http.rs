@@ -20,6 +20,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::metrics::{HistogramSnapshot, Kind};
 use crate::status::{Observer, Status};
 
 /// The longest request head read (hyper's smallest buffer); scrapers send a few
@@ -105,7 +106,8 @@ fn respond<B>(request: &Request<B>, observer: &Observer) -> Response<Full<Bytes>
 }
 
 /// The status in the Prometheus text format: every counter as `scdlfs_<name>_total`,
-/// the cache and the downloads as gauges, and `scdlfs_info` for the source.
+/// every gauge (the cache, the downloads, high-water marks) as `scdlfs_<name>`, the
+/// durations as histograms in seconds, and `scdlfs_info` for the source.
 pub fn render(status: &Status) -> String {
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
@@ -114,13 +116,16 @@ pub fn render(status: &Status) -> String {
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
         );
     };
-    for (name, help, value) in status.counters.described() {
-        metric(
-            &format!("scdlfs_{name}_total"),
-            "counter",
-            help,
-            value as f64,
-        );
+    for (name, kind, help, value) in status.counters.described() {
+        match kind {
+            Kind::Counter => metric(
+                &format!("scdlfs_{name}_total"),
+                "counter",
+                help,
+                value as f64,
+            ),
+            Kind::Gauge => metric(&format!("scdlfs_{name}"), "gauge", help, value as f64),
+        }
     }
     let cache = &status.cache;
     metric(
@@ -218,6 +223,9 @@ pub fn render(status: &Status) -> String {
     for (name, help, value) in gauges {
         metric(name, "gauge", help, value);
     }
+    for (name, help, histogram) in status.counters.described_histograms() {
+        write_histogram(&mut out, &format!("scdlfs_{name}"), help, histogram);
+    }
     let _ = write!(
         out,
         "# HELP scdlfs_info The mount's source and scdlfs version.\n\
@@ -227,6 +235,18 @@ pub fn render(status: &Status) -> String {
         env!("CARGO_PKG_VERSION"),
     );
     out
+}
+
+/// A histogram as Prometheus lays it out: cumulative `_bucket`s up to `+Inf` (which is
+/// the count), then `_sum` and `_count`.
+fn write_histogram(out: &mut String, name: &str, help: &str, histogram: &HistogramSnapshot) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for (bound, count) in &histogram.buckets {
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {count}");
+    }
+    let HistogramSnapshot { count, sum, .. } = histogram;
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+    let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
 }
 
 /// Label values escape backslash, double quote and newline.
@@ -241,7 +261,7 @@ fn escape_label_value(value: &str) -> String {
 mod tests {
     use super::*;
     use crate::cache::CacheStats;
-    use crate::metrics::MetricsSnapshot;
+    use crate::metrics::{Histogram, MetricsSnapshot};
 
     fn status() -> Status {
         Status {
@@ -250,6 +270,8 @@ mod tests {
             counters: MetricsSnapshot {
                 bytes_fetched: 4096,
                 reads: 3,
+                fetch_memory_peak_bytes: 1 << 16,
+                demand_wait_seconds: waits(&[3, 3, 40]),
                 ..MetricsSnapshot::default()
             },
             cache: CacheStats {
@@ -272,10 +294,23 @@ mod tests {
         }
     }
 
+    /// A histogram of waits of these many milliseconds.
+    fn waits(millis: &[u64]) -> HistogramSnapshot {
+        let histogram = Histogram::default();
+        for &m in millis {
+            histogram.record(Duration::from_millis(m));
+        }
+        histogram.snapshot()
+    }
+
     #[test]
     fn every_counter_is_a_described_prometheus_counter() {
         let text = render(&status());
-        for (name, _, _) in status().counters.described() {
+        let counters = status().counters.described();
+        let counters = counters
+            .iter()
+            .filter(|(_, kind, _, _)| *kind == Kind::Counter);
+        for (name, _, _, _) in counters {
             let metric = format!("scdlfs_{name}_total");
             assert!(text.contains(&format!("# HELP {metric} ")), "{metric}");
             assert!(
@@ -294,6 +329,40 @@ mod tests {
         assert!(text.contains("# TYPE scdlfs_cache_bytes gauge\nscdlfs_cache_bytes 8192\n"));
         assert!(text.contains("\nscdlfs_downloads_in_flight 1\n"));
         assert!(text.contains("\nscdlfs_uptime_seconds 12.5\n"));
+    }
+
+    #[test]
+    fn a_high_water_mark_is_a_gauge_not_a_counter() {
+        let text = render(&status());
+        assert!(text.contains(
+            "# TYPE scdlfs_fetch_memory_peak_bytes gauge\nscdlfs_fetch_memory_peak_bytes 65536\n"
+        ));
+        assert!(!text.contains("scdlfs_fetch_memory_peak_bytes_total"));
+    }
+
+    #[test]
+    fn durations_are_histograms_in_seconds_with_cumulative_buckets() {
+        let text = render(&status());
+        assert!(text.contains("# TYPE scdlfs_demand_wait_seconds histogram\n"));
+        assert!(text.contains("\nscdlfs_demand_wait_seconds_bucket{le=\"0.0025\"} 0\n"));
+        assert!(text.contains("\nscdlfs_demand_wait_seconds_bucket{le=\"0.005\"} 2\n"));
+        assert!(text.contains("\nscdlfs_demand_wait_seconds_bucket{le=\"0.05\"} 3\n"));
+        assert!(text.contains("\nscdlfs_demand_wait_seconds_bucket{le=\"60\"} 3\n"));
+        assert!(text.contains("\nscdlfs_demand_wait_seconds_bucket{le=\"+Inf\"} 3\n"));
+        assert!(text.contains("\nscdlfs_demand_wait_seconds_sum 0.046\n"));
+        assert!(text.contains("\nscdlfs_demand_wait_seconds_count 3\n"));
+        assert!(text.contains("# TYPE scdlfs_store_get_seconds histogram\n"));
+        assert!(text.contains("\nscdlfs_store_get_seconds_count 0\n"));
+    }
+
+    #[test]
+    fn no_name_carries_a_unit_other_than_a_base_unit() {
+        let text = render(&status());
+        for name in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            for word in ["micros", "millis", "nanos", "ms", "us", "kib", "mib"] {
+                assert!(!name.split(['_', ' ']).any(|w| w == word), "{name}");
+            }
+        }
     }
 
     #[test]

@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use object_store::path::Path as ObjectPath;
-use object_store::{ListResult, ObjectStore};
+use object_store::{GetOptions, GetResult, ListResult, ObjectStore};
 
 use crate::cache::{CacheOwner, DiskCache};
 use crate::catalog::{DirMode, ObjectRegistry, Tree};
@@ -25,6 +26,7 @@ use crate::prefetch::{PrefetchConfig, Prefetcher};
 use crate::read::ReadPath;
 use crate::row_offset_check::RowOffsetCheck;
 use crate::status::{Observer, Status};
+use crate::store::wrapper::{GetHook, HookedStore};
 use crate::warm::Warmer;
 
 /// The read-ahead the kernel gives a FUSE mount unless told otherwise.
@@ -145,6 +147,8 @@ pub fn assemble(
     );
     cache.adopt_in_background();
     let metrics = Arc::new(Metrics::default());
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(HookedStore::new(store, TimeStoreGets(metrics.clone())));
     let registry = {
         let (cache, part_size) = (cache.clone(), settings.part_size);
         let adopt_parts = Box::new(move |object: &ObjectInfo| {
@@ -225,6 +229,35 @@ pub fn assemble(
         settings.ownership,
     );
     Ok((core, observer))
+}
+
+/// Times every GET of the mount (the catalog's header reads and the fetcher's
+/// downloads alike) into [`Metrics::store_get_seconds`]: the time until the store
+/// answered, failures included, since a slow refusal is latency a reader waits too.
+/// A GET given up before its answer (a read's deadline, a race its reader's other
+/// request won) has no latency to count and is left out.
+struct TimeStoreGets(Arc<Metrics>);
+
+impl std::fmt::Debug for TimeStoreGets {
+    // The store's name in messages, not every figure of the mount.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Timed")
+    }
+}
+
+#[async_trait]
+impl GetHook for TimeStoreGets {
+    async fn get(
+        &self,
+        inner: &dyn ObjectStore,
+        location: &object_store::path::Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        let started = Instant::now();
+        let answer = inner.get_opts(location, options).await;
+        self.0.store_get_seconds.record(started.elapsed());
+        answer
+    }
 }
 
 impl Mount {

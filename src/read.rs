@@ -211,11 +211,7 @@ impl ReadPath {
         };
         if on_network {
             self.fetcher.note_read_answered();
-            Metrics::add(&self.metrics.demand_reads_waited, 1);
-            Metrics::add(
-                &self.metrics.demand_wait_micros,
-                started.elapsed().as_micros() as u64,
-            );
+            self.metrics.demand_wait_seconds.record(started.elapsed());
         }
         result
     }

@@ -137,8 +137,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         "network: {} fetched in {} parts; {} reads waited ({:.1} ms mean), {} prefetch hits",
         format_size(c.bytes_fetched),
         c.parts_fetched,
-        c.demand_reads_waited,
-        c.demand_wait_micros as f64 / 1000.0 / c.demand_reads_waited.max(1) as f64,
+        c.demand_wait_seconds.count,
+        1000.0 * c.demand_wait_seconds.mean(),
         c.prefetch_hits
     );
     println!(

@@ -1,9 +1,11 @@
-//! The command line: `mount`, `unmount`, `status`, `warm`, `chunk` and `demo`.
+//! The command line: `mount`, `unmount`, `status`, `warm`, `chunk` and `demo`, and
+//! `man` and `completions`, generated from the definitions here.
 
 use anyhow::Context;
 mod chunk_cmd;
 mod daemon;
 mod demo;
+mod generated;
 mod logging;
 mod mount_cmd;
 mod mount_flags;
@@ -67,6 +69,11 @@ pub(crate) enum Command {
     /// Make a synthetic chunked dataset, mount it from a local folder, read one epoch
     /// through the mount in shuffled chunk-window order, check every row, and report.
     Demo(demo::DemoArgs),
+    /// Print the manual page (roff; e.g. `scdlfs man | man -l -`), or write one per
+    /// command into a directory.
+    Man(generated::ManArgs),
+    /// Print the shell completion script for SHELL.
+    Completions(generated::CompletionsArgs),
     /// Print the mount command's flags as JSON (for the Python package).
     #[command(hide = true)]
     MountFlags,
@@ -420,6 +427,8 @@ pub fn main() -> ExitCode {
         },
         Command::Chunk(args) => chunk_cmd::run(*args),
         Command::Demo(args) => demo::run(args),
+        Command::Man(args) => generated::man(args),
+        Command::Completions(args) => generated::completions(args),
         Command::MountFlags => mount_flags::run(),
     };
     match result {

@@ -38,7 +38,6 @@ fn read_status(mountpoint: &Path) -> anyhow::Result<Vec<u8>> {
 fn render(s: &Status) -> String {
     let c = &s.counters;
     let r = &s.rates;
-    let waits = c.demand_reads_waited.max(1);
     let mut out = format!(
         "source            {}\nuptime            {:.0} s\n\
          reads             {} ({} returned, {:.1}% from cache without waiting)\n\
@@ -53,8 +52,8 @@ fn render(s: &Status) -> String {
         c.reads,
         format_size(c.bytes_read),
         100.0 * r.cache_hit_ratio,
-        c.demand_reads_waited,
-        c.demand_wait_micros as f64 / 1000.0 / waits as f64,
+        c.demand_wait_seconds.count,
+        1000.0 * c.demand_wait_seconds.mean(),
         c.demand_downloads,
         format_size(c.bytes_fetched),
         c.parts_fetched,

@@ -29,7 +29,7 @@ pub struct Epoch {
 
 impl Epoch {
     pub fn waits_after_first_step(&self) -> u64 {
-        self.at_end.demand_reads_waited - self.after_first_step.demand_reads_waited
+        self.at_end.demand_wait_seconds.count - self.after_first_step.demand_wait_seconds.count
     }
 
     /// Parts a reader had to ask for after the first step because no prefetch had: a

@@ -791,3 +791,73 @@ fn chunk_refuses_what_is_not_a_monolithic_archive() {
         assert!(!target.exists(), "{what}: the target was created");
     }
 }
+
+/// The commands `scdlfs --help` lists, but for `help` itself.
+fn listed_commands(cleanup: &mut Cleanup) -> Vec<String> {
+    let help = scdlfs(&[os("--help")], cleanup);
+    help.assert_success("scdlfs --help");
+    let listing = help.stdout.split("Commands:\n").nth(1).unwrap();
+    let commands: Vec<String> = listing
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .filter(|line| line.starts_with("  ") && !line.starts_with("   "))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_owned)
+        .collect();
+    assert!(commands.contains(&"mount".to_owned()), "{}", help.stdout);
+    commands
+}
+
+#[test]
+fn the_man_page_describes_every_command() {
+    let mut cleanup = Cleanup::default();
+    let commands = listed_commands(&mut cleanup);
+    let page = scdlfs(&[os("man")], &mut cleanup);
+    page.assert_success("scdlfs man");
+    assert!(page.stdout.starts_with(".ie \\n(.g .ds Aq \\(aq"));
+    assert!(page.stdout.contains(".TH scdlfs 1"));
+    for command in &commands {
+        assert!(
+            page.stdout.contains(command.as_str()),
+            "{command} not in the page"
+        );
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let pages = dir.path().join("man1");
+    scdlfs(
+        &[os("man"), os("--out-dir"), pages.as_os_str()],
+        &mut cleanup,
+    )
+    .assert_success("scdlfs man --out-dir");
+    for command in &commands {
+        let page = std::fs::read_to_string(pages.join(format!("scdlfs-{command}.1")))
+            .unwrap_or_else(|error| panic!("no page of {command}: {error}"));
+        assert!(page.contains(&format!(".TH scdlfs-{command} 1")), "{page}");
+    }
+    let mount = std::fs::read_to_string(pages.join("scdlfs-mount.1")).unwrap();
+    assert!(mount.contains("cache\\-size") && mount.contains("SCDLFS_CACHE_SIZE"));
+}
+
+#[test]
+fn completions_for_each_shell_name_every_command() {
+    let mut cleanup = Cleanup::default();
+    let commands = listed_commands(&mut cleanup);
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let script = scdlfs(&[os("completions"), os(shell)], &mut cleanup);
+        script.assert_success(shell);
+        for command in &commands {
+            assert!(
+                script.stdout.contains(command.as_str()),
+                "{shell}: {command} not completed"
+            );
+        }
+        assert!(
+            script.stdout.contains("cache-size"),
+            "{shell}: no mount flags"
+        );
+    }
+    let unknown = scdlfs(&[os("completions"), os("tcsh")], &mut cleanup);
+    assert!(!unknown.status.success() && unknown.stderr.contains("'tcsh'"));
+}

@@ -140,7 +140,7 @@ fn a_sequential_reader_without_hints_gets_read_ahead() {
     eprintln!(
         "sequential: {parts} parts, {} reads waited, {} parts the reader asked for itself, \
          {} prefetched, {} prefetch hits",
-        counters.demand_reads_waited,
+        counters.demand_wait_seconds.count,
         counters.demand_downloads,
         counters.prefetch_requests,
         counters.prefetch_hits
@@ -165,7 +165,7 @@ fn scattered_rows_without_hints_get_their_chunks_fetched_whole() {
          {} direct reads, fetched {} of {} bytes; parts {} prefetched {} hits {}",
         epoch.steps,
         counters.chunks_fetched_whole,
-        counters.demand_reads_waited,
+        counters.demand_wait_seconds.count,
         counters.direct_reads,
         counters.bytes_fetched,
         dataset_bytes(),

@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, Command, ExitStatus, Stdio};
 
 use common::process::{
     exit_of, foreground_mount, is_mount_point, run_ok, status_json, unmount, wait_for,
@@ -316,6 +316,80 @@ fn prometheus_counters_are_served_and_move_with_reads() {
     assert!(delivered(&second) >= delivered_before + 300_000.0);
     assert!(sample(&second, "scdlfs_bytes_fetched_total") >= fetched_before + 300_000.0);
     assert_eq!(http_get(port, "/").0, "HTTP/1.1 404 Not Found");
+}
+
+/// The metrics page as Prometheus's own checker reads it: no problem reported
+/// (counters end in `_total`, names in base units, help on everything), durations as
+/// histograms in seconds that count what happened, a high-water mark as a gauge.
+#[test]
+fn the_metrics_page_passes_promtool_with_durations_as_histograms() {
+    let folders = Folders::new();
+    let mut daemon = Daemon::start(
+        &folders,
+        &["--metrics-addr", "127.0.0.1:0"],
+        None,
+        &folders.path("log"),
+    );
+    daemon.wait_until_mounted(&folders);
+    let port = logged_metrics_port(&folders.path("log"));
+    let data = std::fs::read(folders.mountpoint().join("sub/data.bin")).unwrap();
+    assert!(data == data_bytes());
+
+    let mut page = String::new();
+    wait_for("the GETs counted", || {
+        let (_, response) = http_get(port, "/metrics");
+        page = response.split_once("\r\n\r\n").unwrap().1.to_owned();
+        sample(&page, "scdlfs_store_get_seconds_count") >= 1.0
+    });
+    let checked = promtool_check_metrics(&page);
+    assert!(
+        checked.status.success(),
+        "promtool check metrics: {checked:?}\n{page}"
+    );
+
+    for histogram in ["scdlfs_demand_wait_seconds", "scdlfs_store_get_seconds"] {
+        assert!(page.contains(&format!("# TYPE {histogram} histogram\n")));
+        let count = sample(&page, &format!("{histogram}_count"));
+        assert!(
+            count >= 1.0,
+            "{histogram}: the first read of a file waits on a GET"
+        );
+        assert_eq!(
+            sample(&page, &format!("{histogram}_bucket{{le=\"+Inf\"}}")),
+            count
+        );
+        assert!(sample(&page, &format!("{histogram}_sum")) > 0.0);
+    }
+    assert!(page.contains("# TYPE scdlfs_fetch_memory_peak_bytes gauge\n"));
+    assert!(sample(&page, "scdlfs_fetch_memory_peak_bytes") > 0.0);
+}
+
+/// `promtool check metrics` of `page`. promtool is `$SCDLFS_PROMTOOL`, else where
+/// scripts/setup-promtool puts it; scripts/test-all installs it, so a missing one
+/// fails the test rather than skipping it.
+fn promtool_check_metrics(page: &str) -> std::process::Output {
+    let promtool = std::env::var_os("SCDLFS_PROMTOOL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/promtool"));
+    let mut child = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| {
+            panic!(
+                "cannot run promtool at {} ({error}): run scripts/setup-promtool or set SCDLFS_PROMTOOL",
+                promtool.display()
+            )
+        });
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
 }
 
 #[test]

@@ -66,6 +66,16 @@ def test_a_broken_manifest_fails_the_schema_check():
         kubernetes_validate.validate(daemonset, kubernetes_validate.latest_version(), strict=True)
 
 
+def test_an_upgrade_replaces_a_mount_pod_only_when_it_is_deleted():
+    """A rolling update would replace the mount under running training pods, whose open
+    files then fail (docs/kubernetes.md, "Upgrades")."""
+    daemonset = next(
+        d for d in yaml.safe_load_all((REPO / "deploy/kubernetes/scdlfs-daemonset.yaml").read_text())
+        if d["kind"] == "DaemonSet"
+    )
+    assert daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
+
+
 def parses(arguments):
     """Whether scdlfs's parser accepts `arguments`: with --help last, clap checks every
     flag and value before it and then prints help instead of running."""

@@ -356,8 +356,8 @@ def test_hints_foresee_the_parts_the_reads_need(sampler_bucket, link, tmp_path, 
     unhinted, no_plans = _epoch_over_link(sampler_bucket, link, tmp_path, False, digests)
     print(f"downloads a reader started: {hinted['demand_downloads']} with hints, "
           f"{unhinted['demand_downloads']} without, of {hinted['parts_fetched']} and "
-          f"{unhinted['parts_fetched']} parts; reads that waited: {hinted['demand_reads_waited']} and "
-          f"{unhinted['demand_reads_waited']}; prefetch hits {hinted['prefetch_hits']}")  # fmt: skip
+          f"{unhinted['parts_fetched']} parts; reads that waited: {hinted['demand_wait_seconds']['count']} and "
+          f"{unhinted['demand_wait_seconds']['count']}; prefetch hits {hinted['prefetch_hits']}")  # fmt: skip
     assert [p["dataset"] for p in plans] == [DATASET] and plans[0]["epoch"] == 0, plans
     assert no_plans == []
     assert unhinted["demand_downloads"] >= 10, unhinted
