@@ -405,8 +405,11 @@ impl Fetcher {
             let streamed = async {
                 tokio::select! {
                     biased;
-                    ended = download => ended.and_then(|()| arriving.bytes(within.clone())),
-                    () = arriving.wait_for(within.end) => arriving.bytes(within.clone()),
+                    ended = download => match ended {
+                        Ok(()) => arriving.read(within.clone()).await,
+                        Err(error) => Err(error),
+                    },
+                    read = arriving.read(within.clone()) => read,
                 }
             };
             if !self.worth_a_direct_read(&arriving, &within, part.end - part.start) {
@@ -505,9 +508,15 @@ impl Fetcher {
         }
         let slot = self.permits.request(urgency);
         let (this, object) = (self.clone(), object.clone());
+        // Built here, not in the task: a task dropped before its first poll leaves too.
+        let leave = LeaveEdgesInFlight {
+            fetcher: self.clone(),
+            key,
+            on_the_wire,
+        };
         self.runtime.spawn(async move {
             let _permit = slot.granted().await;
-            on_the_wire.send_replace(true);
+            leave.on_the_wire.send_replace(true);
             let len = range.end - range.start;
             // Counted as sent, so that the store's count of requests can be accounted.
             Metrics::add(&this.metrics.edges_fetched, 1);
@@ -530,9 +539,7 @@ impl Fetcher {
                     tracing::debug!(object = %object.key, "an edge's prefetch failed");
                 }
             }
-            this.edges_in_flight.lock().remove(&key);
-            // Dropped last: readers waiting for the edge find it in memory, or fetch.
-            drop(on_the_wire);
+            drop(leave);
         });
     }
 
@@ -547,7 +554,10 @@ impl Fetcher {
         let edges = self.edges_in_flight.lock();
         let edge = edges.get(&key)?;
         let covers = edge.within.start <= within.start && within.end <= edge.within.end;
-        (covers && *edge.on_the_wire.borrow()).then(|| edge.on_the_wire.clone())
+        // A closed watch: the fetch is over, whatever its entry says; waiting on it
+        // would end at once, again and again.
+        let fetching = edge.on_the_wire.has_changed().is_ok();
+        (covers && fetching && *edge.on_the_wire.borrow()).then(|| edge.on_the_wire.clone())
     }
 
     /// Whether a reader of `within` should ask for its own bytes beside the download:
@@ -915,6 +925,22 @@ impl Fetcher {
         }
         arriving.end().await?;
         Ok(())
+    }
+}
+
+/// An edge's fetch, which leaves the set of edges in flight however it ends (a panic,
+/// or its task dropped, included), then closes its watch: readers waiting for the
+/// edge then find it in memory, or fetch its part.
+struct LeaveEdgesInFlight {
+    fetcher: Arc<Fetcher>,
+    key: PartKey,
+    /// Whether the edge's request is on the wire; dropped after the entry is gone.
+    on_the_wire: tokio::sync::watch::Sender<bool>,
+}
+
+impl Drop for LeaveEdgesInFlight {
+    fn drop(&mut self) {
+        self.fetcher.edges_in_flight.lock().remove(&self.key);
     }
 }
 
