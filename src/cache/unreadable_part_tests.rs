@@ -49,7 +49,7 @@ fn a_part_file_truncated_under_a_reader_is_dropped_and_counted_as_unreadable() {
     let data_offset = fs::metadata(&path).unwrap().len() - data.len() as u64;
     let pinned = cache.get(key(1), Recency::Use).unwrap();
     // Cut in the second block, through the descriptor the cache holds open.
-    OpenOptions::new()
+    std::fs::OpenOptions::new()
         .write(true)
         .open(&path)
         .unwrap()
