@@ -56,10 +56,13 @@ pub enum FsError {
     },
     #[error("local cache I/O failed: {0}")]
     CacheIo(Arc<std::io::Error>),
-    /// A cached part failed its checksum (or its file could not be opened again) and was
-    /// dropped; reading it again fetches it.
+    /// A cached part failed its checksum (or its file could not be opened or read) and
+    /// was dropped; reading it again fetches it.
     #[error("{0}")]
     CacheCorrupt(String),
+    /// A bug: the operation panicked. The thread it ran on goes on serving.
+    #[error("the operation panicked: {message}")]
+    Panicked { message: String },
 }
 
 /// Why a write to a hint file is refused: lines the protocol does not allow, or a plan

@@ -153,6 +153,12 @@ pub fn render(status: &Status) -> String {
         cache.corrupt_parts_dropped as f64,
     );
     metric(
+        "scdlfs_cache_unreadable_parts_dropped_total",
+        "counter",
+        "Cached parts whose file could not be read (I/O error; truncated, removed or replaced), dropped and fetched again.",
+        cache.unreadable_parts_dropped as f64,
+    );
+    metric(
         "scdlfs_cache_adopted_parts_total",
         "counter",
         "Part files of an earlier mount taken over by this one.",

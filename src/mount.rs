@@ -55,7 +55,8 @@ pub struct MountSettings {
     pub ownership: Ownership,
     pub fuse_threads: usize,
     pub prefetch_lookahead_steps: usize,
-    /// A read gets its bytes or EIO within this bound ([`crate::store::NetworkBounds`]).
+    /// Every FUSE operation (a read, a lookup, a listing) is answered within this
+    /// bound, with EIO past it ([`crate::store::NetworkBounds`], [`FsCore`]'s deadline).
     pub read_timeout: Duration,
     /// The most bytes the fetcher holds at once ([`crate::fetch::memory`]).
     pub fetch_memory: u64,
@@ -227,6 +228,7 @@ pub fn assemble(
         observer.clone(),
         warmer,
         settings.ownership,
+        settings.read_timeout,
     );
     Ok((core, observer))
 }

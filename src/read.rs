@@ -24,7 +24,7 @@ use crate::row_offset_check::RowOffsetCheck;
 use crate::view::{Piece, ReadPlan};
 
 /// How often a read assembles its parts when cached ones keep failing their checksum
-/// (each failure drops the part, so the next attempt downloads it).
+/// or their reads (each failure drops the part, so the next attempt downloads it).
 const CORRUPT_PART_ATTEMPTS: u32 = 3;
 
 /// Bytes `within` (offsets in the part) of part `index` of `object`, which a read needs.
@@ -200,7 +200,8 @@ impl ReadPath {
         let mut attempt = 1;
         let result = loop {
             match self.finish(&plan, &parts.into_iter().collect()) {
-                // A cached part failed its checksum and left the cache: fetch it again.
+                // A cached part failed its checksum or could not be read, and left the
+                // cache: fetch it again.
                 Err(FsError::CacheCorrupt(_)) if attempt < CORRUPT_PART_ATTEMPTS => {
                     attempt += 1;
                     on_network = true;

@@ -19,9 +19,13 @@ use scdl_format::ArrayKind;
 
 use crate::catalog::dataset::RowOffsetsVerdict;
 use crate::catalog::FlatDataset;
-use crate::error::FsResult;
+use crate::error::{FsError, FsResult};
 use crate::fetch::Fetcher;
 use crate::planner_wake::PlannerWake;
+
+/// How often a check gathers a chunk's row offsets when cached parts keep failing
+/// (each failure drops the part, so the next attempt downloads it), as a read does.
+const CACHED_PART_ATTEMPTS: u32 = 3;
 
 /// Runs the checks: each chunk's once per mount, whoever asks first.
 pub struct RowOffsetCheck {
@@ -92,8 +96,19 @@ impl RowOffsetCheck {
         }
     }
 
-    /// All bytes of chunk `chunk`'s `row_ptr.npy`, each part noted as demanded.
+    /// All bytes of chunk `chunk`'s `row_ptr.npy`, each part noted as demanded. A
+    /// cached part that fails its checksum or its read is dropped: fetched again.
     async fn whole_row_ptr(&self, dataset: &FlatDataset, chunk: usize) -> FsResult<Vec<u8>> {
+        let mut attempt = 1;
+        loop {
+            match self.whole_row_ptr_once(dataset, chunk).await {
+                Err(FsError::CacheCorrupt(_)) if attempt < CACHED_PART_ATTEMPTS => attempt += 1,
+                result => return result,
+            }
+        }
+    }
+
+    async fn whole_row_ptr_once(&self, dataset: &FlatDataset, chunk: usize) -> FsResult<Vec<u8>> {
         let object = dataset.array(chunk, ArrayKind::RowPtr);
         let parts = try_join_all(self.fetcher.parts_of(&(0..object.size)).map(|index| {
             let range = self.fetcher.part_range(object, index);

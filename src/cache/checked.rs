@@ -124,7 +124,7 @@ impl PinnedPart {
             .cache
             .open_files
             .file(&file.file, |path| private_file().read(true).open(path))
-            .map_err(|error| self.vanished(error))?;
+            .map_err(|error| self.unreadable(error))?;
         let blocks = CheckedBlocks {
             file: &handle,
             data_offset: file.data_offset,
@@ -137,7 +137,7 @@ impl PinnedPart {
             self.advise_whole_part(&handle);
         }
         result.map_err(|failure| match failure {
-            BlockReadFailure::Io(error) => CacheError::Io(error),
+            BlockReadFailure::Io(error) => self.unreadable(error),
             BlockReadFailure::BadBlock(block) => {
                 self.cache.drop_corrupt(self.key, &self.file, block);
                 CacheError::Corrupt {
@@ -153,7 +153,8 @@ impl PinnedPart {
     fn advise_whole_part(&self, handle: &File) {
         let now = self.cache.opened.elapsed().as_millis() as u64 + 1;
         let last = self.file.advised_at_ms.load(Ordering::Relaxed);
-        if last != 0 && now - last < ADVISE_AGAIN_AFTER.as_millis() as u64 {
+        // Another reader may have advised on a later reading of the clock than ours.
+        if last != 0 && now.saturating_sub(last) < ADVISE_AGAIN_AFTER.as_millis() as u64 {
             return;
         }
         if self
@@ -172,12 +173,13 @@ impl PinnedPart {
         }
     }
 
-    /// A part file that cannot be opened again (deleted behind the daemon's back) is
-    /// dropped like a corrupt one, so the read fetches the part afresh.
-    fn vanished(&self, error: io::Error) -> CacheError {
+    /// A part file that cannot be opened again or read (truncated, deleted or replaced
+    /// behind the daemon's back, or a bad sector) is dropped like a corrupt one, so the
+    /// read fetches the part afresh.
+    fn unreadable(&self, error: io::Error) -> CacheError {
         self.cache
             .drop_unreadable(self.key, &self.file, &error.to_string());
-        CacheError::Vanished {
+        CacheError::Unreadable {
             part: self.key,
             reason: error.to_string(),
         }

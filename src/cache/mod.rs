@@ -17,7 +17,9 @@
 //! touches (kept in memory since the part was written) against what the disk returned.
 //! A part that fails is dropped from the cache at once, logged and counted, and the
 //! read fails with [`CacheError::Corrupt`], which the read path answers by fetching the
-//! part again.
+//! part again. Our own disk never fails a read: a part whose file cannot be read (an
+//! I/O error, a file truncated, removed or replaced under the daemon) is dropped the
+//! same way, with [`CacheError::Unreadable`].
 //!
 //! The cache outlives the mount ([`adopt`]): a directory records the source it belongs
 //! to, and the part files of an earlier daemon are counted against the budget at once
@@ -103,8 +105,8 @@ pub enum CacheError {
     Corrupt { part: PartKey, block: u64 },
     #[error("reading a cached part failed: {0}")]
     Io(#[from] io::Error),
-    #[error("cached part {part:?} could not be opened again ({reason}); dropped from the cache")]
-    Vanished { part: PartKey, reason: String },
+    #[error("cached part {part:?} could not be read ({reason}); dropped from the cache")]
+    Unreadable { part: PartKey, reason: String },
 }
 
 impl From<CacheError> for crate::error::FsError {
@@ -112,7 +114,7 @@ impl From<CacheError> for crate::error::FsError {
         match error {
             CacheError::Io(error) => error.into(),
             // Both were dropped from the cache: the read path fetches the part again.
-            dropped @ (CacheError::Corrupt { .. } | CacheError::Vanished { .. }) => {
+            dropped @ (CacheError::Corrupt { .. } | CacheError::Unreadable { .. }) => {
                 crate::error::FsError::CacheCorrupt(dropped.to_string())
             }
         }
@@ -149,6 +151,10 @@ pub struct CacheStats {
     /// Parts that failed their checksum on a read and were dropped.
     #[serde(default)]
     pub corrupt_parts_dropped: u64,
+    /// Parts whose file could not be read (an I/O error; a file truncated, removed or
+    /// replaced under the daemon), dropped and fetched again.
+    #[serde(default)]
+    pub unreadable_parts_dropped: u64,
     /// Why the cache directory cannot be written, while it cannot.
     #[serde(default)]
     pub disk_unusable: Option<String>,
@@ -195,6 +201,7 @@ pub struct DiskCache {
     evicted_parts: AtomicU64,
     refused_for_room: AtomicU64,
     corrupt_dropped: AtomicU64,
+    unreadable_dropped: AtomicU64,
     disk: Mutex<DiskState>,
     disk_retry_after: Duration,
     refused_for_disk: AtomicU64,
@@ -305,6 +312,7 @@ impl DiskCache {
             evicted_parts: AtomicU64::new(0),
             refused_for_room: AtomicU64::new(0),
             corrupt_dropped: AtomicU64::new(0),
+            unreadable_dropped: AtomicU64::new(0),
             disk: Mutex::new(DiskState::default()),
             disk_retry_after: DISK_RETRY_AFTER,
             refused_for_disk: AtomicU64::new(0),
@@ -474,6 +482,7 @@ impl DiskCache {
             evicted_parts: self.evicted_parts.load(Ordering::Relaxed),
             parts_not_cached_for_lack_of_room: self.refused_for_room.load(Ordering::Relaxed),
             corrupt_parts_dropped: self.corrupt_dropped.load(Ordering::Relaxed),
+            unreadable_parts_dropped: self.unreadable_dropped.load(Ordering::Relaxed),
             disk_unusable: self.disk.lock().reason.clone(),
             parts_not_cached_for_disk_errors: self.refused_for_disk.load(Ordering::Relaxed),
             adopted_parts: self.adopted_parts.load(Ordering::Relaxed),
@@ -491,18 +500,21 @@ impl DiskCache {
     /// it already (then the part may have been fetched again: a new file).
     fn drop_corrupt(&self, key: PartKey, file: &Arc<ResidentFile>, block: u64) {
         if let Some(path) = self.drop_resident(key, file) {
+            self.corrupt_dropped.fetch_add(1, Ordering::Relaxed);
             tracing::error!(path = %path.display(), part = ?key, block, "a cached part failed its checksum: dropped, and fetched again when read");
         }
     }
 
-    /// Drops a part whose file could not be opened again, as [`DiskCache::drop_corrupt`].
+    /// Drops a part whose file could not be opened or read, as
+    /// [`DiskCache::drop_corrupt`].
     fn drop_unreadable(&self, key: PartKey, file: &Arc<ResidentFile>, reason: &str) {
         if let Some(path) = self.drop_resident(key, file) {
-            tracing::error!(path = %path.display(), part = ?key, reason, "a cached part could not be opened again: dropped, and fetched again when read");
+            self.unreadable_dropped.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(path = %path.display(), part = ?key, reason, "a cached part could not be read: dropped, and fetched again when read");
         }
     }
 
-    /// Forgets and deletes `file` if it is still `key`'s, counting it as dropped.
+    /// Forgets and deletes `file` if it is still `key`'s.
     fn drop_resident(&self, key: PartKey, file: &Arc<ResidentFile>) -> Option<PathBuf> {
         let mut inner = self.inner.lock();
         let (resident, _) = inner.files.get(&key)?;
@@ -512,8 +524,6 @@ impl DiskCache {
         let (_, path) = inner.files.remove(&key).expect("present");
         inner.policy.discard(key);
         self.delete_files(vec![path.clone()]);
-        drop(inner);
-        self.corrupt_dropped.fetch_add(1, Ordering::Relaxed);
         Some(path)
     }
 }
@@ -524,3 +534,6 @@ mod test_files;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod unreadable_part_tests;

@@ -129,8 +129,10 @@ pub struct StoreArgs {
     /// timeouts, broken connections. 403, 404, 412 and 416 are never retried.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Object store")]
     pub max_attempts: u32,
-    /// A FUSE read request gets its bytes or EIO within this bound, however the store
-    /// misbehaves (a read(2) that fails within twice this: the kernel retries once).
+    /// Every FUSE operation is answered within this bound, however the store
+    /// misbehaves: a read gets its bytes, a lookup or directory listing its entries
+    /// (however many pages the listing takes), or EIO (a read(2) that fails within
+    /// twice this: the kernel retries once).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "15s", help_heading = "Performance")]
     pub read_timeout: Duration,
 }

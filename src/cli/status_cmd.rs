@@ -46,7 +46,7 @@ fn render(s: &Status) -> String {
          network           {}/s over the last {:.0} s, {}/s since the start\n\
          readers got       {}/s over the last {:.0} s, {}/s since the start\n\
          prefetch          {} parts asked, {} hits ({:.1}% of prefetched parts used)\n\
-         cache             {} of {} in {} parts, {} chunks; {} parts evicted, {} dropped as corrupt\n",
+         cache             {} of {} in {} parts, {} chunks; {} parts evicted, {} dropped as corrupt, {} as unreadable\n",
         s.source,
         s.uptime_seconds,
         c.reads,
@@ -74,6 +74,7 @@ fn render(s: &Status) -> String {
         s.cache.cached_groups,
         s.cache.evicted_parts,
         s.cache.corrupt_parts_dropped,
+        s.cache.unreadable_parts_dropped,
     );
     out.push_str(&format!(
         "earlier mount     {} parts ({}) adopted ({} by their first read), {} ({}) not claimed yet, {} removed{}\n",

@@ -9,8 +9,9 @@
 //! when the cache cannot take the part, then swapped for the whole part
 //! ([`Arriving::finish`]). The download appends what it receives ([`Arriving::push`],
 //! flushed at the end with [`Arriving::end`]); readers wait on the count of bytes
-//! received ([`Arriving::wait_for`]) and take their range ([`Arriving::bytes`]): from
-//! the file what is written, from memory the rest. Whether the request is on the wire yet (it holds a
+//! received and take their range ([`Arriving::read`]): from the file what is written,
+//! from memory the rest; a download that starts over takes back what it had received,
+//! and its readers wait again. Whether the request is on the wire yet (it holds a
 //! download slot) tells a reader whether waiting can pay at all, and the first reader
 //! that asks for its own bytes beside the download claims it
 //! ([`Arriving::claim_direct_read`]).
@@ -101,9 +102,12 @@ impl Arriving {
     }
 
     /// Starts the body over (a download that restarts elsewhere): readers wait for
-    /// bytes from the start again.
+    /// bytes from the start again. The count goes back to 0 under the body's lock, so
+    /// a reader that finds its bytes gone ([`Arriving::bytes`]) finds the count reset
+    /// too, and its next wait waits.
     fn place(&self, body: Body) {
-        *self.body.lock() = body;
+        let mut held = self.body.lock();
+        *held = body;
         self.received.send_replace(0);
     }
 
@@ -197,18 +201,30 @@ impl Arriving {
         whole
     }
 
-    /// Waits until the first `end` bytes are readable. Never returns if the download
-    /// fails first: wait for the download's end beside it.
-    pub async fn wait_for(&self, end: u64) {
+    /// Bytes `range` of the part, once they have been received. Never returns if the
+    /// download fails first: wait for the download's end beside it. A download that
+    /// starts over (its part file failed) takes back what it had received; the reader
+    /// then waits for its bytes again.
+    pub async fn read(&self, range: Range<u64>) -> FsResult<PartBytes> {
+        loop {
+            self.wait_for(range.end).await;
+            if let Some(bytes) = self.bytes(range.clone())? {
+                return Ok(bytes);
+            }
+        }
+    }
+
+    /// Waits until the first `end` bytes are readable.
+    async fn wait_for(&self, end: u64) {
         let mut received = self.received.subscribe();
         // The sender lives as long as `self`, so the wait ends only by its condition.
         let _ = received.wait_for(|&n| n >= end).await;
     }
 
-    /// Bytes `range` of the part, which must have been received: the part's file,
-    /// to be read from (checked) by the reader, if they are all written; otherwise a
-    /// copy of them, from memory and the file.
-    pub fn bytes(&self, range: Range<u64>) -> FsResult<PartBytes> {
+    /// Bytes `range` of the part if the body holds them now (`None` if it does not,
+    /// or no longer does): the part's file, to be read from (checked) by the reader,
+    /// if they are all written; otherwise a copy of them, from memory and the file.
+    fn bytes(&self, range: Range<u64>) -> FsResult<Option<PartBytes>> {
         let offset = range.start;
         let (spool, mut copy, from_disk) = match &*self.body.lock() {
             Body::Spooled {
@@ -218,7 +234,10 @@ impl Arriving {
                 pending,
             } => {
                 if range.end <= *on_disk {
-                    return Ok(PartBytes::Spooled(spool.clone()));
+                    return Ok(Some(PartBytes::Spooled(spool.clone())));
+                }
+                if range.end > on_disk + (writing.len() + pending.len()) as u64 {
+                    return Ok(None);
                 }
                 let mut copy = vec![0; (range.end - range.start) as usize];
                 let from_disk = on_disk.saturating_sub(range.start) as usize;
@@ -235,32 +254,32 @@ impl Arriving {
                     dest = &mut dest[n..];
                     skip = 0;
                 }
-                assert!(dest.is_empty(), "bytes not yet received");
+                debug_assert!(dest.is_empty(), "the bytes held were counted");
                 (spool.clone(), copy, from_disk)
             }
-            Body::Memory(buffer) => {
-                return Ok(PartBytes::InMemory {
+            Body::Memory(buffer) if range.end <= buffer.len() as u64 => {
+                return Ok(Some(PartBytes::InMemory {
                     offset,
                     bytes: Bytes::copy_from_slice(
                         &buffer[range.start as usize..range.end as usize],
                     ),
-                })
+                }))
             }
-            Body::Whole(bytes) => {
-                return Ok(PartBytes::InMemory {
+            Body::Whole(bytes) if range.end <= bytes.len() as u64 => {
+                return Ok(Some(PartBytes::InMemory {
                     offset,
                     bytes: bytes.slice(range.start as usize..range.end as usize),
-                })
+                }))
             }
-            Body::Unplaced => unreachable!("bytes of a body not yet placed"),
+            Body::Unplaced | Body::Memory(_) | Body::Whole(_) => return Ok(None),
         };
         // The written bytes stay written: read outside the body's lock, which the
         // download takes for every piece.
         spool.read_exact_at(&mut copy[..from_disk], range.start)?;
-        Ok(PartBytes::InMemory {
+        Ok(Some(PartBytes::InMemory {
             offset,
             bytes: copy.into(),
-        })
+        }))
     }
 }
 
@@ -282,10 +301,7 @@ mod tests {
         arriving.keep_in_memory(10);
         let reader = tokio::spawn({
             let arriving = arriving.clone();
-            async move {
-                arriving.wait_for(6).await;
-                in_memory(arriving.bytes(2..6).unwrap())
-            }
+            async move { in_memory(arriving.read(2..6).await.unwrap()) }
         });
         arriving.push(Bytes::from_static(&[0, 1, 2])).await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -310,7 +326,7 @@ mod tests {
             Bytes::from_static(&[1, 2, 3])
         });
         assert_eq!(&whole[..], &[1, 2, 3]);
-        assert_eq!(&in_memory(arriving.bytes(1..3).unwrap())[..], &[2, 3]);
+        assert_eq!(&in_memory(arriving.read(1..3).await.unwrap())[..], &[2, 3]);
         arriving.wait_for(3).await;
     }
 
@@ -351,7 +367,7 @@ mod tests {
         arriving.spool_into(spool.clone());
         let read = |range: Range<u64>| {
             let mut out = vec![0; (range.end - range.start) as usize];
-            let bytes = arriving.bytes(range.clone()).unwrap();
+            let bytes = arriving.bytes(range.clone()).unwrap().expect("received");
             bytes.copy_to(&mut out, range.start).unwrap();
             (matches!(bytes, PartBytes::Spooled(_)), out)
         };
@@ -373,5 +389,34 @@ mod tests {
         assert_eq!(spool.written(), data.len() as u64);
         let tail = 2 * block as u64..data.len() as u64;
         assert_eq!(read(tail), (true, data[2 * block..].to_vec()));
+    }
+
+    /// A download whose part file failed starts over into memory, taking back what it
+    /// had received: a reader whose wait had just ended then finds an empty body. It
+    /// waits for its bytes again (it used to slice the empty buffer, and panic).
+    #[tokio::test]
+    async fn a_reader_whose_bytes_a_restart_took_back_waits_for_them_again() {
+        let arriving = Arc::new(Arriving::default());
+        arriving.keep_in_memory(10);
+        arriving
+            .push(Bytes::from_static(&[0, 1, 2, 3, 4, 5]))
+            .await
+            .unwrap();
+        arriving.wait_for(6).await;
+        // The restart, between the reader's wait and its taking of the bytes.
+        arriving.keep_in_memory(10);
+        assert!(arriving.bytes(2..6).unwrap().is_none(), "no bytes held now");
+        let reader = tokio::spawn({
+            let arriving = arriving.clone();
+            async move { in_memory(arriving.read(2..6).await.unwrap()) }
+        });
+        arriving.push(Bytes::from_static(&[9, 8, 7])).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            !reader.is_finished(),
+            "answered before its bytes arrived again"
+        );
+        arriving.push(Bytes::from_static(&[6, 5, 4])).await.unwrap();
+        assert_eq!(&reader.await.unwrap()[..], &[7, 6, 5, 4]);
     }
 }

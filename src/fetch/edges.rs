@@ -15,8 +15,24 @@ use crate::parts::PartKey;
 /// An edge being fetched: which bytes of its part, and whether its request is on the
 /// wire (`true`), a watch whose sender is dropped when the edge ends.
 pub(super) struct EdgeInFlight {
-    within: Range<u64>,
-    on_the_wire: tokio::sync::watch::Receiver<bool>,
+    pub(super) within: Range<u64>,
+    pub(super) on_the_wire: tokio::sync::watch::Receiver<bool>,
+}
+
+/// An edge's fetch, which leaves the set of edges in flight however it ends (a panic,
+/// or its task dropped, included), then closes its watch: readers waiting for the
+/// edge then find it in memory, or fetch its part.
+struct LeaveEdgesInFlight {
+    fetcher: Arc<Fetcher>,
+    key: PartKey,
+    /// Whether the edge's request is on the wire; dropped after the entry is gone.
+    on_the_wire: tokio::sync::watch::Sender<bool>,
+}
+
+impl Drop for LeaveEdgesInFlight {
+    fn drop(&mut self) {
+        self.fetcher.edges_in_flight.lock().remove(&self.key);
+    }
 }
 
 impl Fetcher {
@@ -88,9 +104,15 @@ impl Fetcher {
         }
         let slot = self.permits.request(urgency);
         let (this, object) = (self.clone(), object.clone());
+        // Built here, not in the task: a task dropped before its first poll leaves too.
+        let leave = LeaveEdgesInFlight {
+            fetcher: self.clone(),
+            key,
+            on_the_wire,
+        };
         self.runtime.spawn(async move {
             let _permit = slot.granted().await;
-            on_the_wire.send_replace(true);
+            leave.on_the_wire.send_replace(true);
             let len = range.end - range.start;
             // Counted as sent, so that the store's count of requests can be accounted.
             Metrics::add(&this.metrics.edges_fetched, 1);
@@ -113,9 +135,7 @@ impl Fetcher {
                     tracing::debug!(object = %object.key, "an edge's prefetch failed");
                 }
             }
-            this.edges_in_flight.lock().remove(&key);
-            // Dropped last: readers waiting for the edge find it in memory, or fetch.
-            drop(on_the_wire);
+            drop(leave);
         });
     }
 
@@ -130,6 +150,9 @@ impl Fetcher {
         let edges = self.edges_in_flight.lock();
         let edge = edges.get(&key)?;
         let covers = edge.within.start <= within.start && within.end <= edge.within.end;
-        (covers && *edge.on_the_wire.borrow()).then(|| edge.on_the_wire.clone())
+        // A closed watch: the fetch is over, whatever its entry says; waiting on it
+        // would end at once, again and again.
+        let fetching = edge.on_the_wire.has_changed().is_ok();
+        (covers && fetching && *edge.on_the_wire.borrow()).then(|| edge.on_the_wire.clone())
     }
 }

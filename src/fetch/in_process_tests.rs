@@ -876,3 +876,66 @@ async fn a_stray_read_into_a_part_needed_later_is_asked_for_alone_and_evicts_not
     assert!(cache.contains(key(0)) && cache.contains(key(1)));
     assert_eq!(bench.fetcher.metrics.snapshot().stray_reads, 1);
 }
+
+/// An edge whose fetch dies (its task panics in the store) leaves the set of edges in
+/// flight however it ended, and a reader of its bytes gets them with their part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_whose_fetch_panics_leaves_no_entry_behind() {
+    let (bench, _store) = bench(4, |s| {
+        Arc::new(HookedStore::new(
+            s,
+            InjectFaults::new(|_, options| {
+                let the_edge =
+                    matches!(&options.range, Some(GetRange::Bounded(r)) if *r == (2100..2300));
+                the_edge.then_some(Fault::Panic)
+            }),
+        ))
+    })
+    .await;
+    let bench = Arc::new(bench);
+    bench.fetcher.prefetch_edge(&bench.object, 2100..2300);
+    settle_edges(&bench.fetcher).await;
+    assert!(
+        bench.fetcher.edges_in_flight.lock().is_empty(),
+        "the dead edge's entry stayed"
+    );
+    let read = tokio::time::timeout(Duration::from_secs(5), read_within(&bench, 2, 150..250)).await;
+    assert_eq!(read.unwrap().unwrap(), expected_within(2, 150..250));
+}
+
+/// A reader never spins on an edge that will not come: an entry whose fetch is gone
+/// (its watch closed) is not waited for, and the reader fetches the part. Run from a
+/// thread of its own, so that a reader that spins fails the test instead of holding
+/// the runtime.
+#[test]
+fn a_reader_does_not_wait_for_an_edge_whose_fetch_is_gone() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (bench, _counts) = runtime.block_on(bench(4, |s| {
+        Arc::new(HookedStore::new(s, CountReads::default()))
+    }));
+    let (on_the_wire, watched) = tokio::sync::watch::channel(true);
+    drop(on_the_wire);
+    bench.fetcher.edges_in_flight.lock().insert(
+        Fetcher::key(&bench.object, 2),
+        EdgeInFlight {
+            within: 100..300,
+            on_the_wire: watched,
+        },
+    );
+    let bench = Arc::new(bench);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let (bench, runtime) = (bench.clone(), runtime.handle().clone());
+        move || {
+            let _ = done.send(runtime.block_on(read_within(&bench, 2, 150..250)));
+        }
+    });
+    let read = finished
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the reader is still waiting for the dead edge");
+    assert_eq!(read.unwrap(), expected_within(2, 150..250));
+}

@@ -85,8 +85,11 @@ impl Fetcher {
             let streamed = async {
                 tokio::select! {
                     biased;
-                    ended = download => ended.and_then(|()| arriving.bytes(within.clone())),
-                    () = arriving.wait_for(within.end) => arriving.bytes(within.clone()),
+                    ended = download => match ended {
+                        Ok(()) => arriving.read(within.clone()).await,
+                        Err(error) => Err(error),
+                    },
+                    read = arriving.read(within.clone()) => read,
                 }
             };
             if !self.worth_a_direct_read(&arriving, &within, part.end - part.start) {

@@ -25,6 +25,7 @@ pub fn errno(error: &FsError) -> Errno {
         | FsError::CorruptData(_)
         | FsError::RowOffsets { .. }
         | FsError::CacheIo(_)
-        | FsError::CacheCorrupt(_) => Errno::EIO,
+        | FsError::CacheCorrupt(_)
+        | FsError::Panicked { .. } => Errno::EIO,
     }
 }

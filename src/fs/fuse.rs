@@ -5,9 +5,14 @@
 //! has to wait (a listing, a download) moves, reply and all, into a task. No FUSE
 //! thread ever waits on the network. Errors become errno through [`FsError::errno`]
 //! alone, logged here once.
+//!
+//! A panic in an operation, in the FUSE thread or in its task, is caught here and
+//! answered with EIO, logged as [`FsError::Panicked`]: a panic that left a FUSE thread
+//! would end it, and on thread 0 the whole mount.
 
 use std::ffi::OsStr;
 use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -18,6 +23,7 @@ use fuser::{
     ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
     TimeOrNow, WriteFlags,
 };
+use futures::FutureExt;
 use tokio::runtime::Handle;
 
 use super::errno::errno;
@@ -57,7 +63,7 @@ impl ScdlFs {
     }
 
     /// Runs `operation` until its first wait here, then in a task; `ok` answers a
-    /// success, an error is answered with its errno.
+    /// success, an error (a panic included) is answered with its errno.
     fn answer<R: Reply, T: Send + 'static>(
         &self,
         name: &'static str,
@@ -66,17 +72,44 @@ impl ScdlFs {
         ok: impl FnOnce(R, T) + Send + 'static,
     ) {
         let _entered = self.runtime.enter();
-        let mut operation = Box::pin(operation);
+        let mut operation = Box::pin(AssertUnwindSafe(operation).catch_unwind());
         let mut context = Context::from_waker(futures::task::noop_waker_ref());
         match operation.as_mut().poll(&mut context) {
-            Poll::Ready(result) => answer_with(name, reply, result, ok),
+            Poll::Ready(result) => answer_with(name, reply, unwound(result), ok),
             // Spawning polls again with a real waker.
             Poll::Pending => {
                 self.runtime
-                    .spawn(async move { answer_with(name, reply, operation.await, ok) });
+                    .spawn(async move { answer_with(name, reply, unwound(operation.await), ok) });
             }
         }
     }
+}
+
+/// Answers with what `operation`, which never waits, returns (a panic is an error).
+fn answer_now<R: Reply, T>(
+    name: &'static str,
+    reply: R,
+    operation: impl FnOnce() -> FsResult<T>,
+    ok: impl FnOnce(R, T),
+) {
+    let result = unwound(catch_unwind(AssertUnwindSafe(operation)));
+    answer_with(name, reply, result, ok);
+}
+
+/// The operation's result, or the error its panic becomes.
+fn unwound<T>(result: std::thread::Result<FsResult<T>>) -> FsResult<T> {
+    result.unwrap_or_else(|panic| Err(panicked(panic)))
+}
+
+fn panicked(panic: Box<dyn std::any::Any + Send>) -> FsError {
+    let message = match panic.downcast::<String>() {
+        Ok(message) => *message,
+        Err(panic) => panic
+            .downcast_ref::<&str>()
+            .map_or("(no message)", |message| message)
+            .to_owned(),
+    };
+    FsError::Panicked { message }
 }
 
 fn answer_with<R: Reply, T>(
@@ -86,7 +119,12 @@ fn answer_with<R: Reply, T>(
     ok: impl FnOnce(R, T),
 ) {
     match result {
-        Ok(value) => ok(reply, value),
+        // A panic in `ok` drops the reply it took, which fuser then answers with EIO.
+        Ok(value) => {
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| ok(reply, value))) {
+                errno_of(name, panicked(panic));
+            }
+        }
         Err(error) => reply.fail(errno_of(name, error)),
     }
 }
@@ -124,7 +162,8 @@ replies!(
     ReplyOpen,
     ReplyWrite,
     ReplyEmpty,
-    ReplyXattr
+    ReplyXattr,
+    ReplyStatfs
 );
 
 /// Requests that would change the tree: all refused with EROFS.
@@ -167,7 +206,8 @@ impl Filesystem for ScdlFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        answer_with("getattr", reply, self.core.getattr(ino.0), |reply, attr| {
+        let getattr = || self.core.getattr(ino.0);
+        answer_now("getattr", reply, getattr, |reply, attr| {
             reply.attr(&TTL, &attr)
         });
     }
@@ -192,14 +232,15 @@ impl Filesystem for ScdlFs {
     ) {
         let more_than_size =
             mode.is_some() || uid.is_some() || gid.is_some() || atime.is_some() || mtime.is_some();
-        let result = self.core.setattr(ino.0, size, more_than_size);
-        answer_with("setattr", reply, result, |reply, attr| {
+        let setattr = || self.core.setattr(ino.0, size, more_than_size);
+        answer_now("setattr", reply, setattr, |reply, attr| {
             reply.attr(&TTL, &attr)
         });
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        answer_with("open", reply, self.core.open(ino.0), |reply, opened| {
+        let open = || self.core.open(ino.0);
+        answer_now("open", reply, open, |reply, opened| {
             // Hint files see every write; data files are immutable objects, so the
             // kernel may keep their pages across opens.
             let flags = if opened.direct_io {
@@ -239,9 +280,8 @@ impl Filesystem for ScdlFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        answer_with("write", reply, self.core.write(fh.0, data), |reply, n| {
-            reply.written(n)
-        });
+        let write = || self.core.write(fh.0, data);
+        answer_now("write", reply, write, |reply, n| reply.written(n));
     }
 
     fn flush(
@@ -265,8 +305,11 @@ impl Filesystem for ScdlFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.core.release(fh.0);
-        reply.ok();
+        let release = || {
+            self.core.release(fh.0);
+            Ok(())
+        };
+        answer_now("release", reply, release, |reply, ()| reply.ok());
     }
 
     fn fsync(
@@ -303,9 +346,11 @@ impl Filesystem for ScdlFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let room = self.core.statfs();
-        let (total, free) = (room.blocks, room.free_blocks);
-        reply.statfs(total, free, free, 0, 0, BLOCK_SIZE, 1024, BLOCK_SIZE);
+        let room = || Ok(self.core.statfs());
+        answer_now("statfs", reply, room, |reply, room| {
+            let (total, free) = (room.blocks, room.free_blocks);
+            reply.statfs(total, free, free, 0, 0, BLOCK_SIZE, 1024, BLOCK_SIZE)
+        });
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -332,7 +377,10 @@ impl Filesystem for ScdlFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        reply_xattr(reply, size, &self.core.listxattr(ino.0));
+        let names = || Ok(self.core.listxattr(ino.0));
+        answer_now("listxattr", reply, names, |reply, names| {
+            reply_xattr(reply, size, &names)
+        });
     }
 
     /// Python's `open()` asks every file whether it is a terminal (TCGETS); no file

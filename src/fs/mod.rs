@@ -9,6 +9,11 @@
 //! SCDL reader insists) and map shared and writable, while every write and every change
 //! of the tree fails with EROFS. The one writable file is each dataset's hint file,
 //! whose lines go to the prefetcher. Open handles live in one [`handles::HandleTable`].
+//!
+//! Every operation that waits (a lookup or a listing, a read, the warm attribute) has
+//! one deadline as a whole, `--read-timeout` ([`FsCore::within_deadline`]): however
+//! many requests it makes (the pages of a listing, a discovery's header and chunk
+//! listing, a corrupt part fetched again), it answers within it, with EIO past it.
 
 pub mod errno;
 pub mod fuse;
@@ -17,6 +22,7 @@ pub mod read_ahead;
 pub mod read_around;
 
 use std::ffi::OsStr;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,6 +89,8 @@ pub struct FsCore {
     observer: Observer,
     warmer: Arc<Warmer>,
     ownership: Ownership,
+    /// The longest any operation waits ([`FsCore::within_deadline`]).
+    deadline: Duration,
 }
 
 /// Who owns the mount's files and what their modes allow. The kernel enforces the
@@ -129,6 +137,7 @@ impl FsCore {
         observer: Observer,
         warmer: Arc<Warmer>,
         ownership: Ownership,
+        deadline: Duration,
     ) -> FsCore {
         FsCore {
             tree,
@@ -141,17 +150,41 @@ impl FsCore {
             observer,
             warmer,
             ownership,
+            deadline,
         }
     }
 
+    /// `operation` (on `what`, named only if it times out), bounded as a whole by the
+    /// mount's deadline: past it, what the operation waited for is dropped and it
+    /// fails with [`FsError::TimedOut`]. An operation ready at once (a read from the
+    /// disk cache) sets no timer.
+    async fn within_deadline<T>(
+        &self,
+        what: impl FnOnce() -> String,
+        operation: impl Future<Output = FsResult<T>>,
+    ) -> FsResult<T> {
+        tokio::time::timeout(self.deadline, operation)
+            .await
+            .unwrap_or_else(|_| {
+                Err(FsError::TimedOut {
+                    key: what(),
+                    after: self.deadline,
+                })
+            })
+    }
+
     pub async fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
-        let listing = self.tree.listing(parent).await?;
-        let name = name.to_str().ok_or(FsError::NotFound)?;
-        let ino = listing.get(name).ok_or(FsError::NotFound)?;
-        Ok(Entry {
-            attr: self.getattr(ino)?,
-            valid_for: listing.valid_for(),
-        })
+        let lookup = async {
+            let listing = self.tree.listing(parent).await?;
+            let name = name.to_str().ok_or(FsError::NotFound)?;
+            let ino = listing.get(name).ok_or(FsError::NotFound)?;
+            Ok(Entry {
+                attr: self.getattr(ino)?,
+                valid_for: listing.valid_for(),
+            })
+        };
+        let what = || format!("lookup of {name:?} in directory inode {parent}");
+        self.within_deadline(what, lookup).await
     }
 
     /// The read-around from the disk cache, to connect to the kernel's page cache.
@@ -198,6 +231,18 @@ impl FsCore {
     /// Reads `size` bytes at `offset`. Everything before the first wait runs in the
     /// caller's thread, so a read the disk cache can serve completes on first poll.
     pub async fn read(&self, ino: u64, handle: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let what = || format!("read of {size} bytes at {offset} of inode {ino}");
+        self.within_deadline(what, self.read_unbounded(ino, handle, offset, size))
+            .await
+    }
+
+    async fn read_unbounded(
+        &self,
+        ino: u64,
+        handle: u64,
+        offset: u64,
+        size: u32,
+    ) -> FsResult<Vec<u8>> {
         let node = self.tree.node(ino)?;
         let file = file_of(&node)?;
         let plan = plan_read(&file.content, file.size, offset, size as u64);
@@ -282,7 +327,8 @@ impl FsCore {
 
     /// A directory's listing; [`FsCore::dir_entries`] walks it.
     pub async fn readdir(&self, ino: u64) -> FsResult<Arc<Listing>> {
-        self.tree.listing(ino).await
+        let what = || format!("listing of directory inode {ino}");
+        self.within_deadline(what, self.tree.listing(ino)).await
     }
 
     /// The entries of a listing from `offset` on, `.` and `..` first.
@@ -329,7 +375,9 @@ impl FsCore {
             return Ok(serde_json::to_vec(&self.observer.status()).expect("status serializes"));
         }
         if name == WARM_XATTR {
-            return self.warmer.progress(&self.dataset_of_dir(ino).await?);
+            let what = || format!("warm progress of directory inode {ino}");
+            let dataset = self.within_deadline(what, self.dataset_of_dir(ino)).await?;
+            return self.warmer.progress(&dataset);
         }
         Err(FsError::NoSuchAttribute)
     }
@@ -340,7 +388,9 @@ impl FsCore {
         if name != WARM_XATTR {
             return Err(FsError::ReadOnly);
         }
-        self.warmer.request(&self.dataset_of_dir(ino).await?, value)
+        let what = || format!("warm request of directory inode {ino}");
+        let dataset = self.within_deadline(what, self.dataset_of_dir(ino)).await?;
+        self.warmer.request(&dataset, value)
     }
 
     /// The dataset a directory holds, found as the content of its hint file.

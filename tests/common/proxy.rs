@@ -33,6 +33,9 @@ pub enum Fault {
     StallNoHeaders,
     /// Closes the connection without answering (an outage).
     Refuse,
+    /// Answers a listing with an empty page that says more pages follow, whatever
+    /// page was asked for: a listing that never ends.
+    EndlessListing,
 }
 
 /// One request as a rule sees it.
@@ -190,6 +193,18 @@ async fn serve(state: Arc<State>, mut client: TcpStream) {
     match fault {
         Some(Fault::Refuse) => return,
         Some(Fault::StallNoHeaders) => return stall(client).await,
+        Some(Fault::EndlessListing) => {
+            let page = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult><IsTruncated>true</IsTruncated><KeyCount>0</KeyCount><NextContinuationToken>page-{}</NextContinuationToken></ListBucketResult>",
+                info.repeat + 1
+            );
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                page.len()
+            );
+            let _ = client.write_all(answer.as_bytes()).await;
+            return;
+        }
         Some(Fault::Status(status)) => {
             let answer = format!(
                 "HTTP/1.1 {status} Injected\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -236,7 +251,9 @@ async fn serve(state: Arc<State>, mut client: TcpStream) {
                 }
             }
         }
-        Some(Fault::Status(_) | Fault::Refuse | Fault::StallNoHeaders) => unreachable!(),
+        Some(Fault::Status(_) | Fault::Refuse | Fault::StallNoHeaders | Fault::EndlessListing) => {
+            unreachable!()
+        }
     }
     let _ = client.shutdown().await;
 }

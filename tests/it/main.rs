@@ -15,10 +15,12 @@ mod chunk_safety;
 mod cli;
 mod concurrency;
 mod credentials;
+mod deadlines;
 mod degraded_disk;
 mod faults;
 #[path = "core.rs"]
 mod fs_core; // not `core`, which would shadow the core crate
+mod fuse_panics;
 mod metadata_ttl;
 mod monolithic;
 mod open_semantics;
