@@ -7,17 +7,11 @@
 //! loaders ([`aws`]), for GCS object_store's own service-account and application
 //! default credentials.
 //!
-<<<<<<< HEAD
 //! Beside it, behind the `test-support` feature (so the daemon is built without them),
 //! live the test doubles that wrap any store: `counting` counts requests, `throttled`
-//! adds latency and a bandwidth cap, `faulty` injects failures, all through `wrapper`.
-//! The tests use them; the daemon never does.
-=======
-//! Beside it live the test doubles that wrap any store: [`counting`] counts requests,
-//! [`throttled`] adds latency and a bandwidth cap, [`faulty`] injects failures. The
-//! benchmarks and the failure tests use them; the daemon never does. The daemon uses
-//! only their [`wrapper`], to time its GETs.
->>>>>>> wt-metrics
+//! adds latency and a bandwidth cap, `faulty` injects failures, all through [`wrapper`].
+//! The tests use them; the daemon never does, but it uses the wrapper itself, to time
+//! its GETs.
 
 pub mod aws;
 pub mod bounds;
@@ -28,7 +22,6 @@ pub mod faulty;
 pub mod redact;
 #[cfg(any(test, feature = "test-support"))]
 pub mod throttled;
-#[cfg(any(test, feature = "test-support"))]
 pub mod wrapper;
 
 use std::path::{Path, PathBuf};
