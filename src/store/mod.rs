@@ -9,13 +9,16 @@
 //!
 //! Beside it live the test doubles that wrap any store: [`counting`] counts requests,
 //! [`throttled`] adds latency and a bandwidth cap, [`faulty`] injects failures. The
-//! benchmarks and the failure tests use them; the daemon never does.
+//! benchmarks and the failure tests use them; the daemon never does. Through the same
+//! wrapper every network store gets [`short_answers`]' hook: a ranged GET answered with
+//! less than its range is asked again, which object_store's retry layer does not do.
 
 pub mod aws;
 pub mod bounds;
 pub mod counting;
 pub mod faulty;
 pub mod redact;
+pub mod short_answers;
 pub mod throttled;
 pub mod wrapper;
 
@@ -32,6 +35,9 @@ use object_store::ObjectStore;
 
 pub use bounds::NetworkBounds;
 pub use redact::redact_urls;
+
+use short_answers::{AskAgainWhenShort, SHORT_ANSWER_TRIES};
+use wrapper::HookedStore;
 
 /// Where a mount's objects live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -230,7 +236,7 @@ impl Source {
                     builder = builder.with_credentials(Arc::new(aws::SdkCredentials::new(chain)));
                 }
                 Ok((
-                    Arc::new(builder.build()?),
+                    asking_again_when_short(builder.build()?),
                     ObjectPath::from(prefix.as_str()),
                 ))
             }
@@ -261,7 +267,7 @@ impl Source {
                     builder = builder.with_skip_signature(true);
                 }
                 Ok((
-                    Arc::new(builder.build()?),
+                    asking_again_when_short(builder.build()?),
                     ObjectPath::from(prefix.as_str()),
                 ))
             }
@@ -277,7 +283,7 @@ impl Source {
                     .build()?;
                 let prefix =
                     ObjectPath::from_url_path(prefix).map_err(object_store::Error::from)?;
-                Ok((Arc::new(store), prefix))
+                Ok((asking_again_when_short(store), prefix))
             }
             Source::Local { root } => {
                 if !root.is_dir() {
@@ -291,6 +297,17 @@ impl Source {
             }
         }
     }
+}
+
+/// A network store behind the one hook of the retry layer that object_store lacks:
+/// a ranged GET answered short is asked again ([`short_answers`]).
+fn asking_again_when_short(store: impl ObjectStore) -> Arc<dyn ObjectStore> {
+    Arc::new(HookedStore::new(
+        Arc::new(store),
+        AskAgainWhenShort {
+            tries: SHORT_ANSWER_TRIES,
+        },
+    ))
 }
 
 /// The region of an S3 bucket: `--region`, the SDK's configured region, the bucket's

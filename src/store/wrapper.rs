@@ -1,6 +1,7 @@
-//! One delegating `ObjectStore` wrapper for all the test doubles: each double is a
-//! [`GetHook`] that sees (and may change) reads, while every other call passes through.
-//! scdlfs only reads and lists, so reads are where the doubles differ.
+//! One delegating `ObjectStore` wrapper for all the test doubles, and for the daemon's
+//! one hook ([`super::short_answers`]): each is a [`GetHook`] that sees (and may change)
+//! reads, while every other call passes through. scdlfs only reads and lists, so reads
+//! are where they differ.
 
 use std::fmt;
 use std::sync::Arc;
