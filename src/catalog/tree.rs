@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ListResult, ObjectMeta, ObjectStore};
@@ -416,6 +416,10 @@ impl Tree {
                     .map_err(|e| FsError::store(prefix.as_ref(), &e))?,
             ),
         };
+        let listed_entries = listed.objects.len() + listed.common_prefixes.len();
+        if listed_entries > MAX_LISTED_ENTRIES {
+            return Err(too_long_a_listing(prefix));
+        }
         let mut entries = Vec::new();
         let mut header = None;
         let mut objects = HashMap::new();
@@ -523,12 +527,18 @@ impl Tree {
 
     /// The objects under a chunked dataset's prefix, by key relative to it.
     async fn list_chunk_objects(&self, prefix: &ObjectPath) -> FsResult<ChunkObjects> {
-        let listed: Vec<_> = self
-            .store
-            .list(non_empty(prefix))
-            .try_collect()
+        let mut pages = self.store.list(non_empty(prefix));
+        let mut listed = Vec::new();
+        while let Some(meta) = pages
+            .try_next()
             .await
-            .map_err(|e| FsError::store(prefix.as_ref(), &e))?;
+            .map_err(|e| FsError::store(prefix.as_ref(), &e))?
+        {
+            if listed.len() == MAX_LISTED_ENTRIES {
+                return Err(too_long_a_listing(prefix));
+            }
+            listed.push(meta);
+        }
         Ok(listed
             .iter()
             .filter_map(|meta| {
@@ -663,13 +673,31 @@ impl Tree {
         }
     }
 
-    /// A whole small object (a header), at its pinned version.
+    /// A whole small object (a header), at its pinned version: asked for as the range
+    /// of its listed size, and no more than that taken from the answer, whatever the
+    /// store sends. The caller bounds the size ([`MAX_HEADER_BYTES`]).
     async fn read_small_object(&self, info: &ObjectInfo) -> FsResult<Bytes> {
-        let result = pinned_get(self.store.as_ref(), info, None).await?;
-        let bytes = result
-            .bytes()
+        if info.size == 0 {
+            // No range can be asked for; the header decoder refuses it.
+            return Ok(Bytes::new());
+        }
+        let result = pinned_get(self.store.as_ref(), info, Some(0..info.size)).await?;
+        let mut body = result.into_stream();
+        let mut bytes = BytesMut::with_capacity(info.size as usize);
+        while let Some(piece) = body
+            .try_next()
             .await
-            .map_err(|e| FsError::store(info.key.as_ref(), &e))?;
+            .map_err(|e| FsError::store(info.key.as_ref(), &e))?
+        {
+            if (bytes.len() + piece.len()) as u64 > info.size {
+                return Err(FsError::ShortRead {
+                    key: info.key.to_string(),
+                    expected: info.size,
+                    got: (bytes.len() + piece.len()) as u64,
+                });
+            }
+            bytes.extend_from_slice(&piece);
+        }
         if bytes.len() as u64 != info.size {
             return Err(FsError::ShortRead {
                 key: info.key.to_string(),
@@ -677,7 +705,22 @@ impl Tree {
                 got: bytes.len() as u64,
             });
         }
-        Ok(bytes)
+        Ok(bytes.freeze())
+    }
+}
+
+/// The most entries one listing may hold: a directory's objects and subdirectories, or
+/// the objects under a chunked dataset's prefix. The tree keeps a node per entry for
+/// the mount's life, so a store that lists without end, or lists more than any dataset
+/// holds (a chunked dataset of 300,000 chunks lists 900,000 objects), gets EIO.
+pub const MAX_LISTED_ENTRIES: usize = 1 << 20;
+
+/// The error of a listing of more than [`MAX_LISTED_ENTRIES`] entries, logged.
+fn too_long_a_listing(prefix: &ObjectPath) -> FsError {
+    tracing::error!(directory = %prefix, "the store lists more than {MAX_LISTED_ENTRIES} entries under this prefix; refusing the listing");
+    FsError::ListingTooLong {
+        prefix: prefix.to_string(),
+        limit: MAX_LISTED_ENTRIES,
     }
 }
 
