@@ -7,18 +7,22 @@
 //! loaders ([`aws`]), for GCS object_store's own service-account and application
 //! default credentials.
 //!
-//! Beside it live the test doubles that wrap any store: [`counting`] counts requests,
-//! [`throttled`] adds latency and a bandwidth cap, [`faulty`] injects failures. The
-//! benchmarks and the failure tests use them; the daemon never does. Through the same
-//! wrapper every network store gets [`short_answers`]' hook: a ranged GET answered with
-//! less than its range is asked again, which object_store's retry layer does not do.
+//! Beside it, behind the `test-support` feature (so the daemon is built without them),
+//! live the test doubles that wrap any store: `counting` counts requests, `throttled`
+//! adds latency and a bandwidth cap, `faulty` injects failures, all through [`wrapper`].
+//! The tests use them; the daemon never does, but it uses the wrapper itself:
+//! every network store gets [`short_answers`]' hook, a ranged GET answered with less
+//! than its range asked again, which object_store's retry layer does not do.
 
 pub mod aws;
 pub mod bounds;
+#[cfg(any(test, feature = "test-support"))]
 pub mod counting;
+#[cfg(any(test, feature = "test-support"))]
 pub mod faulty;
 pub mod redact;
 pub mod short_answers;
+#[cfg(any(test, feature = "test-support"))]
 pub mod throttled;
 pub mod wrapper;
 
