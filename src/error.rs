@@ -41,6 +41,8 @@ pub enum FsError {
         expected: u64,
         got: u64,
     },
+    #[error("{prefix}: the store lists more than {limit} entries")]
+    ListingTooLong { prefix: String, limit: usize },
     #[error("{key}: no answer within {after:?}")]
     TimedOut {
         key: String,

@@ -235,6 +235,10 @@ impl Tree {
                     .map_err(|e| FsError::store(prefix.as_ref(), &e))?,
             ),
         };
+        let listed_entries = listed.objects.len() + listed.common_prefixes.len();
+        if listed_entries > MAX_LISTED_ENTRIES {
+            return Err(too_long_a_listing(prefix));
+        }
         let mut entries = Vec::new();
         let mut header = None;
         let mut objects = HashMap::new();
@@ -283,6 +287,21 @@ impl Tree {
             }
             (None, _) => entries,
         })
+    }
+}
+
+/// The most entries one listing may hold: a directory's objects and subdirectories, or
+/// the objects under a chunked dataset's prefix. The tree keeps a node per entry for
+/// the mount's life, so a store that lists without end, or lists more than any dataset
+/// holds (a chunked dataset of 300,000 chunks lists 900,000 objects), gets EIO.
+pub const MAX_LISTED_ENTRIES: usize = 1 << 20;
+
+/// The error of a listing of more than [`MAX_LISTED_ENTRIES`] entries, logged.
+fn too_long_a_listing(prefix: &ObjectPath) -> FsError {
+    tracing::error!(directory = %prefix, "the store lists more than {MAX_LISTED_ENTRIES} entries under this prefix; refusing the listing");
+    FsError::ListingTooLong {
+        prefix: prefix.to_string(),
+        limit: MAX_LISTED_ENTRIES,
     }
 }
 

@@ -21,6 +21,7 @@ pub fn errno(error: &FsError) -> Errno {
         FsError::Store { .. }
         | FsError::ObjectChanged { .. }
         | FsError::ShortRead { .. }
+        | FsError::ListingTooLong { .. }
         | FsError::TimedOut { .. }
         | FsError::CorruptData(_)
         | FsError::RowOffsets { .. }

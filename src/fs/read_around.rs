@@ -15,7 +15,9 @@
 //!
 //! A push sends only the pages the kernel was not given already ([`GivenPages`]): the
 //! daemon marks the pages of every read it is asked for and of every push, and a read
-//! of a marked page shows the kernel dropped it, which clears its window's marks. So a
+//! of a marked page shows the kernel dropped it, which clears its window's marks. The
+//! marks are sparse, kept only for blocks of pages that reads touched and at most
+//! [`MAX_MARKED_BLOCKS`] of them: file sizes come from listings, which are not trusted. So a
 //! cold epoch, whose reader read most of a window while its parts arrived, pushes only
 //! the rest, and a warm one after the page cache was dropped pushes each window whole.
 //!
@@ -28,7 +30,7 @@
 //! touched page by page over a long epoch, and read the pages the kernel had too. A
 //! read offered while every pusher is busy is just a read.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::ops::Range;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -76,51 +78,96 @@ struct Push {
     around: Range<u64>,
 }
 
-/// The pages of one file the kernel was given (asked for by a read, or pushed) and has
-/// not been seen to drop: one bit per page.
+/// Pages per block of marks: one block's bits cover 2 MiB of a file of 4 KiB pages.
+const BLOCK_PAGES: u64 = 512;
+
+const BLOCK_WORDS: usize = (BLOCK_PAGES / 64) as usize;
+
+/// The most blocks of marks kept, over all files: about 8 MiB of marks, covering
+/// 128 GiB of files of 4 KiB pages. Sizes come from listings, which the daemon does not
+/// trust, so marks are kept only for the blocks reads touched, and at most these; past
+/// them the lowest blocks are forgotten (a sequential reader's oldest). Forgetting is
+/// always safe: a forgotten page is pushed again, and the kernel ignores pages it holds.
+pub const MAX_MARKED_BLOCKS: usize = 1 << 16;
+
+/// The pages of the mount's files the kernel was given (asked for by a read, or
+/// pushed) and has not been seen to drop: one bit per page, in blocks of
+/// [`BLOCK_PAGES`] kept only where a bit is set, at most [`MAX_MARKED_BLOCKS`] of
+/// them. A dense bitmap per file grew to the offset of the last read: a listed 1 PiB
+/// object and one read near its end took 32 GiB.
 #[derive(Debug, Default)]
 struct GivenPages {
-    words: Vec<u64>,
+    /// (inode, block) → the bits of the block's pages.
+    blocks: BTreeMap<(u64, u64), [u64; BLOCK_WORDS]>,
+}
+
+/// `pages` cut at block boundaries: (block, the pages' offsets within it).
+fn by_block(pages: Range<u64>) -> impl Iterator<Item = (u64, Range<u64>)> {
+    let first = pages.start / BLOCK_PAGES;
+    let last = pages.end.div_ceil(BLOCK_PAGES);
+    (first..last).filter_map(move |block| {
+        let base = block * BLOCK_PAGES;
+        let within = pages.start.max(base) - base..pages.end.min(base + BLOCK_PAGES) - base;
+        (!within.is_empty()).then_some((block, within))
+    })
+}
+
+fn bit(page_in_block: u64) -> (usize, u64) {
+    ((page_in_block / 64) as usize, 1 << (page_in_block % 64))
 }
 
 impl GivenPages {
-    fn bit(page: u64) -> (usize, u64) {
-        ((page / 64) as usize, 1 << (page % 64))
+    fn is_given(&self, ino: u64, page: u64) -> bool {
+        let (word, mask) = bit(page % BLOCK_PAGES);
+        self.blocks
+            .get(&(ino, page / BLOCK_PAGES))
+            .is_some_and(|bits| bits[word] & mask != 0)
     }
 
-    fn is_given(&self, page: u64) -> bool {
-        let (word, mask) = Self::bit(page);
-        self.words.get(word).is_some_and(|w| w & mask != 0)
+    fn any_given(&self, ino: u64, pages: Range<u64>) -> bool {
+        by_block(pages).any(|(block, within)| {
+            self.blocks.get(&(ino, block)).is_some_and(|bits| {
+                within.into_iter().any(|page| {
+                    let (word, mask) = bit(page);
+                    bits[word] & mask != 0
+                })
+            })
+        })
     }
 
-    fn any_given(&self, pages: Range<u64>) -> bool {
-        pages.into_iter().any(|page| self.is_given(page))
-    }
-
-    fn give(&mut self, pages: Range<u64>) {
-        for page in pages {
-            let (word, mask) = Self::bit(page);
-            if word >= self.words.len() {
-                self.words.resize(word + 1, 0);
+    fn give(&mut self, ino: u64, pages: Range<u64>) {
+        for (block, within) in by_block(pages) {
+            if !self.blocks.contains_key(&(ino, block)) && self.blocks.len() >= MAX_MARKED_BLOCKS {
+                self.blocks.pop_first();
             }
-            self.words[word] |= mask;
+            let bits = self.blocks.entry((ino, block)).or_default();
+            for page in within {
+                let (word, mask) = bit(page);
+                bits[word] |= mask;
+            }
         }
     }
 
-    fn forget(&mut self, pages: Range<u64>) {
-        for page in pages {
-            let (word, mask) = Self::bit(page);
-            if let Some(w) = self.words.get_mut(word) {
-                *w &= !mask;
+    fn forget(&mut self, ino: u64, pages: Range<u64>) {
+        for (block, within) in by_block(pages) {
+            let Some(bits) = self.blocks.get_mut(&(ino, block)) else {
+                continue;
+            };
+            for page in within {
+                let (word, mask) = bit(page);
+                bits[word] &= !mask;
+            }
+            if bits.iter().all(|&word| word == 0) {
+                self.blocks.remove(&(ino, block));
             }
         }
     }
 
-    /// The runs of pages within `pages` not given, in order.
-    fn missing(&self, pages: Range<u64>) -> Vec<Range<u64>> {
+    /// The runs of pages within `pages` of file `ino` not given, in order.
+    fn missing(&self, ino: u64, pages: Range<u64>) -> Vec<Range<u64>> {
         let mut runs: Vec<Range<u64>> = Vec::new();
         for page in pages {
-            if self.is_given(page) {
+            if self.is_given(ino, page) {
                 continue;
             }
             match runs.last_mut() {
@@ -130,6 +177,11 @@ impl GivenPages {
         }
         runs
     }
+
+    #[cfg(test)]
+    fn blocks(&self) -> usize {
+        self.blocks.len()
+    }
 }
 
 /// The pages holding bytes `bytes`, of `page` bytes each.
@@ -137,11 +189,11 @@ fn pages_of(bytes: &Range<u64>, page: u64) -> Range<u64> {
     bytes.start / page..bytes.end.div_ceil(page)
 }
 
-/// What the kernel holds of each file, as far as the daemon knows, shared by the
-/// reads that mark it and the pushers.
+/// What the kernel holds of the mount's files, as far as the daemon knows, shared by
+/// the reads that mark it and the pushers.
 #[derive(Default)]
 struct Given {
-    files: Mutex<HashMap<u64, GivenPages>>,
+    pages: Mutex<GivenPages>,
 }
 
 pub struct ReadAround {
@@ -214,15 +266,14 @@ impl ReadAround {
             return;
         }
         let pages = pages_of(read, self.page);
-        let mut files = self.given.files.lock();
-        let given = files.entry(ino).or_default();
-        if given.any_given(pages.clone()) {
-            given.forget(pages_of(
-                &window_around(read, self.window, file_size),
-                self.page,
-            ));
+        let mut given = self.given.pages.lock();
+        if given.any_given(ino, pages.clone()) {
+            given.forget(
+                ino,
+                pages_of(&window_around(read, self.window, file_size), self.page),
+            );
         }
-        given.give(pages);
+        given.give(ino, pages);
     }
 
     /// Offers the window around `read`, which the disk cache has just served from data
@@ -283,10 +334,11 @@ impl Pusher {
             return;
         };
         let Push { ino, around, .. } = push;
-        let missing = match self.given.files.lock().get(ino) {
-            Some(given) => given.missing(pages_of(around, self.page)),
-            None => vec![pages_of(around, self.page)],
-        };
+        let missing = self
+            .given
+            .pages
+            .lock()
+            .missing(*ino, pages_of(around, self.page));
         let window = plan_read(
             &file.content,
             file.size,
@@ -333,7 +385,7 @@ impl Pusher {
             return false;
         }
         let pages = pages_of(&slice, self.page);
-        self.given.files.lock().entry(ino).or_default().give(pages);
+        self.given.pages.lock().give(ino, pages);
         Metrics::add(&self.metrics.read_around_bytes, slice.end - slice.start);
         true
     }
@@ -360,10 +412,14 @@ mod tests {
         assert_eq!(window_around(&(9500..9800), 1000, 9800), 9000..9800);
     }
 
-    /// What `GivenPages` should say: a plain set of pages.
-    fn runs_missing_from(set: &BTreeSet<u64>, pages: Range<u64>) -> Vec<Range<u64>> {
+    /// What `GivenPages` should say: a plain set of (inode, page).
+    fn runs_missing_from(
+        set: &BTreeSet<(u64, u64)>,
+        ino: u64,
+        pages: Range<u64>,
+    ) -> Vec<Range<u64>> {
         let mut runs: Vec<Range<u64>> = Vec::new();
-        for page in pages.filter(|page| !set.contains(page)) {
+        for page in pages.filter(|page| !set.contains(&(ino, *page))) {
             match runs.last_mut() {
                 Some(run) if run.end == page => run.end = page + 1,
                 _ => runs.push(page..page + 1),
@@ -372,29 +428,65 @@ mod tests {
         runs
     }
 
+    /// Pages near the start of a file, across a block edge, and near the end of a
+    /// file of a petabyte (2^38 pages of 4 KiB).
+    fn a_page() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            0u64..300,
+            BLOCK_PAGES - 100..BLOCK_PAGES + 100,
+            (1u64 << 38) - 300..1 << 38,
+        ]
+    }
+
+    #[test]
+    fn marks_near_the_end_of_a_petabyte_file_take_one_block() {
+        let mut given = GivenPages::default();
+        let last = (1u64 << 50) / 4096 - 1;
+        given.give(7, last - 3..last + 1);
+        assert!(given.any_given(7, last..last + 1));
+        assert_eq!(given.blocks(), 1);
+    }
+
+    #[test]
+    fn marks_beyond_the_bound_forget_the_lowest_blocks() {
+        let mut given = GivenPages::default();
+        let blocks = MAX_MARKED_BLOCKS as u64 + 10;
+        for block in 0..blocks {
+            given.give(1, block * BLOCK_PAGES..block * BLOCK_PAGES + 1);
+        }
+        assert_eq!(given.blocks(), MAX_MARKED_BLOCKS);
+        assert!(!given.any_given(1, 0..1), "the lowest block is forgotten");
+        let newest = (blocks - 1) * BLOCK_PAGES;
+        assert!(given.any_given(1, newest..newest + 1));
+    }
+
     proptest! {
         #[test]
         fn given_pages_are_the_set_of_pages_given_and_not_forgotten(
-            changes in proptest::collection::vec((any::<bool>(), 0u64..300, 0u64..80), 0..40),
-            asked in (0u64..300, 0u64..80),
+            changes in proptest::collection::vec((any::<bool>(), 0u64..3, a_page(), 0u64..1200), 0..40),
+            asked in (0u64..3, a_page(), 0u64..1200),
         ) {
             let mut given = GivenPages::default();
             let mut model = BTreeSet::new();
-            for (give, start, len) in changes {
+            for (give, ino, start, len) in changes {
                 let pages = start..start + len;
                 if give {
-                    given.give(pages.clone());
-                    model.extend(pages);
+                    given.give(ino, pages.clone());
+                    model.extend(pages.map(|page| (ino, page)));
                 } else {
-                    given.forget(pages.clone());
+                    given.forget(ino, pages.clone());
                     for page in pages {
-                        model.remove(&page);
+                        model.remove(&(ino, page));
                     }
                 }
             }
-            let asked = asked.0..asked.0 + asked.1;
-            prop_assert_eq!(given.missing(asked.clone()), runs_missing_from(&model, asked.clone()));
-            prop_assert_eq!(given.any_given(asked.clone()), asked.clone().any(|p| model.contains(&p)));
+            let (ino, start, len) = asked;
+            let asked = start..start + len;
+            prop_assert_eq!(given.missing(ino, asked.clone()), runs_missing_from(&model, ino, asked.clone()));
+            prop_assert_eq!(given.any_given(ino, asked.clone()), asked.clone().any(|p| model.contains(&(ino, p))));
+            // Only blocks holding a given page are kept.
+            let touched: BTreeSet<_> = model.iter().map(|&(ino, page)| (ino, page / BLOCK_PAGES)).collect();
+            prop_assert_eq!(given.blocks(), touched.len());
         }
 
         #[test]

@@ -10,8 +10,10 @@
 //! Beside it, behind the `test-support` feature (so the daemon is built without them),
 //! live the test doubles that wrap any store: `counting` counts requests, `throttled`
 //! adds latency and a bandwidth cap, `faulty` injects failures, all through [`wrapper`].
-//! The tests use them; the daemon never does, but it uses the wrapper itself, to time
-//! its GETs.
+//! The tests use them; the daemon never does, but it uses the wrapper itself, for
+//! two hooks: the timing of its GETs (`mount::assemble`), and on every network store
+//! [`short_answers`]' hook, a ranged GET answered with less than its range asked
+//! again, which object_store's retry layer does not do.
 
 pub mod aws;
 pub mod bounds;
@@ -20,6 +22,7 @@ pub mod counting;
 #[cfg(any(test, feature = "test-support"))]
 pub mod faulty;
 pub mod redact;
+pub mod short_answers;
 #[cfg(any(test, feature = "test-support"))]
 pub mod throttled;
 pub mod wrapper;
@@ -37,6 +40,9 @@ use object_store::ObjectStore;
 
 pub use bounds::NetworkBounds;
 pub use redact::redact_urls;
+
+use short_answers::{AskAgainWhenShort, SHORT_ANSWER_TRIES};
+use wrapper::HookedStore;
 
 /// Where a mount's objects live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -235,7 +241,7 @@ impl Source {
                     builder = builder.with_credentials(Arc::new(aws::SdkCredentials::new(chain)));
                 }
                 Ok((
-                    Arc::new(builder.build()?),
+                    asking_again_when_short(builder.build()?),
                     ObjectPath::from(prefix.as_str()),
                 ))
             }
@@ -266,7 +272,7 @@ impl Source {
                     builder = builder.with_skip_signature(true);
                 }
                 Ok((
-                    Arc::new(builder.build()?),
+                    asking_again_when_short(builder.build()?),
                     ObjectPath::from(prefix.as_str()),
                 ))
             }
@@ -282,7 +288,7 @@ impl Source {
                     .build()?;
                 let prefix =
                     ObjectPath::from_url_path(prefix).map_err(object_store::Error::from)?;
-                Ok((Arc::new(store), prefix))
+                Ok((asking_again_when_short(store), prefix))
             }
             Source::Local { root } => {
                 if !root.is_dir() {
@@ -296,6 +302,17 @@ impl Source {
             }
         }
     }
+}
+
+/// A network store behind the one hook of the retry layer that object_store lacks:
+/// a ranged GET answered short is asked again ([`short_answers`]).
+fn asking_again_when_short(store: impl ObjectStore) -> Arc<dyn ObjectStore> {
+    Arc::new(HookedStore::new(
+        Arc::new(store),
+        AskAgainWhenShort {
+            tries: SHORT_ANSWER_TRIES,
+        },
+    ))
 }
 
 /// The region of an S3 bucket: `--region`, the SDK's configured region, the bucket's

@@ -1,5 +1,6 @@
-//! One delegating `ObjectStore` wrapper for all the test doubles and for the daemon's
-//! timing of GETs (`mount::assemble`): each is a [`GetHook`] that sees (and may change)
+//! One delegating `ObjectStore` wrapper for all the test doubles, and for the daemon's
+//! hooks (the timing of GETs in `mount::assemble`, [`super::short_answers`]): each is a
+//! [`GetHook`] that sees (and may change)
 //! reads, while every other call passes through. scdlfs only reads and lists, so reads
 //! are where they differ.
 

@@ -36,6 +36,9 @@ pub enum Fault {
     /// Answers a listing with an empty page that says more pages follow, whatever
     /// page was asked for: a listing that never ends.
     EndlessListing,
+    /// Answers with the server's listing, every object's `<Size>` replaced by this: a
+    /// store that lies about sizes.
+    ListedSizes(u64),
 }
 
 /// One request as a rule sees it.
@@ -233,6 +236,12 @@ async fn serve(state: Arc<State>, mut client: TcpStream) {
             let _ = client.write_all(head.as_bytes()).await;
             let _ = client.write_all(&body[..half]).await;
         }
+        Some(Fault::ListedSizes(size)) => {
+            let body = with_listed_sizes(&body, size);
+            let head = with_content_length(&head, body.len() as u64);
+            let _ = client.write_all(head.as_bytes()).await;
+            let _ = client.write_all(&body).await;
+        }
         Some(Fault::ShortPartial) => {
             let head = shorten_partial(&head, half as u64);
             let _ = client.write_all(head.as_bytes()).await;
@@ -346,6 +355,39 @@ fn with_connection_close(head: &str) -> String {
         })
         .collect();
     lines.push("Connection: close");
+    format!("{}\r\n\r\n", lines.join("\r\n"))
+}
+
+/// A listing's XML with every `<Size>` element saying `size`.
+fn with_listed_sizes(body: &[u8], size: u64) -> Vec<u8> {
+    let text = String::from_utf8_lossy(body);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_ref();
+    while let Some(open) = rest.find("<Size>") {
+        let value = open + "<Size>".len();
+        let Some(close) = rest[value..].find("</Size>") else {
+            break;
+        };
+        out.push_str(&rest[..value]);
+        out.push_str(&size.to_string());
+        rest = &rest[value + close..];
+    }
+    out.push_str(rest);
+    out.into_bytes()
+}
+
+/// The same head announcing a body of `len` bytes.
+fn with_content_length(head: &str, len: u64) -> String {
+    let lines: Vec<String> = head
+        .trim_end_matches("\r\n")
+        .split("\r\n")
+        .map(|line| match line.split_once(':') {
+            Some((key, _)) if key.trim().eq_ignore_ascii_case("content-length") => {
+                format!("Content-Length: {len}")
+            }
+            _ => line.to_owned(),
+        })
+        .collect();
     format!("{}\r\n\r\n", lines.join("\r\n"))
 }
 

@@ -33,4 +33,5 @@ mod secrets;
 mod service;
 mod soak;
 mod sources;
+mod untrusted_sizes;
 mod warm;

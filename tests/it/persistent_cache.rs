@@ -19,6 +19,7 @@ use common::process::{
 };
 use common::*;
 use object_store::path::Path as ObjectPath;
+use scdl_format::layout::HEADER_FILE;
 use scdlfs::cache::part_file::PartHeader;
 use scdlfs::mount::Mount;
 use scdlfs::store::counting::CountReads;
@@ -104,15 +105,14 @@ fn names(want: &BTreeMap<String, Vec<u8>>) -> Vec<&String> {
     want.keys().collect()
 }
 
-/// The store's requests for byte ranges: part downloads (and direct reads). A
-/// dataset's header.sch is read whole when the dataset is discovered, by every mount
-/// (metadata, not a cached part).
+/// The store's requests for parts (and direct reads). A dataset's header.sch is read
+/// when the dataset is discovered, by every mount (metadata, not a cached part).
 fn part_requests(counted: &HookedStore<CountReads>) -> Vec<impl std::fmt::Debug> {
     counted
         .hook()
         .snapshot()
         .into_iter()
-        .filter(|((_, range), _)| range.is_some())
+        .filter(|((key, _), _)| !key.ends_with(HEADER_FILE))
         .collect()
 }
 

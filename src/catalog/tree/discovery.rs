@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
@@ -14,7 +14,7 @@ use scdl_format::layout::parse_chunk_dir_name;
 use scdl_format::{ArrayKind, Backend, Header};
 use tokio::time::Instant;
 
-use super::{non_empty, Tree};
+use super::{non_empty, too_long_a_listing, Tree, MAX_LISTED_ENTRIES};
 use crate::catalog::dataset::FlatDataset;
 use crate::catalog::monolithic::{Dataset, MonolithicDataset, DEFAULT_VIRTUAL_CHUNK_ROWS};
 use crate::error::{FsError, FsResult};
@@ -153,12 +153,18 @@ impl Tree {
 
     /// The objects under a chunked dataset's prefix, by key relative to it.
     async fn list_chunk_objects(&self, prefix: &ObjectPath) -> FsResult<ChunkObjects> {
-        let listed: Vec<_> = self
-            .store
-            .list(non_empty(prefix))
-            .try_collect()
+        let mut pages = self.store.list(non_empty(prefix));
+        let mut listed = Vec::new();
+        while let Some(meta) = pages
+            .try_next()
             .await
-            .map_err(|e| FsError::store(prefix.as_ref(), &e))?;
+            .map_err(|e| FsError::store(prefix.as_ref(), &e))?
+        {
+            if listed.len() == MAX_LISTED_ENTRIES {
+                return Err(too_long_a_listing(prefix));
+            }
+            listed.push(meta);
+        }
         Ok(listed
             .iter()
             .filter_map(|meta| {
@@ -293,13 +299,31 @@ impl Tree {
         }
     }
 
-    /// A whole small object (a header), at its pinned version.
+    /// A whole small object (a header), at its pinned version: asked for as the range
+    /// of its listed size, and no more than that taken from the answer, whatever the
+    /// store sends. The caller bounds the size ([`MAX_HEADER_BYTES`]).
     async fn read_small_object(&self, info: &ObjectInfo) -> FsResult<Bytes> {
-        let result = pinned_get(self.store.as_ref(), info, None).await?;
-        let bytes = result
-            .bytes()
+        if info.size == 0 {
+            // No range can be asked for; the header decoder refuses it.
+            return Ok(Bytes::new());
+        }
+        let result = pinned_get(self.store.as_ref(), info, Some(0..info.size)).await?;
+        let mut body = result.into_stream();
+        let mut bytes = BytesMut::with_capacity(info.size as usize);
+        while let Some(piece) = body
+            .try_next()
             .await
-            .map_err(|e| FsError::store(info.key.as_ref(), &e))?;
+            .map_err(|e| FsError::store(info.key.as_ref(), &e))?
+        {
+            if (bytes.len() + piece.len()) as u64 > info.size {
+                return Err(FsError::ShortRead {
+                    key: info.key.to_string(),
+                    expected: info.size,
+                    got: (bytes.len() + piece.len()) as u64,
+                });
+            }
+            bytes.extend_from_slice(&piece);
+        }
         if bytes.len() as u64 != info.size {
             return Err(FsError::ShortRead {
                 key: info.key.to_string(),
@@ -307,6 +331,6 @@ impl Tree {
                 got: bytes.len() as u64,
             });
         }
-        Ok(bytes)
+        Ok(bytes.freeze())
     }
 }
