@@ -246,8 +246,8 @@ def prepare(dataset_dir, e):
 
 
 class DaemonProfile:
-    """`perf record -e cpu-clock` of the daemon (`pid`) while an epoch is read, into
-    `perf_dir` (None: nothing recorded): samples of user and kernel time by symbol, for
+    """`perf record -e cpu-clock -g` of the daemon (`pid`) while an epoch is read, into
+    `perf_dir` (None: nothing recorded): samples of user and kernel time with their kernel call chains (which system call), for
     docs/architecture.md's *Where the CPU goes per byte*. cpu-clock, because a virtual
     machine without hardware counters (`perf stat -e instructions` unsupported) still
     has the timer."""
@@ -257,7 +257,7 @@ class DaemonProfile:
         if perf_dir:
             os.makedirs(perf_dir, exist_ok=True)
             out = os.path.join(perf_dir, re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-") + ".data")
-            self.proc = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "1999", "-p", str(pid),
+            self.proc = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "1999", "-g", "-p", str(pid),
                                           "-o", out, "--quiet"], stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL)
 
