@@ -247,10 +247,10 @@ def prepare(dataset_dir, e):
 
 class DaemonProfile:
     """`perf record -e cpu-clock -g` of the daemon (`pid`) while an epoch is read, into
-    `perf_dir` (None: nothing recorded): samples of user and kernel time with their kernel call chains (which system call), for
-    docs/architecture.md's *Where the CPU goes per byte*. cpu-clock, because a virtual
-    machine without hardware counters (`perf stat -e instructions` unsupported) still
-    has the timer."""
+    `perf_dir` (None: nothing recorded): samples of user and kernel time, with the
+    kernel's call chains (which system call), for docs/architecture.md's *Where the CPU
+    goes per byte*. cpu-clock, because a virtual machine without hardware counters
+    (`perf stat -e instructions` unsupported) still has the timer."""
 
     def __init__(self, perf_dir, pid, label):
         self.proc = None
