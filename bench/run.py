@@ -26,8 +26,17 @@ through a DataLoader with 2 workers and the scdlfs package's sampler
 
 The `node` system (issue 29), read only when named and by --quick: R = 1, 2, 4, 8 rank
 processes on one mount (1 and 2 with --quick), each reading its share of the cold
-windows epoch with its own hints. Run alone (`--systems node`), its results are kept
+windows epoch with its own hints: `scdlfs-bench read` ranks, and beside them ranks of
+the SCDL reader (bionemo-scdl through a DataLoader with 2 workers, the scdlfs package's
+sampler with rank and world size). Run alone (`--systems node`), its results are kept
 beside the page (docs/benchmarks-node.json) and the page is rendered again with them.
+
+The `ceiling` system reads scdlfs's windows epochs with no link (the daemon straight to
+the S3 server, whose ceiling the run measures) beside local disk: GB/s served and per
+daemon core. The `large` system reads a dataset of 8 chunks of 180 MB in windows of 2
+behind a 250 MB/s + 20 ms link of its own (issue 29's large-chunk targets). The page's
+targets table of issue 29 reads every row from the results. `--perf-dir` records the
+daemon of every scdlfs epoch with `perf record -e cpu-clock`, one file per epoch.
 
 This file is the command line; the driver is the package bench/driver (its __init__
 lists its modules: processes, tools, servers and the link, measurement, the systems'
@@ -63,6 +72,9 @@ def main():
                    help="more options for every scdlfs mount of the main tables, e.g. "
                         "'--cache-read-around 0' (shown on the page)")
     p.add_argument("--server", choices=["s3s-nginx", "moto"], default=None)
+    p.add_argument("--perf-dir", default=None,
+                   help="record the scdlfs daemon of every epoch with `perf record -e cpu-clock` into this "
+                        "directory, one file per epoch (docs/architecture.md, where the CPU goes per byte)")
     p.add_argument("--systems", default=",".join(SYSTEM_NAMES))
     p.add_argument("--orders", default=",".join(ORDERS))
     p.add_argument("--other-orders", default=None,

@@ -7,7 +7,10 @@ against the generator's digest (bench/src/gen.rs) in the worker that reads it.
 
 Prints the figures as JSON, with the fields of `scdlfs-bench read`; seconds, rows/s and
 the time limit count from the first batch on, since a DataLoader's start-up (forking
-workers, the first batch) takes seconds on its own and is reported as first_row_s.
+workers, the first batch) takes seconds on its own and is reported as first_row_s; and
+the wall-clock times the DataLoader started and the epoch ended (started_at, ended_at),
+for the node scenario's ranks. --rank/--world-size read one rank's share, as dealt
+(even="uneven": the ranks' shares make up the epoch).
 """
 
 import argparse
@@ -66,6 +69,8 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--rank", type=int, default=0, help="this process's share (the node scenario's ranks)")
+    p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--no-hints", action="store_true")
     p.add_argument("--time-limit", type=float)
     args = p.parse_args()
@@ -80,10 +85,12 @@ def main():
     # The orders of `scdlfs-bench read` (bench/src/read.rs), from the same Rust sampler.
     if args.order == "windows":
         sampler = scdlfs.ChunkWindowSampler(args.dataset, chunks_per_window=4, seed=args.seed,
+                                            rank=args.rank, world_size=args.world_size, even="uneven",
                                             hints=not args.no_hints)
         batch_size = 64
     else:
         sampler = scdlfs.BlockSampler(args.dataset, block_size=32, fetch_factor=32, batch_size=64, seed=args.seed,
+                                      rank=args.rank, world_size=args.world_size, even="uneven",
                                       hints=not args.no_hints)
         batch_size = None
     sampler.set_epoch(args.epoch)
@@ -97,7 +104,7 @@ def main():
     rows = bytes_read = 0
     first_batch = None
     completed = True
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     for batch in loader:
         for row, digest, size in batch:
             if digest != digests[row]:
@@ -112,12 +119,14 @@ def main():
     # From the first batch on: the start-up (workers forked, first batch read) is first_row_s.
     first_row = (first_batch or started) - started
     seconds = time.monotonic() - (first_batch or started)
+    ended_at = time.time()
     problem = sampler.take_hint_error()
     if problem:
         sys.exit("hints failed: %s" % problem)
     print(json.dumps(dict(rows=rows, epoch_rows=len(sampler), completed=completed, seconds=seconds,
                           rows_per_s=rows / seconds, first_row_s=first_row, stall_s=None,
-                          bytes_read=bytes_read, hints=hints, view=sampler.dataset_kind)))
+                          bytes_read=bytes_read, hints=hints, view=sampler.dataset_kind,
+                          started_at=started_at, ended_at=ended_at)))
 
 
 if __name__ == "__main__":

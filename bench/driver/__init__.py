@@ -11,6 +11,10 @@ Its modules, from the bottom up:
   systems        the systems under test (local disk, scdlfs, s3fs-fuse, rclone, the loaders)
   restart        the restart system: a cache across a remount, mount to first row
   node           the node scenario: R rank processes reading their shares on one mount
+                 (scdlfs-bench ranks, and ranks of the SCDL reader through a DataLoader)
+  ceiling        the daemon with no link: its own ceiling beside local disk
+  large          large chunks (8 of 180 MB, windows of 2) behind a link of their own
+  node_targets   the targets table of issue 29, every row from the results
   registry       which system reads in which order, in the order a run reads them
   report         docs/benchmarks.md, README's summary block and the PNG
   quick          what the reduced variant (`--quick`) checks

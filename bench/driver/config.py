@@ -25,9 +25,19 @@ RESTART_FIRST = "scdlfs first epoch after a remount"
 STARTUP_PART_SIZE = 4096  # the smallest --read-part-size: many parts from a moderate dataset
 STARTUP_PARTS, QUICK_STARTUP_PARTS = 100_000, 10_000  # parts in the cache of the startup case
 # The systems `--systems` names by default, in the order a run reads them (driver/registry.py).
-SYSTEM_NAMES = ["local", "scdlfs", "halfcache", "s3fs", "rclone", "python", "torch", "restart"]
+SYSTEM_NAMES = ["local", "scdlfs", "halfcache", "s3fs", "rclone", "python", "torch", "restart", "ceiling", "large"]
 # Read only when named (or by --quick): `--systems node` alone updates its own section.
 OPT_IN_SYSTEMS = ["node"]
 NODE = "scdlfs node"
 NODE_BEGIN, NODE_END = "<!-- node section: begin -->", "<!-- node section: end -->"
 NODE_RANKS, QUICK_NODE_RANKS = [1, 2, 4, 8], [1, 2]
+NODE_SCDL = NODE + ", SCDL reader"  # the ranks read through bionemo-scdl and the scdlfs sampler
+NODE_TORCH_WORKERS = 2  # DataLoader workers per rank of the SCDL reader
+# The daemon's own ceiling: the main tables' epochs with no link, the store on 127.0.0.1.
+CEILING = "no link"
+# Large chunks (issue 29's targets): 8 chunks of about 180 MB (30,000 rows of about 6 KB),
+# windows of 2 chunks, behind a link of its own; --quick: 8 chunks of about 6 MB.
+LARGE = "large chunks"
+LARGE_CHUNKS, LARGE_CHUNK_ROWS, QUICK_LARGE_CHUNK_ROWS = 8, 30_000, 1000
+LARGE_CHUNKS_PER_WINDOW = 2
+LARGE_RATE_MBPS, LARGE_LATENCY_MS = 250.0, 20.0

@@ -5,6 +5,8 @@ link, the scdlfs daemon's status)."""
 
 import json
 import os
+import re
+import signal
 import subprocess
 import threading
 
@@ -16,7 +18,7 @@ from .tools import BIN
 
 def read_epoch(ctx, dataset_dir, order, epoch, hints=True, limit=None):
     cmd = [BIN.bench, "read", "--dataset", dataset_dir, "--digests", ctx.digests, "--order", order,
-           "--seed", str(ctx.seed), "--epoch", str(epoch)]
+           "--seed", str(ctx.seed), "--epoch", str(epoch)] + ctx.order_args
     if not hints:
         cmd.append("--no-hints")
     if limit:
@@ -140,6 +142,16 @@ def scdlfs_status(mnt):
     return json.loads(os.getxattr(mnt, "user.scdlfs.status"))
 
 
+def fetched_so_far(ctx, mnt, scdlfs):
+    """Bytes through the link so far (its proxy's counter); with no link (`ctx.stats`
+    None), the bytes the scdlfs daemon fetched, as its status counts them."""
+    if ctx.stats is not None:
+        return proxy_bytes(ctx.stats)
+    if not scdlfs:
+        raise RuntimeError("bytes fetched without a link are counted for scdlfs mounts only")
+    return scdlfs_status(mnt)["counters"]["bytes_fetched"]
+
+
 def size_bytes(text):
     """"3GiB", "24MiB", "512KiB" or a number of bytes."""
     for suffix, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -233,6 +245,28 @@ def prepare(dataset_dir, e):
                     pass
 
 
+class DaemonProfile:
+    """`perf record -e cpu-clock -g` of the daemon (`pid`) while an epoch is read, into
+    `perf_dir` (None: nothing recorded): samples of user and kernel time, with the
+    kernel's call chains (which system call), for docs/architecture.md's *Where the CPU
+    goes per byte*. cpu-clock, because a virtual machine without hardware counters
+    (`perf stat -e instructions` unsupported) still has the timer."""
+
+    def __init__(self, perf_dir, pid, label):
+        self.proc = None
+        if perf_dir:
+            os.makedirs(perf_dir, exist_ok=True)
+            out = os.path.join(perf_dir, re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-") + ".data")
+            self.proc = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "1999", "-g", "-p", str(pid),
+                                          "-o", out, "--quiet"], stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL)
+
+    def stop(self):
+        if self.proc:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(60)
+
+
 def tag(r, e, layout):
     r.update(system=e.label, order=e.order, epoch=e.epoch, page_cache=e.page_cache, layout=layout,
              load_1m=os.getloadavg()[0])
@@ -258,10 +292,15 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_
         for e in epochs:
             prepare(dataset_dir, e)
             counters0 = scdlfs_status(mnt)["counters"] if scdlfs else None
-            before = proxy_bytes(ctx.stats)
+            before = fetched_so_far(ctx, mnt, scdlfs)
             cpu0 = cpu_seconds(proc.pid)
-            r = with_machine_counters(ctx, lambda: reader(ctx, dataset_dir, e.order, e.epoch, e.hints, e.limit))
-            r["bytes_fetched"] = proxy_bytes(ctx.stats) - before
+            profile = DaemonProfile(getattr(ctx, "perf_dir", None) if scdlfs else None, proc.pid,
+                                    "%s %s %d" % (e.label, e.order, e.epoch))
+            try:
+                r = with_machine_counters(ctx, lambda: reader(ctx, dataset_dir, e.order, e.epoch, e.hints, e.limit))
+            finally:
+                profile.stop()
+            r["bytes_fetched"] = fetched_so_far(ctx, mnt, scdlfs) - before
             r["daemon_cpu_s"] = cpu_seconds(proc.pid) - cpu0
             r["daemon_peak_rss_kib"] = peak_rss_kib(proc.pid)
             if scdlfs:

@@ -16,7 +16,7 @@ def epoch_chunks(ctx, order, epoch):
     row it visits (runs of the same chunk counted once), and the chunks of each step."""
     path = os.path.join(ctx.work, "order-%s-%d.bin" % (order, epoch))
     run([BIN.bench, "order", "--rows", str(ctx.info["rows"]), "--chunk-rows", str(ctx.info["chunk_rows"]),
-         "--order", order, "--seed", str(ctx.seed), "--epoch", str(epoch), "--out", path])
+         "--order", order, "--seed", str(ctx.seed), "--epoch", str(epoch), "--out", path] + ctx.order_args)
     with open(path, "rb") as f:
         data = f.read()
     os.unlink(path)

@@ -5,7 +5,8 @@ the epoch."""
 
 import sys
 
-from .config import DROPPED, HALF, NODE, QUICK_MIN_ROWS, QUICK_NODE_RANKS, RESTART_FIRST, RESTART_LONG, TORCH, WARM
+from .config import (CEILING, DROPPED, HALF, LARGE, NODE, NODE_SCDL, QUICK_MIN_ROWS, QUICK_NODE_RANKS,
+                     RESTART_FIRST, RESTART_LONG, TORCH, WARM)
 from .node import node_label
 
 
@@ -32,7 +33,15 @@ def quick_checks(args, systems, orders, other_orders, results, startup, info):
     if "torch" in systems and "windows" in orders:
         expected |= {(TORCH + ", " + s, "windows") for s in local_states + scdlfs_states}
     if "node" in systems and "windows" in orders:
-        expected |= {(node_label(ranks), "windows") for ranks in QUICK_NODE_RANKS}
+        expected |= {(node_label(ranks, reader), "windows") for ranks in QUICK_NODE_RANKS
+                     for reader in (NODE, NODE_SCDL)}
+    if "ceiling" in systems and "windows" in orders:
+        expected |= {("%s, %s" % (CEILING, s), "windows") for s in local_states + [
+            "scdlfs %s, hints" % state for state in ("cold", "disk-cache warm", "page-cache warm")]}
+    if "large" in systems and "windows" in orders:
+        expected |= {(LARGE + ", " + s, order) for s, order in (
+            ("scdlfs cold, hints", "windows"), ("scdlfs cold, no hints", "windows"), ("scdlfs cold, hints", "random"),
+            ("s3fs-fuse", "random"), (HALF + ", cold, hints", "windows"), (HALF + ", next epoch, hints", "windows"))}
     if "restart" in systems and "windows" in orders:
         expected |= {(RESTART_LONG, "windows"), (RESTART_FIRST, "windows")}
         expected |= {(r["system"], "startup") for r in startup}

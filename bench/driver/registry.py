@@ -2,7 +2,9 @@
 one `--systems` name's measurement (a name may have several: scdlfs with hints and
 without), the orders it reads, and where its results go."""
 
+from .ceiling import sys_ceiling
 from .config import OPT_IN_SYSTEMS, SYSTEM_NAMES, TORCH_ORDERS
+from .large import sys_large
 from .node import sys_node
 from .restart import sys_restart, sys_startup
 from .systems import sys_local, sys_python, sys_rclone, sys_s3fs, sys_scdlfs, sys_scdlfs_half, sys_torch
@@ -49,4 +51,8 @@ REGISTRY = [
     System("restart", windows_only, lambda ctx, order, run_i: sys_restart(ctx, ctx.args, run_i)),
     System("restart", windows_only, lambda ctx, order, run_i: sys_startup(ctx, ctx.args, run_i), startup=True),
     System("node", windows_only, sys_node),
+    # The daemon with no link: its cold and warm windows epochs beside local disk.
+    System("ceiling", windows_only, sys_ceiling),
+    # Its own dataset and link; reads the windows and random orders of it once per run.
+    System("large", windows_only, sys_large),
 ]

@@ -69,6 +69,7 @@ def main(args, command):
     ctx.work, ctx.seed, ctx.limit, ctx.python = args.work, 1, args.time_limit, args.python
     ctx.torch_python = getattr(args, "torch_python", None)
     ctx.cache_size = args.cache_size
+    ctx.perf_dir = args.perf_dir
     ctx.mount_args = args.mount_args.split()
     ctx.name = "ds-%d" % args.size_mb
     ctx.info = generate(args, ctx.name, args.size_mb)

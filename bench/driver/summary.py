@@ -4,7 +4,7 @@ miss (`Report`)."""
 
 import statistics
 
-from .config import DROPPED, HALF, ORDERS, SYSTEM_NAMES, TORCH, WARM
+from .config import CEILING, DROPPED, HALF, LARGE, ORDERS, SYSTEM_NAMES, TORCH, WARM
 
 
 def med(xs):
@@ -13,7 +13,9 @@ def med(xs):
 
 
 def family(system):
-    return TORCH if system.startswith(TORCH) else ""
+    """The readers and dataset a system's label belongs to (its prefix): epochs are
+    compared within a family only."""
+    return next((f for f in (TORCH, CEILING, LARGE) if system.startswith(f)), "")
 
 
 def pair_key(r):
@@ -48,6 +50,11 @@ def summarize(results):
             bytes_fetched=med([r["bytes_fetched"] for r in rs]),
             bytes_per_row=med([r["bytes_fetched"] / max(r["rows"], 1) for r in rs]),
             rss_mib=med([r["daemon_peak_rss_kib"] / 1024 if r.get("daemon_peak_rss_kib") else None for r in rs]),
+            served_gb_per_s=med([r["bytes_served"] / r["seconds"] / 1e9 if r.get("bytes_served") else None
+                                 for r in rs]),
+            link_s=med([r.get("link_s") for r in rs]),
+            dataset_bytes=med([r.get("dataset_bytes") for r in rs]),
+            dataset_rows=med([r.get("dataset_rows") for r in rs]),
             cpu_s_per_gb=med([r["daemon_cpu_s"] / r["bytes_served"] * 1e9 if r.get("bytes_served") else None
                               for r in rs]),
             disk_read_bytes=med([r.get("disk_read_bytes") for r in rs]),

@@ -21,9 +21,19 @@ from .tools import BIN
 class Ctx:
     """The run's dataset (`name`, `info`, `digests`), server and link (`endpoint`, `proxy`,
     `stats`), and settings (`work`, `seed`, `limit`, `cache_size`, `mount_args`, the
-    Pythons, `args`); systems copy it to read another dataset or through another link."""
+    Pythons, `args`); systems copy it to read another dataset or through another link
+    (`stats` None: no link, the daemon's own counters count the bytes fetched).
+    `order_args`: more options of every reader's order (the large chunks' windows of 2)."""
 
     mount_args = []
+    order_args = []
+
+    def but(self, **changes):
+        """A copy with `changes`: another dataset, link or order."""
+        other = Ctx()
+        other.__dict__.update(self.__dict__)
+        other.__dict__.update(changes)
+        return other
 
 
 def flat_local_copy(ctx):
@@ -75,15 +85,16 @@ def scdlfs_cmd(ctx, mnt, cache, cache_size=None):
             ] + ctx.mount_args
 
 
-def sys_scdlfs_half(ctx, run_i, hints):
+def sys_scdlfs_half(ctx, run_i, hints, prefix=""):
     """The case scdlfs exists for, a cache of half the dataset: on a fresh mount, the cold
     windows epoch 2r, then epoch 2r+1 (a new order) with the page cache dropped; the bytes
     the second epoch fetches are compared with the floor, dataset minus cache."""
     mnt = fresh_dir(os.path.join(ctx.work, "mnt", "scdlfs"))
     cache = fresh_dir(os.path.join(ctx.work, "cache", "scdlfs"))
     h = "hints" if hints else "no hints"
-    epochs = [Epoch("%s, cold, %s" % (HALF, h), "windows", 2 * run_i, DROPPED, hints, ctx.limit),
-              Epoch("%s, next epoch, %s" % (HALF, h), "windows", 2 * run_i + 1, DROPPED, hints, ctx.limit)]
+    epochs = [Epoch("%s%s, cold, %s" % (prefix, HALF, h), "windows", 2 * run_i, DROPPED, hints, ctx.limit),
+              Epoch("%s%s, next epoch, %s" % (prefix, HALF, h), "windows", 2 * run_i + 1, DROPPED, hints,
+                    ctx.limit)]
     cache_bytes = ctx.info["bytes"] // 2
     results = mount_and_read(ctx, "scdlfs", scdlfs_cmd(ctx, mnt, cache, str(cache_bytes)), clean_env(), mnt,
                              os.path.join(mnt, ctx.name), epochs, layout="flat", scdlfs=True)
@@ -130,7 +141,7 @@ def sys_torch(ctx, order, run_i):
     return results
 
 
-def sys_s3fs(ctx, order, run_i):
+def sys_s3fs(ctx, order, run_i, prefix=""):
     mnt = fresh_dir(os.path.join(ctx.work, "mnt", "s3fs"))
     cache = fresh_dir(os.path.join(ctx.work, "cache", "s3fs"))
     passwd = os.path.join(ctx.work, "s3fs.passwd")
@@ -143,7 +154,7 @@ def sys_s3fs(ctx, order, run_i):
            "-o", "multireq_max=16", "-o", "max_stat_cache_size=100000", "-o", "stat_cache_expire=3600",
            "-o", "enable_noobj_cache", "-o", "dbglevel=err"]
     return mount_and_read(ctx, "s3fs-fuse", cmd, clean_env(), mnt, os.path.join(mnt, ctx.name),
-                          [Epoch("s3fs-fuse", order, 2 * run_i, DROPPED, False, ctx.limit)])
+                          [Epoch(prefix + "s3fs-fuse", order, 2 * run_i, DROPPED, False, ctx.limit)])
 
 
 def sys_rclone(ctx, order, run_i):

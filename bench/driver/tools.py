@@ -78,8 +78,9 @@ def ensure_tools(args):
         run([sys.executable, "-m", "venv", boto_venv])
         run([os.path.join(boto_venv, "bin", "pip"), "install", "-q", "boto3==1.40.*"])
         args.python = os.path.join(boto_venv, "bin", "python")
-    if "torch" in args.systems.split(","):
-        # The test venv (torch, bionemo-scdl) with the scdlfs package installed from this tree.
+    if {"torch", "node"} & set(args.systems.split(",")):
+        # The test venv (torch, bionemo-scdl) with the scdlfs package installed from this tree
+        # (the torch system, and the node scenario's SCDL reader).
         py = os.path.join(venv, "bin", "python")
         if not os.path.exists(py):
             sys.exit("the torch system needs the venv of scripts/setup-python-venv at %s" % venv)

@@ -41,16 +41,26 @@ pub struct EpochArgs {
     seed: u64,
     #[arg(long, default_value_t = 0)]
     epoch: u64,
+    /// Chunks per window of the windows order (the large-chunk case reads windows of 2).
+    #[arg(long, default_value_t = 4)]
+    chunks_per_window: u32,
+}
+
+impl EpochArgs {
+    fn order(&self) -> Result<Order, String> {
+        let chunks_per_window = NonZeroU32::new(self.chunks_per_window)
+            .ok_or("--chunks-per-window must be at least 1")?;
+        Ok(self.order.order(self.seed, chunks_per_window))
+    }
 }
 
 impl OrderKind {
-    pub fn order(self, seed: u64) -> Order {
-        let n32 = |n| NonZeroU32::new(n).unwrap();
+    pub fn order(self, seed: u64, chunks_per_window: NonZeroU32) -> Order {
         let n64 = |n| NonZeroU64::new(n).unwrap();
         match self {
             OrderKind::Windows => Order::ChunkWindows(ChunkWindowOrder {
                 seed,
-                chunks_per_window: n32(4),
+                chunks_per_window,
                 shuffle_chunks: true,
                 shuffle_within_window: true,
             }),
@@ -223,7 +233,7 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
         ));
     }
     let dataset = Dataset::open(&layout)?;
-    let order = args.epoch.order.order(args.epoch.seed);
+    let order = args.epoch.order()?;
     let shard = args.shard.shard()?;
     let sampler = if args.no_hints {
         Sampler::without_hints(&layout, order, shard, Workers::single())
@@ -345,13 +355,9 @@ pub fn order(args: OrderArgs) -> Result<(), String> {
         chunks,
     };
     let shard = args.shard.shard()?;
-    let mut sampler = Sampler::without_hints(
-        &layout,
-        args.epoch.order.order(args.epoch.seed),
-        shard,
-        Workers::single(),
-    )
-    .map_err(|e| e.to_string())?;
+    let mut sampler =
+        Sampler::without_hints(&layout, args.epoch.order()?, shard, Workers::single())
+            .map_err(|e| e.to_string())?;
     let mut iter = sampler.epoch(args.epoch.epoch);
     let steps: Vec<u64> = iter.share().iter().map(|s| s.rows).collect();
     let mut out = Vec::new();

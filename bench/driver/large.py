@@ -1,0 +1,68 @@
+"""Large chunks (issue 29's targets): a dataset of 8 chunks of about 180 MB read in
+windows of 2 chunks, so that the sampler announces the whole epoch's plan (4 steps) at
+its start, behind a link of its own (250 MB/s + 20 ms). In one run, on fresh mounts: the
+cold windows epoch with hints and without, the random order with its `rows` plan beside
+s3fs-fuse in the same order, and a cache of half the dataset (the cold epoch, then the
+next one against the floor). --quick reads 8 chunks of about 3 MB."""
+
+import json
+import os
+
+from .config import (BUCKET, LARGE, LARGE_CHUNK_ROWS, LARGE_CHUNKS, LARGE_CHUNKS_PER_WINDOW, LARGE_LATENCY_MS,
+                     LARGE_RATE_MBPS, QUICK_LARGE_CHUNK_ROWS)
+from .procs import log
+from .servers import gen, start_proxy, upload
+from .systems import sys_s3fs, sys_scdlfs, sys_scdlfs_half
+
+# Bytes of a row of the generator's default (1,000 values of f32 and u16 column ids).
+ROW_BYTES = 6000
+
+
+def large_ctx(ctx):
+    """The run's large-chunk dataset (made and served once) and its link, as a `Ctx`."""
+    if getattr(ctx, "large", None) is None:
+        args = ctx.args
+        chunk_rows = QUICK_LARGE_CHUNK_ROWS if args.quick else LARGE_CHUNK_ROWS
+        name = "large-%dx%d" % (LARGE_CHUNKS, chunk_rows)
+        info = generate_large(args, name, chunk_rows)
+        if args.server == "moto":
+            upload(ctx.endpoint, name, os.path.join(args.work, "s3root", BUCKET, name))
+        proxy, stats = start_proxy(ctx.endpoint, LARGE_RATE_MBPS, LARGE_LATENCY_MS,
+                                   os.path.join(args.work, "logs", "proxy-large.log"))
+        log("large chunks: %s, %d chunks of %d rows (%.2f GB), link %s (%.0f MB/s, %.0f ms)" % (
+            name, info["num_chunks"], chunk_rows, info["bytes"] / 1e9, proxy, LARGE_RATE_MBPS, LARGE_LATENCY_MS))
+        ctx.large = ctx.but(name=name, info=info, digests=os.path.join(args.work, "digests", name), proxy=proxy,
+                            stats=stats, order_args=["--chunks-per-window", str(LARGE_CHUNKS_PER_WINDOW)])
+    return ctx.large
+
+
+def generate_large(args, name, chunk_rows):
+    """The dataset of LARGE_CHUNKS chunks of `chunk_rows` rows (kept across runs)."""
+    ds = os.path.join(args.work, "s3root", BUCKET, name)
+    digests = os.path.join(args.work, "digests", name)
+    if not (os.path.exists(digests + ".json") and os.path.isdir(ds)):
+        os.makedirs(os.path.dirname(digests), exist_ok=True)
+        log("generating %s" % name)
+        gen(ds, digests, LARGE_CHUNKS * chunk_rows * ROW_BYTES // 1_000_000, chunk_rows)
+    return json.load(open(digests + ".json"))
+
+
+def with_link(results, large):
+    """Each epoch carries its dataset's bytes and link limit: the report's × link for
+    this link, not the main tables'."""
+    for r in results:
+        r.update(dataset_bytes=large.info["bytes"], dataset_rows=large.info["rows"],
+                 link_s=large.info["bytes"] / (LARGE_RATE_MBPS * 1e6), dataset_chunks=large.info["num_chunks"])
+    return results
+
+
+def sys_large(ctx, order, run_i):
+    large = large_ctx(ctx)
+    prefix = LARGE + ", "
+    results = []
+    for hints in (True, False):
+        results += sys_scdlfs(large, "windows", run_i, hints, dataset=large.name, prefix=prefix, warm=False)
+    results += sys_scdlfs(large, "random", run_i, True, dataset=large.name, prefix=prefix, warm=False)
+    results += sys_s3fs(large, "random", run_i, prefix=prefix)
+    results += sys_scdlfs_half(large, run_i, True, prefix=prefix)
+    return with_link(results, large)
