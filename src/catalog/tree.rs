@@ -34,7 +34,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ListResult, ObjectMeta, ObjectStore};
 use parking_lot::{Mutex, RwLock};
 use scdl_format::header::MAX_HEADER_BYTES;
-use scdl_format::hint::{announcement, HINT_FILE};
+use scdl_format::hint::{Announcement, HINT_FILE};
 use scdl_format::layout::{parse_chunk_dir_name, CHUNKED_DIR, HEADER_FILE};
 use scdl_format::{ArrayKind, Backend, Header};
 use tokio::time::Instant;
@@ -62,7 +62,9 @@ pub enum FileContent {
     Object(Arc<ObjectInfo>),
     FlatArray(Arc<FlatDataset>, ArrayKind),
     Bytes(Bytes),
-    /// The dataset's read-ahead hint file; read, it gives the daemon's announcement.
+    /// The dataset's read-ahead hint file; read, it gives the daemon's announcement
+    /// (`fs::announce`). The bytes are the announcement of an empty cache, whose
+    /// length the file shows as its size.
     Hints(Dataset, Bytes),
 }
 
@@ -694,7 +696,8 @@ fn file_of_object(info: Arc<ObjectInfo>) -> Pending {
 }
 
 fn hint_file(dataset: Dataset) -> Pending {
-    let announced = Bytes::from(announcement(dataset.geometry().chunk_size));
+    let nothing_held = Announcement::new(dataset.geometry().chunk_size, []);
+    let announced = Bytes::from(nothing_held.to_string());
     Pending::File(FileNode {
         size: announced.len() as u64,
         mtime: dataset.mtime(),
