@@ -99,6 +99,11 @@ impl ReadPath {
         needs
     }
 
+    /// Bytes per part, as the fetcher cuts objects.
+    pub fn part_size(&self) -> u64 {
+        self.fetcher.part_size()
+    }
+
     /// Serves the read from the disk cache (and the bytes the fetcher holds in memory)
     /// alone, if every part is there and every chunk check has passed; `None` if the
     /// read must wait for something.

@@ -13,6 +13,7 @@ ORDERS = ["windows", "blocks", "random"]
 DROPPED = "page cache dropped"
 WARM = "page cache warm"
 HALF = "scdlfs half cache"
+CACHE_AWARE = "cache-aware order"  # the half-cache case's next epoch in the cache-aware order
 TORCH = "PyTorch DataLoader"
 TORCH_ORDERS = ["windows", "blocks"]  # the orders of the scdlfs package's samplers
 TORCH_BEGIN, TORCH_END = "<!-- pytorch section: begin -->", "<!-- pytorch section: end -->"
@@ -26,8 +27,9 @@ STARTUP_PART_SIZE = 4096  # the smallest --read-part-size: many parts from a mod
 STARTUP_PARTS, QUICK_STARTUP_PARTS = 100_000, 10_000  # parts in the cache of the startup case
 # The systems `--systems` names by default, in the order a run reads them (driver/registry.py).
 SYSTEM_NAMES = ["local", "scdlfs", "halfcache", "s3fs", "rclone", "python", "torch", "restart", "ceiling", "large"]
-# Read only when named (or by --quick): `--systems node` alone updates its own section.
-OPT_IN_SYSTEMS = ["node"]
+# Read only when named (or by --quick): `--systems node` alone updates its own section;
+# `halfcache-aware` is the half-cache case with its next epoch in the cache-aware order.
+OPT_IN_SYSTEMS = ["node", "halfcache-aware"]
 NODE = "scdlfs node"
 NODE_BEGIN, NODE_END = "<!-- node section: begin -->", "<!-- node section: end -->"
 NODE_RANKS, QUICK_NODE_RANKS = [1, 2, 4, 8], [1, 2]

@@ -16,11 +16,14 @@ from .servers import proxy_bytes
 from .tools import BIN
 
 
-def read_epoch(ctx, dataset_dir, order, epoch, hints=True, limit=None):
+def read_epoch(ctx, dataset_dir, order, epoch, hints=True, limit=None, cache_aware=False):
+    """`cache_aware`: read the chunks the mount announces it holds first."""
     cmd = [BIN.bench, "read", "--dataset", dataset_dir, "--digests", ctx.digests, "--order", order,
            "--seed", str(ctx.seed), "--epoch", str(epoch)] + ctx.order_args
     if not hints:
         cmd.append("--no-hints")
+    if cache_aware:
+        cmd.append("--cache-aware")
     if limit:
         cmd += ["--time-limit", str(limit)]
     out = subprocess.run(cmd, capture_output=True, text=True)

@@ -44,6 +44,7 @@ REGISTRY = [
     System("scdlfs", every_order, lambda ctx, order, run_i: sys_scdlfs(ctx, order, run_i, False)),
     System("halfcache", windows_only, lambda ctx, order, run_i: sys_scdlfs_half(ctx, run_i, True)),
     System("halfcache", windows_only, lambda ctx, order, run_i: sys_scdlfs_half(ctx, run_i, False)),
+    System("halfcache-aware", windows_only, lambda ctx, order, run_i: sys_scdlfs_half(ctx, run_i, True, cache_aware=True)),
     System("s3fs", other_orders, sys_s3fs),
     System("rclone", other_orders, sys_rclone),
     System("python", other_orders, sys_python),

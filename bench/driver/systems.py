@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import time
 
-from .config import BUCKET, DROPPED, HALF, KEY, PYTHON_LOADER_CHUNKS, REPO, SECRET, TORCH, WARM
+from .config import BUCKET, CACHE_AWARE, DROPPED, HALF, KEY, PYTHON_LOADER_CHUNKS, REPO, SECRET, TORCH, WARM
 from .measure import (Epoch, mount_and_read, peak_rss_kib, prepare, read_epoch, read_torch_epoch,
                       size_bytes, tag, with_machine_counters)
 from .offline_bound import dataset_chunk_bytes, epoch_chunks, offline_next_epoch_bytes
@@ -85,19 +85,24 @@ def scdlfs_cmd(ctx, mnt, cache, cache_size=None):
             ] + ctx.mount_args
 
 
-def sys_scdlfs_half(ctx, run_i, hints, prefix=""):
+def sys_scdlfs_half(ctx, run_i, hints, prefix="", cache_aware=False):
     """The case scdlfs exists for, a cache of half the dataset: on a fresh mount, the cold
     windows epoch 2r, then epoch 2r+1 (a new order) with the page cache dropped; the bytes
-    the second epoch fetches are compared with the floor, dataset minus cache."""
+    the second epoch fetches are compared with the floor, dataset minus cache.
+    `cache_aware`: the second epoch reads the chunks the mount announces it holds first."""
     mnt = fresh_dir(os.path.join(ctx.work, "mnt", "scdlfs"))
     cache = fresh_dir(os.path.join(ctx.work, "cache", "scdlfs"))
-    h = "hints" if hints else "no hints"
+    h = ("hints" if hints else "no hints") + (", " + CACHE_AWARE if cache_aware else "")
     epochs = [Epoch("%s%s, cold, %s" % (prefix, HALF, h), "windows", 2 * run_i, DROPPED, hints, ctx.limit),
               Epoch("%s%s, next epoch, %s" % (prefix, HALF, h), "windows", 2 * run_i + 1, DROPPED, hints,
                     ctx.limit)]
     cache_bytes = ctx.info["bytes"] // 2
+
+    def reader(ctx, dataset_dir, order, epoch, hints, limit):
+        return read_epoch(ctx, dataset_dir, order, epoch, hints, limit, cache_aware and epoch == epochs[1].epoch)
+
     results = mount_and_read(ctx, "scdlfs", scdlfs_cmd(ctx, mnt, cache, str(cache_bytes)), clean_env(), mnt,
-                             os.path.join(mnt, ctx.name), epochs, layout="flat", scdlfs=True)
+                             os.path.join(mnt, ctx.name), epochs, reader, layout="flat", scdlfs=True)
     sizes = dataset_chunk_bytes(ctx)
     (before, _), (epoch, steps) = (epoch_chunks(ctx, "windows", e.epoch) for e in epochs)
     # A reader that is not to wait on the link has the next step arriving while it reads

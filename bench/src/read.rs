@@ -15,8 +15,8 @@ use memmap2::Mmap;
 use scdl_format::layout::{chunk_dir_name, HEADER_FILE};
 use scdl_format::{ArrayKind, Dtype, Header};
 use scdl_sampler::{
-    BlockOrder, ChunkLayout, ChunkWindowOrder, DatasetKind, DatasetLayout, EvenShares, Order,
-    Sampler, Shard, Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
+    BlockOrder, CachedChunks, ChunkLayout, ChunkWindowOrder, DatasetKind, DatasetLayout,
+    EvenShares, Order, Sampler, Shard, Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
 use serde::Serialize;
 
@@ -95,6 +95,9 @@ pub struct ReadArgs {
     /// Do not announce the order, even where the directory has a hint file.
     #[arg(long)]
     no_hints: bool,
+    /// Read the chunks the daemon announces it holds first (the cache-aware order).
+    #[arg(long)]
+    cache_aware: bool,
     /// Stop after this many seconds (the epoch is then reported as incomplete).
     #[arg(long)]
     time_limit: Option<f64>,
@@ -115,6 +118,8 @@ struct EpochFigures {
     bytes_read: u64,
     hints: bool,
     view: String,
+    /// Chunks announced as held, read first (the cache-aware order only).
+    chunks_read_first: Option<u64>,
 }
 
 /// Monolithic arrays (flat view) or chunk arrays mapped as first touched.
@@ -241,6 +246,19 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
         Sampler::new(&layout, order, shard, Workers::single())
     };
     let mut sampler = sampler.map_err(|e| e.to_string())?;
+    let mut chunks_read_first = None;
+    if args.cache_aware {
+        let held = CachedChunks::read_from(&args.dataset)
+            .map_err(|e| e.to_string())?
+            .ok_or("--cache-aware: the hint file announces no cache (not a mount?)")?;
+        chunks_read_first = Some(
+            held.ranges()
+                .iter()
+                .map(|r| u64::from(r.end - r.start))
+                .sum(),
+        );
+        sampler.set_cache_aware_order(Some(held));
+    }
     let hints = sampler.hints_active();
     let limit = args.time_limit.map(Duration::from_secs_f64);
     let stall_threshold = Duration::from_secs_f64(args.stall_ms / 1000.0);
@@ -291,6 +309,7 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
         bytes_read: bytes,
         hints,
         view: layout.kind.to_string(),
+        chunks_read_first,
     };
     println!("{}", serde_json::to_string(&figures).unwrap());
     Ok(())
@@ -309,6 +328,10 @@ pub struct OrderArgs {
     /// Output: per step, its row count then its rows, all u64 little-endian.
     #[arg(long)]
     out: PathBuf,
+    /// The cache-aware order, with chunks `[START, END)` announced as held (repeat
+    /// for several ranges).
+    #[arg(long, num_args = 2, value_names = ["START", "END"])]
+    cached: Vec<u32>,
 }
 
 /// Which share of the epoch a process reads: rank `rank` of `world_size`, as the
@@ -358,6 +381,10 @@ pub fn order(args: OrderArgs) -> Result<(), String> {
     let mut sampler =
         Sampler::without_hints(&layout, args.epoch.order()?, shard, Workers::single())
             .map_err(|e| e.to_string())?;
+    if !args.cached.is_empty() {
+        let ranges = args.cached.chunks(2).map(|pair| pair[0]..pair[1]);
+        sampler.set_cache_aware_order(Some(CachedChunks::from_ranges(ranges)));
+    }
     let mut iter = sampler.epoch(args.epoch.epoch);
     let steps: Vec<u64> = iter.share().iter().map(|s| s.rows).collect();
     let mut out = Vec::new();

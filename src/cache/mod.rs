@@ -343,6 +343,17 @@ impl DiskCache {
         self.inner.lock().policy.contains(key)
     }
 
+    /// Which of `units` (each the parts of one unit, say an SCDL chunk's three arrays)
+    /// are wholly resident, under one look at the books: no I/O, no use counted, and
+    /// an earlier mount's files not yet adopted do not count.
+    pub fn wholly_resident(&self, units: &[Vec<PartKey>]) -> Vec<bool> {
+        let inner = self.inner.lock();
+        units
+            .iter()
+            .map(|parts| parts.iter().all(|&key| inner.policy.contains(key)))
+            .collect()
+    }
+
     /// Whether a prefetch of the part should wait: [`DiskCache::spool`] would find room
     /// for it only by evicting what the plans need sooner than it ([`Admission`]). A
     /// cache that cannot take it even for a reader (pinned data fills it) is no reason

@@ -36,7 +36,7 @@ use bytes::Bytes;
 use object_store::path::Path as ObjectPath;
 use object_store::{ListResult, ObjectStore};
 use parking_lot::{Mutex, RwLock};
-use scdl_format::hint::{announcement, HINT_FILE};
+use scdl_format::hint::{Announcement, HINT_FILE};
 use scdl_format::layout::{parse_chunk_dir_name, HEADER_FILE};
 use tokio::time::Instant;
 
@@ -318,7 +318,8 @@ fn file_of_object(info: Arc<ObjectInfo>) -> Pending {
 }
 
 fn hint_file(dataset: Dataset) -> Pending {
-    let announced = Bytes::from(announcement(dataset.geometry().chunk_size));
+    let nothing_held = Announcement::new(dataset.geometry().chunk_size, []);
+    let announced = Bytes::from(nothing_held.to_string());
     Pending::File(FileNode {
         size: announced.len() as u64,
         mtime: dataset.mtime(),

@@ -1,13 +1,15 @@
 //! The handle table: every open file's state, under the id the table mints for it.
 //!
 //! A data handle carries its sequential read-ahead window; a hint handle carries the
-//! decoder of its byte stream and the dataset its plan is for (the plan itself lives in
-//! the prefetcher's registry under the same id, and goes when the handle closes).
+//! decoder of its byte stream, the dataset its plan is for (the plan itself lives in
+//! the prefetcher's registry under the same id, and goes when the handle closes) and
+//! the announcement it reads, once made.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 use scdl_format::hint::HintDecoder;
 
@@ -20,6 +22,8 @@ pub enum HandleState {
     Hints {
         decoder: HintDecoder,
         dataset: Dataset,
+        /// What the handle reads: the announcement made at its first read.
+        announced: Option<Bytes>,
     },
 }
 

@@ -8,13 +8,15 @@
 //! The mount is read-only in effect but not in name: files open O_RDWR (the released
 //! SCDL reader insists) and map shared and writable, while every write and every change
 //! of the tree fails with EROFS. The one writable file is each dataset's hint file,
-//! whose lines go to the prefetcher. Open handles live in one [`handles::HandleTable`].
+//! whose lines go to the prefetcher; read, it gives the daemon's announcement
+//! ([`announce`]). Open handles live in one [`handles::HandleTable`].
 //!
 //! Every operation that waits (a lookup or a listing, a read, the warm attribute) has
 //! one deadline as a whole, `--read-timeout` ([`FsCore::within_deadline`]): however
 //! many requests it makes (the pages of a listing, a discovery's header and chunk
 //! listing, a corrupt part fetched again), it answers within it, with EIO past it.
 
+pub mod announce;
 pub mod errno;
 pub mod fuse;
 pub mod handles;
@@ -216,6 +218,7 @@ impl FsCore {
                 handle: self.handles.open(HandleState::Hints {
                     decoder: HintDecoder::default(),
                     dataset: dataset.clone(),
+                    announced: None,
                 }),
                 direct_io: true,
             },
@@ -245,13 +248,13 @@ impl FsCore {
     ) -> FsResult<Vec<u8>> {
         let node = self.tree.node(ino)?;
         let file = file_of(&node)?;
-        let plan = plan_read(&file.content, file.size, offset, size as u64);
         // Hint files are read past the page cache (direct I/O): nothing to read around.
-        let paged = !matches!(file.content, FileContent::Hints(..));
-        if paged {
-            let asked = offset.min(file.size)..offset.saturating_add(size as u64).min(file.size);
-            self.read_around.note_asked(ino, file.size, &asked);
+        if let FileContent::Hints(dataset, _) = &file.content {
+            return Ok(self.read_announcement(handle, dataset, offset, size));
         }
+        let plan = plan_read(&file.content, file.size, offset, size as u64);
+        let asked = offset.min(file.size)..offset.saturating_add(size as u64).min(file.size);
+        self.read_around.note_asked(ino, file.size, &asked);
         let jumped = {
             let state = self.handles.get(handle);
             let mut state = state.as_ref().map(|s| s.lock());
@@ -271,7 +274,7 @@ impl FsCore {
         };
         let result = match self.read_path.read_cached(&plan) {
             Some(result) => {
-                if let (true, Ok(bytes)) = (paged, &result) {
+                if let Ok(bytes) = &result {
                     let read = offset..offset + bytes.len() as u64;
                     self.read_around.offer(ino, &node, read);
                 }
@@ -296,12 +299,34 @@ impl FsCore {
         result
     }
 
+    /// Bytes of the announcement a hint handle reads: the one made at its first read
+    /// (see [`announce`]). A hint file's reads bypass the page cache, so the kernel
+    /// asks past the size the file shows, which is that of an empty cache.
+    fn read_announcement(&self, handle: u64, dataset: &Dataset, offset: u64, size: u32) -> Vec<u8> {
+        let make = || announce::announce(dataset, &self.cache, self.read_path.part_size());
+        let announced = match self.handles.get(handle) {
+            Some(state) => match &mut *state.lock() {
+                HandleState::Hints { announced, .. } => announced.get_or_insert_with(make).clone(),
+                HandleState::Data(_) => make(),
+            },
+            None => make(),
+        };
+        let start = (offset as usize).min(announced.len());
+        let end = start.saturating_add(size as usize).min(announced.len());
+        Metrics::add(&self.metrics.reads, 1);
+        Metrics::add(&self.metrics.bytes_read, (end - start) as u64);
+        announced[start..end].to_vec()
+    }
+
     /// Applies one write to a hint handle. A refused write changes nothing: neither the
     /// handle's decoder nor its plan. Handles of other files are read-only.
     pub fn write(&self, handle: u64, data: &[u8]) -> FsResult<u32> {
         let state = self.handles.get(handle).ok_or(FsError::ReadOnly)?;
         let mut state = state.lock();
-        let HandleState::Hints { decoder, dataset } = &mut *state else {
+        let HandleState::Hints {
+            decoder, dataset, ..
+        } = &mut *state
+        else {
             return Err(FsError::ReadOnly);
         };
         let mut trial = decoder.clone();

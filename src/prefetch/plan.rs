@@ -140,7 +140,8 @@ impl Plan {
         let mut appended = Vec::new();
         for line in lines {
             match line {
-                HintLine::Greeting { .. } => {}
+                // `cached` is the announcement's: the decoder refuses it from a writer.
+                HintLine::Greeting { .. } | HintLine::Cached { .. } => {}
                 HintLine::ChunkRows { rows } if *rows != layout.chunk_size => {
                     return Err(PlanRefused::ChunkRows {
                         writer: *rows,

@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod announce;
 mod bad_input;
 mod cache_budget;
 mod cache_dir_owner;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use common::epoch::{EpochSetup, HintsCompared, ONE_AT_A_TIME};
 use common::s3::{moto, unique_bucket};
 use common::*;
-use scdl_format::hint::{announcement, HINT_FILE};
+use scdl_format::hint::{Announcement, HINT_FILE};
 use scdl_format::ArrayKind;
 use scdl_sampler::{
     BlockOrder, ChunkWindowOrder, DatasetKind, DatasetLayout, Order, Sampler, Shard, Workers,
@@ -175,7 +175,8 @@ fn the_hint_file_announces_virtual_chunks_and_refuses_a_writer_that_assumes_othe
     let hints = mount.path().join("ds").join(HINT_FILE);
     assert_eq!(
         std::fs::read_to_string(&hints).unwrap(),
-        announcement(VIRTUAL_CHUNK_ROWS)
+        Announcement::new(VIRTUAL_CHUNK_ROWS, []).to_string(),
+        "a monolithic dataset announces no chunk as cached"
     );
     let write = |text: &str| {
         let mut file = std::fs::OpenOptions::new()

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -151,12 +152,15 @@ def test_batch_sampler_form(kind, num_workers, mount, generated):
 # --------------------------------------------------------------------------
 
 
-def rust_order(tmp_path, rows: int, kind: str, seed: int, epoch: int, rank: int, world_size: int, even: str) -> list[int]:
-    """The rows of `scdlfs-bench order`: the Rust sampler's share, step by step."""
-    out = tmp_path / f"order-{kind}-{seed}-{epoch}-{rank}-{world_size}-{even}.bin"
+def rust_order(tmp_path, rows: int, kind: str, seed: int, epoch: int, rank: int, world_size: int, even: str,
+               cached: list[tuple[int, int]] | None = None) -> list[int]:  # fmt: skip
+    """The rows of `scdlfs-bench order`: the Rust sampler's share, step by step (in the
+    cache-aware order with the chunks of `cached` held, when given)."""
+    out = tmp_path / f"order-{kind}-{seed}-{epoch}-{rank}-{world_size}-{even}-{cached}.bin"
+    held = [word for start, stop in (cached or []) for word in ("--cached", start, stop)]
     H.run([bench_bin(), "order", "--rows", rows, "--chunk-rows", CHUNK_ROWS, "--order", kind,
            "--seed", seed, "--epoch", epoch, "--rank", rank, "--world-size", world_size, "--even", even,
-           "--out", out])  # fmt: skip
+           "--out", out, *held])  # fmt: skip
     words = np.fromfile(out, dtype="<u8")
     rows, at = [], 0
     while at < len(words):
@@ -179,6 +183,89 @@ def test_python_and_rust_orders_are_equal(kind, seed, epoch, rank, world_size, e
     python = list(sampler)
     assert python == rust_order(tmp_path, len(digests), kind, seed, epoch, rank, world_size, even)
     assert len(python) == len(sampler)
+
+
+HELD = [(2, 5), (9, 10), (13, 14)]
+
+
+@pytest.mark.parametrize("kind", ["windows", "blocks"])
+@pytest.mark.parametrize("seed, epoch, rank, world_size, even", [(1, 0, 0, 1, "uneven"), (7, 3, 1, 2, "pad"),
+                                                                 (42, 1, 2, 3, "drop")])  # fmt: skip
+def test_cache_aware_orders_are_equal_in_python_and_rust(kind, seed, epoch, rank, world_size, even, generated,
+                                                         tmp_path):  # fmt: skip
+    local, digests = generated
+    sampler = make_sampler(kind, local, seed=seed, rank=rank, world_size=world_size, even=even, cache_aware=True)
+    sampler.set_epoch(epoch)
+    sampler.set_cached_chunks(HELD)
+    python = list(sampler)
+    assert python == rust_order(tmp_path, len(digests), kind, seed, epoch, rank, world_size, even, cached=HELD)
+    assert len(python) == len(sampler)
+    plain = make_sampler(kind, local, seed=seed, rank=rank, world_size=world_size, even=even)
+    plain.set_epoch(epoch)
+    if world_size == 1:
+        assert python != list(plain) and sorted(python) == sorted(plain)
+
+
+def test_a_cache_aware_epoch_reads_the_held_chunks_first_every_row_once(generated):
+    local, digests = generated
+    sampler = make_sampler("windows", local, cache_aware=True)
+    assert sampler.cache_aware and not make_sampler("windows", local).cache_aware
+    sampler.set_epoch(1)
+    assert sampler.cached_chunks == [], "off a mount nothing is announced: the plain order"
+    assert list(sampler) == _plain(local, 1)
+    sampler.set_cached_chunks(HELD)
+    rows = list(sampler)
+    assert sorted(rows) == list(range(len(digests)))
+    # Five chunks held (the last one short): the first window of 4 is held chunks only,
+    # at least three whole ones.
+    assert all(any(a <= row // CHUNK_ROWS < b for a, b in HELD) for row in rows[: 3 * CHUNK_ROWS])
+    # A resume keeps the epoch's set rather than reading the cache again.
+    state = sampler.state_dict(rows_done=1000)
+    assert state["cached_chunks"] == HELD
+    resumed = make_sampler("windows", local, cache_aware=True)
+    resumed.load_state_dict(state)
+    assert list(resumed) == rows[1000:]
+    with pytest.raises(ValueError, match="cache_aware=True"):
+        make_sampler("windows", local).set_cached_chunks(HELD)
+
+
+def _plain(local, epoch: int) -> list[int]:
+    plain = make_sampler("windows", local)
+    plain.set_epoch(epoch)
+    return list(plain)
+
+
+def test_several_ranks_without_a_process_group_must_be_given_the_set(generated):
+    local, _ = generated
+    sampler = make_sampler("windows", local, rank=0, world_size=2, cache_aware=True)
+    sampler.set_epoch(0)
+    with pytest.raises(RuntimeError, match="needs one announcement shared by all of them"):
+        list(sampler)
+    sampler.set_cached_chunks(HELD)
+    assert len(list(sampler)) == len(sampler)
+
+
+def test_on_a_mount_the_order_follows_the_daemons_announcement(mount, generated, tmp_path):
+    path = str(mount.mountpoint / DATASET)
+    local, digests = generated
+    # Chunk 6 read whole through the raw view: the daemon then holds it.
+    raw = mount.mountpoint / DATASET / ".chunked" / "chunk_00006"
+    for array in ("data.npy", "row_ptr.npy", "col_ptr.npy"):
+        (raw / array).read_bytes()
+    # A read is answered as its bytes arrive; the part lands in the cache a moment later.
+    deadline = time.monotonic() + 20
+    def holds_chunk_6() -> bool:
+        return any(a <= 6 < b for a, b in scdlfs.read_cached_chunks(path))
+
+    while not holds_chunk_6():
+        assert time.monotonic() < deadline, f"chunk 6 was never announced: {scdlfs.read_cached_chunks(path)}"
+        time.sleep(0.05)
+    sampler = make_sampler("blocks", path, cache_aware=True)
+    sampler.set_epoch(2)
+    assert any(a <= 6 < b for a, b in sampler.cached_chunks), "set_epoch read the announcement"
+    rows = list(sampler)
+    assert rows == rust_order(tmp_path, len(digests), "blocks", 1, 2, 0, 1, "uneven", cached=sampler.cached_chunks)
+    assert scdlfs.read_cached_chunks(local) is None, "off a mount there is no announcement"
 
 
 def test_set_epoch_changes_the_order_deterministically(generated):

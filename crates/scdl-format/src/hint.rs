@@ -1,4 +1,4 @@
-//! The read-ahead hint protocol, version 2: how a sampler tells the scdlfs daemon the
+//! The read-ahead hint protocol, version 3: how a sampler tells the scdlfs daemon the
 //! order in which it will read a dataset.
 //!
 //! A sampler opens the dataset's hint file (`.scdlfs-hints` in the dataset directory of
@@ -17,20 +17,26 @@
 //! when that handle is closed.
 //!
 //! Version 2 lets the two ends agree on what a chunk is, which a monolithic dataset does
-//! not say by itself: read, the hint file gives the daemon's [`announcement`] (the
+//! not say by itself: read, the hint file gives the daemon's [`Announcement`] (the
 //! greeting and `chunk-rows R`), and a writer that states `chunk-rows` is refused unless
 //! it matches. A monolithic dataset's `window` steps name its *virtual chunks*: rows
 //! `[c·R, (c+1)·R)`. Version 1 handles are still accepted, without `chunk-rows`.
+//!
+//! Version 3 adds to the announcement the chunks the daemon holds in its disk cache
+//! (`cached S1 E1 …`, chunk ranges), so that a sampler can order the next epoch to read
+//! them first ([`Announcement::cached`]). `cached` is a line of the read side only: a
+//! writer that sends it is refused.
 //!
 //! The full specification, with the daemon's limits and error behaviour, is
 //! `docs/hint-protocol.md`; this module is its only implementation.
 
 use std::fmt;
+use std::ops::Range;
 
 /// The protocol version this module writes and announces.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// The versions a reader of the protocol accepts in a greeting.
-pub const SUPPORTED_VERSIONS: [u32; 2] = [1, 2];
+pub const SUPPORTED_VERSIONS: [u32; 3] = [1, 2, 3];
 /// The first word of the greeting line.
 pub const GREETING: &str = "scdlfs-hints";
 /// The file name of a dataset's hint file.
@@ -58,6 +64,10 @@ pub enum HintLine {
     Rows {
         ranges: Vec<std::ops::Range<u64>>,
     },
+    /// (Version 3, announcement only) Chunk ranges `[start, end)` the daemon holds.
+    Cached {
+        chunks: Vec<Range<u32>>,
+    },
 }
 
 /// Why a line was refused.
@@ -74,7 +84,7 @@ pub enum HintError {
         keyword: &'static str,
         reason: String,
     },
-    #[error("protocol version {0} is not supported (this daemon speaks 1 and {VERSION})")]
+    #[error("protocol version {0} is not supported (this daemon speaks 1 to {VERSION})")]
     UnsupportedVersion(u32),
     #[error("{keyword} needs protocol version {needs}; this handle greeted with {greeted}")]
     NeedsVersion {
@@ -84,6 +94,8 @@ pub enum HintError {
     },
     #[error("the first line must be \"{GREETING} {VERSION}\"")]
     MissingGreeting,
+    #[error("{0} is said by the daemon's announcement, never written to it")]
+    AnnouncementOnly(&'static str),
 }
 
 impl fmt::Display for HintLine {
@@ -102,6 +114,13 @@ impl fmt::Display for HintLine {
             HintLine::Rows { ranges } => {
                 f.write_str("rows")?;
                 for r in ranges {
+                    write!(f, " {} {}", r.start, r.end)?;
+                }
+                Ok(())
+            }
+            HintLine::Cached { chunks } => {
+                f.write_str("cached")?;
+                for r in chunks {
                     write!(f, " {} {}", r.start, r.end)?;
                 }
                 Ok(())
@@ -186,6 +205,23 @@ impl HintLine {
                 }
                 Ok(HintLine::Rows { ranges })
             }
+            "cached" => {
+                let bounds = numbers::<u32>("cached", words)?;
+                if bounds.is_empty() || bounds.len() % 2 != 0 {
+                    return Err(HintError::BadArguments {
+                        keyword: "cached",
+                        reason: "takes pairs of start and end chunks".into(),
+                    });
+                }
+                let chunks: Vec<_> = bounds.chunks(2).map(|p| p[0]..p[1]).collect();
+                if chunks.iter().any(|r| r.start >= r.end) {
+                    return Err(HintError::BadArguments {
+                        keyword: "cached",
+                        reason: "each start must be below its end".into(),
+                    });
+                }
+                Ok(HintLine::Cached { chunks })
+            }
             other => Err(HintError::UnknownKeyword(
                 other.chars().take(32).collect::<String>(),
             )),
@@ -193,33 +229,109 @@ impl HintLine {
     }
 }
 
+/// Chunk ranges per `cached` line of an announcement: at most 22 bytes each, so a line
+/// stays far below [`MAX_LINE_LEN`].
+const CACHED_RANGES_PER_LINE: usize = 512;
+
 /// What the daemon gives a reader of a dataset's hint file: the protocol version it
-/// speaks and the dataset's rows per chunk (virtual chunks for a monolithic dataset),
-/// as protocol lines.
-pub fn announcement(chunk_rows: u64) -> String {
-    format!(
-        "{}\n{}\n",
-        HintLine::Greeting { version: VERSION },
-        HintLine::ChunkRows { rows: chunk_rows }
-    )
+/// speaks, the dataset's rows per chunk (virtual chunks for a monolithic dataset) and,
+/// from version 3, the chunks its disk cache holds, as protocol lines.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Announcement {
+    pub version: u32,
+    pub chunk_rows: u64,
+    /// (Version 3) The chunks wholly in the daemon's disk cache when the hint handle
+    /// was first read, as sorted, disjoint, non-adjacent ranges; `None` from a daemon
+    /// that does not say (version 1 or 2).
+    pub cached: Option<Vec<Range<u32>>>,
 }
 
-/// The rows per chunk an [`announcement`] states, if `text` is one.
-pub fn parse_announcement(text: &[u8]) -> Option<u64> {
-    let mut lines = text
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.iter().all(u8::is_ascii_whitespace));
-    match (
-        HintLine::parse(lines.next()?).ok()?,
-        HintLine::parse(lines.next()?).ok()?,
-    ) {
-        (HintLine::Greeting { version }, HintLine::ChunkRows { rows })
-            if SUPPORTED_VERSIONS.contains(&version) =>
-        {
-            Some(rows)
+impl Announcement {
+    /// The current version's announcement: `chunk_rows` per chunk, and the chunks in
+    /// `cached` (any order, overlaps allowed) held.
+    pub fn new(chunk_rows: u64, cached: impl IntoIterator<Item = Range<u32>>) -> Announcement {
+        Announcement {
+            version: VERSION,
+            chunk_rows,
+            cached: Some(merged(cached)),
         }
-        _ => None,
     }
+
+    /// Whether the daemon said it holds chunk `chunk` (`false` when it did not say).
+    pub fn holds(&self, chunk: u32) -> bool {
+        self.cached.as_deref().is_some_and(|ranges| {
+            let after = ranges.partition_point(|r| r.end <= chunk);
+            ranges.get(after).is_some_and(|r| r.contains(&chunk))
+        })
+    }
+
+    /// Parses an announcement as a reader of the hint file gets it; `None` if `text`
+    /// is not one (another version, lines out of place, a malformed line).
+    pub fn parse(text: &[u8]) -> Option<Announcement> {
+        let mut lines = text
+            .split(|&b| b == b'\n')
+            .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+            .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+            .map(HintLine::parse);
+        let (Some(Ok(HintLine::Greeting { version })), Some(Ok(HintLine::ChunkRows { rows }))) =
+            (lines.next(), lines.next())
+        else {
+            return None;
+        };
+        if !SUPPORTED_VERSIONS.contains(&version) {
+            return None;
+        }
+        let mut cached = (version >= 3).then(Vec::new);
+        for line in lines {
+            match (line.ok()?, cached.as_mut()) {
+                (HintLine::Cached { chunks }, Some(all)) => all.extend(chunks),
+                _ => return None,
+            }
+        }
+        Some(Announcement {
+            version,
+            chunk_rows: rows,
+            cached: cached.map(merged),
+        })
+    }
+}
+
+impl fmt::Display for Announcement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let version = self.version;
+        writeln!(f, "{}", HintLine::Greeting { version })?;
+        writeln!(
+            f,
+            "{}",
+            HintLine::ChunkRows {
+                rows: self.chunk_rows
+            }
+        )?;
+        for ranges in self
+            .cached
+            .as_deref()
+            .unwrap_or_default()
+            .chunks(CACHED_RANGES_PER_LINE)
+        {
+            let chunks = ranges.to_vec();
+            writeln!(f, "{}", HintLine::Cached { chunks })?;
+        }
+        Ok(())
+    }
+}
+
+/// Ranges sorted, with overlapping and adjacent ones joined; empty ones dropped.
+fn merged(ranges: impl IntoIterator<Item = Range<u32>>) -> Vec<Range<u32>> {
+    let mut ranges: Vec<_> = ranges.into_iter().filter(|r| !r.is_empty()).collect();
+    ranges.sort_unstable_by_key(|r| r.start);
+    let mut out: Vec<Range<u32>> = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
 }
 
 /// Splits a byte stream, written in pieces of any size, into lines, and enforces the
@@ -262,6 +374,9 @@ impl HintDecoder {
                 }
                 (HintLine::Greeting { version }, _) => greeted = Some(*version),
                 (_, None) => return Err(HintError::MissingGreeting),
+                (HintLine::Cached { .. }, Some(_)) => {
+                    return Err(HintError::AnnouncementOnly("cached"));
+                }
                 (HintLine::ChunkRows { .. }, Some(version)) if version < 2 => {
                     return Err(HintError::NeedsVersion {
                         keyword: "chunk-rows",
@@ -309,6 +424,9 @@ mod tests {
             HintLine::Rows {
                 ranges: vec![5..70, 100..101],
             },
+            HintLine::Cached {
+                chunks: vec![0..2, 5..6],
+            },
         ] {
             assert_eq!(HintLine::parse(line.to_string().as_bytes()), Ok(line));
         }
@@ -336,8 +454,8 @@ mod tests {
         let mut d = HintDecoder::default();
         assert_eq!(d.feed(b"window 1\n"), Err(HintError::MissingGreeting));
         assert_eq!(
-            d.feed(b"scdlfs-hints 3\n"),
-            Err(HintError::UnsupportedVersion(3))
+            d.feed(b"scdlfs-hints 4\n"),
+            Err(HintError::UnsupportedVersion(4))
         );
     }
 
@@ -367,6 +485,18 @@ mod tests {
                 HintLine::Window { chunks: vec![0] },
             ]
         );
+        let v3 = b"scdlfs-hints 3\nchunk-rows 64\nplan 1\nrows 0 64\n";
+        assert_eq!(
+            HintDecoder::default().feed(v3).unwrap(),
+            vec![
+                HintLine::Greeting { version: 3 },
+                HintLine::ChunkRows { rows: 64 },
+                HintLine::Plan { epoch: 1 },
+                HintLine::Rows {
+                    ranges: std::iter::once(0..64).collect()
+                },
+            ]
+        );
         assert_eq!(
             HintDecoder::default().feed(b"scdlfs-hints 1\nchunk-rows 1024\n"),
             Err(HintError::NeedsVersion {
@@ -377,25 +507,69 @@ mod tests {
         );
     }
 
+    /// The announcement's bytes, forever: a change to them needs a new version.
     #[test]
     fn the_announcement_is_golden_and_parses_back() {
-        assert_eq!(announcement(4096), "scdlfs-hints 2\nchunk-rows 4096\n");
+        let held = Announcement::new(4096, [7..9, 0..3, 2..4, 9..10, 12..13]);
         assert_eq!(
-            parse_announcement(announcement(4096).as_bytes()),
-            Some(4096)
+            held.to_string(),
+            "scdlfs-hints 3\nchunk-rows 4096\ncached 0 4 7 10 12 13\n"
         );
+        assert_eq!(Announcement::parse(held.to_string().as_bytes()), Some(held));
+        let none_held = Announcement::new(4096, []);
+        assert_eq!(none_held.to_string(), "scdlfs-hints 3\nchunk-rows 4096\n");
+        assert_eq!(none_held.cached, Some(vec![]));
         assert_eq!(
-            parse_announcement(b"scdlfs-hints 1\nchunk-rows 8\n"),
-            Some(8)
+            Announcement::parse(none_held.to_string().as_bytes()),
+            Some(none_held)
         );
+    }
+
+    /// What daemons of versions 1 and 2 announce still parses, without a cache.
+    #[test]
+    fn announcements_of_earlier_versions_say_nothing_of_the_cache() {
+        for (text, version) in [
+            (&b"scdlfs-hints 1\nchunk-rows 8\n"[..], 1),
+            (b"scdlfs-hints 2\nchunk-rows 8\n", 2),
+        ] {
+            let parsed = Announcement::parse(text).unwrap();
+            assert_eq!((parsed.version, parsed.chunk_rows), (version, 8));
+            assert_eq!(parsed.cached, None);
+            assert!(!parsed.holds(0));
+        }
         for bad in [
             &b""[..],
-            b"scdlfs-hints 2\n",
+            b"scdlfs-hints 3\n",
             b"chunk-rows 8\n",
             b"scdlfs-hints 9\nchunk-rows 8\n",
+            b"scdlfs-hints 2\nchunk-rows 8\ncached 0 1\n",
+            b"scdlfs-hints 3\nchunk-rows 8\ncached 1 1\n",
+            b"scdlfs-hints 3\nchunk-rows 8\nwindow 1\n",
         ] {
-            assert_eq!(parse_announcement(bad), None, "{bad:?}");
+            assert_eq!(Announcement::parse(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_long_cached_list_is_cut_into_lines_that_parse_back() {
+        let every_other = (0..5000u32).map(|c| 2 * c..2 * c + 1);
+        let held = Announcement::new(64, every_other);
+        let text = held.to_string();
+        assert!(text.lines().all(|l| l.len() < MAX_LINE_LEN));
+        assert_eq!(text.lines().filter(|l| l.starts_with("cached")).count(), 10);
+        let parsed = Announcement::parse(text.as_bytes()).unwrap();
+        assert_eq!(parsed, held);
+        assert!(parsed.holds(9998) && !parsed.holds(9999) && !parsed.holds(1));
+    }
+
+    #[test]
+    fn a_writer_cannot_claim_what_is_cached() {
+        let mut d = HintDecoder::default();
+        d.feed(greeting().as_bytes()).unwrap();
+        assert_eq!(
+            d.feed(b"cached 0 4\n"),
+            Err(HintError::AnnouncementOnly("cached"))
+        );
     }
 
     #[test]
@@ -424,6 +598,9 @@ mod tests {
             b"chunk-rows 0",
             b"chunk-rows",
             b"chunk-rows 1 2",
+            b"cached",
+            b"cached 3",
+            b"cached 4 2",
             b"launch 1",
             b"\xff\xfe",
         ] {

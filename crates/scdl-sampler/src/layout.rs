@@ -11,7 +11,7 @@
 //! * a **monolithic dataset on a mount**: `header.sch` is monolithic and there is no
 //!   `.chunked/`, but the directory has a hint file; the daemon groups the rows into
 //!   virtual chunks and its hint file, read, announces how many rows each has
-//!   ([`scdl_format::hint::announcement`]), so sampler and daemon agree on what a
+//!   ([`scdl_format::hint::Announcement`]), so sampler and daemon agree on what a
 //!   `window` step names;
 //! * a **plain monolithic** directory on local disk: no chunks at all, so rows are
 //!   grouped into virtual chunks of a size the caller chooses, which keeps the same
@@ -28,7 +28,7 @@ use std::num::NonZeroU64;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use scdl_format::hint::{parse_announcement, HINT_FILE};
+use scdl_format::hint::{Announcement, HINT_FILE};
 use scdl_format::layout::{CHUNKED_DIR, HEADER_FILE};
 use scdl_format::{ArrayKind, Backend, ChunkGeometry, Header, HeaderError};
 
@@ -192,14 +192,21 @@ impl DatasetLayout {
 /// The rows per chunk the daemon announces in the hint file at `dir`, or `None` when
 /// there is no hint file (not a mount).
 fn announced_chunk_rows(dir: &Path) -> Result<Option<u64>, LayoutError> {
+    Ok(read_announcement(dir)?.map(|a| a.chunk_rows))
+}
+
+/// The daemon's announcement in the hint file of the dataset directory `dir`, read
+/// through a handle of its own (so the cache it reports is the cache as of now), or
+/// `None` when there is no hint file (not a mount).
+pub fn read_announcement(dir: &Path) -> Result<Option<Announcement>, LayoutError> {
     let path = dir.join(HINT_FILE);
     let text = match fs::read(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(LayoutError::Read { path, source }),
     };
-    match parse_announcement(&text) {
-        Some(rows) => Ok(Some(rows)),
+    match Announcement::parse(&text) {
+        Some(announcement) => Ok(Some(announcement)),
         None => Err(LayoutError::BadAnnouncement { path }),
     }
 }

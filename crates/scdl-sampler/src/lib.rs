@@ -55,6 +55,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod cached;
 mod epoch;
 mod hints;
 mod layout;
@@ -64,10 +65,12 @@ mod seeding;
 mod shard;
 mod subset;
 
+pub use cached::CachedChunks;
 pub use epoch::{EpochCursor, EpochIter};
 pub use hints::{HintWriteError, HintWriter};
 pub use layout::{
-    ChunkLayout, DatasetKind, DatasetLayout, LayoutError, DEFAULT_VIRTUAL_CHUNK_SIZE,
+    read_announcement, ChunkLayout, DatasetKind, DatasetLayout, LayoutError,
+    DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
 pub use order::{BlockOrder, ChunkWindowOrder, EpochPlan, Order, Step};
 pub use sampler::{RestrictError, Sampler, DEFAULT_HINT_LOOKAHEAD};

@@ -4,6 +4,7 @@
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
+use crate::cached::CachedChunks;
 use crate::epoch::{EpochCursor, EpochIter};
 use crate::hints::{HintWriteError, HintWriter};
 use crate::layout::{ChunkLayout, DatasetLayout};
@@ -36,6 +37,8 @@ pub struct Sampler {
     workers: Workers,
     hints: HintWriter,
     lookahead: NonZeroUsize,
+    /// Read these chunks first (a cache-aware order), if set.
+    cached_first: Option<Arc<CachedChunks>>,
 }
 
 impl Sampler {
@@ -79,6 +82,7 @@ impl Sampler {
             workers,
             hints: open_hints(&layout.dir),
             lookahead: DEFAULT_HINT_LOOKAHEAD,
+            cached_first: None,
         })
     }
 
@@ -88,6 +92,29 @@ impl Sampler {
             lookahead: steps,
             ..self
         }
+    }
+
+    /// The same sampler in the cache-aware order: the epochs it starts read the units
+    /// wholly in `cached` (the chunks the daemon announced it holds, see
+    /// [`CachedChunks::read_from`]) first, then the rest, each in the seeded order
+    /// ([`EpochPlan::over_cache_aware`]). Every process that shares the epoch (ranks,
+    /// workers) must be given the same set: each then computes the same plan. Off
+    /// unless asked for: see docs/preparing-data.md for what it does to minibatch
+    /// diversity.
+    pub fn with_cache_aware_order(mut self, cached: CachedChunks) -> Sampler {
+        self.set_cache_aware_order(Some(cached));
+        self
+    }
+
+    /// Sets the chunks the epochs started from now on read first (`None`: the plain
+    /// order). An epoch under way keeps its plan.
+    pub fn set_cache_aware_order(&mut self, cached: Option<CachedChunks>) {
+        self.cached_first = cached.map(Arc::new);
+    }
+
+    /// The chunks the next epoch reads first, if the order is cache-aware.
+    pub fn cache_aware_order(&self) -> Option<&CachedChunks> {
+        self.cached_first.as_deref()
     }
 
     /// Starts epoch `epoch`: tells the daemon of the new plan, and yields this worker's
@@ -135,7 +162,13 @@ impl Sampler {
     }
 
     fn share(&self, epoch: u64) -> (EpochPlan, Vec<ShareStep>) {
-        let plan = EpochPlan::over(self.chunks, self.subset.clone(), self.order, epoch);
+        let subset = self.subset.clone();
+        let plan = match &self.cached_first {
+            Some(cached) => {
+                EpochPlan::over_cache_aware(self.chunks, subset, self.order, epoch, cached)
+            }
+            None => EpochPlan::over(self.chunks, subset, self.order, epoch),
+        };
         let share = worker_share(&plan, &self.shard, &self.workers);
         (plan, share)
     }

@@ -56,7 +56,11 @@ fn a_monolithic_dataset_on_a_mount_takes_the_chunks_its_hint_file_announces() {
     let dir = tempfile::tempdir().unwrap();
     write_header(dir.path(), &monolithic_header(5000));
     let hints = dir.path().join(scdl_format::hint::HINT_FILE);
-    fs::write(&hints, scdl_format::hint::announcement(300)).unwrap();
+    fs::write(
+        &hints,
+        scdl_format::hint::Announcement::new(300, []).to_string(),
+    )
+    .unwrap();
     let layout = DatasetLayout::discover(dir.path(), NonZeroU64::new(100).unwrap()).unwrap();
     assert_eq!(layout.kind, DatasetKind::MountedMonolithic);
     assert_eq!(

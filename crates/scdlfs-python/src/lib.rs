@@ -18,8 +18,8 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use scdl_sampler::{
-    BlockOrder, ChunkWindowOrder, DatasetLayout, EpochCursor, EvenShares, Order, RowSubset,
-    Sampler, Shard, Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
+    BlockOrder, CachedChunks, ChunkWindowOrder, DatasetLayout, EpochCursor, EvenShares, Order,
+    RowSubset, Sampler, Shard, Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
 
 create_exception!(
@@ -43,6 +43,8 @@ struct NativeSampler {
     order: Order,
     shard: Shard,
     subset: Arc<RowSubset>,
+    /// The chunks the epochs started from now on read first (the cache-aware order).
+    cached_first: Option<CachedChunks>,
 }
 
 /// A position in one epoch, advanced by [`NativeSampler::next_minibatch`].
@@ -125,6 +127,16 @@ impl PyRowSubset {
             self.subset.ranges().len()
         )
     }
+}
+
+/// The chunks the scdlfs daemon announces it holds in its disk cache, as sorted
+/// `(start, stop)` ranges of chunk ids, read now through a handle of this call's own;
+/// None off a mount or from a daemon that does not say.
+#[pyfunction]
+fn read_cached_chunks(dataset_dir: PathBuf) -> PyResult<Option<Vec<(u32, u32)>>> {
+    let held = CachedChunks::read_from(&dataset_dir)
+        .map_err(|e| NotADatasetError::new_err(format!("{}: {e}", dataset_dir.display())))?;
+    Ok(held.map(|set| set.ranges().iter().map(|r| (r.start, r.end)).collect()))
 }
 
 /// The dataset at `dataset_dir` split into parts of whole chunks in the proportions of
@@ -235,6 +247,7 @@ impl NativeSampler {
             order,
             shard,
             subset,
+            cached_first: None,
         })
     }
 
@@ -249,11 +262,12 @@ impl NativeSampler {
             // Dropping an inherited sampler closes this process's copy of the handle
             // only; the parent's plan lives on.
             self.hinted = None;
-            let sampler = Sampler::new(&self.layout, self.order, self.shard, Workers::single())
+            let mut sampler = Sampler::new(&self.layout, self.order, self.shard, Workers::single())
                 .expect("the shard was checked against the order when the sampler was built")
                 .restricted_to(self.subset.clone())
                 .expect("the subset was checked when the sampler was built")
                 .with_hint_lookahead(self.lookahead);
+            sampler.set_cache_aware_order(self.cached_first.clone());
             self.hinted = Some((pid, sampler));
         }
         &mut self.hinted.as_mut().expect("set just above").1
@@ -349,6 +363,19 @@ impl NativeSampler {
         self.sampler().next_minibatch(&mut epoch.cursor)
     }
 
+    /// Makes the epochs started from now on read the chunks in `cached` (`(start,
+    /// stop)` ranges of chunk ids) first, or, with None, follow the plain order.
+    #[pyo3(signature = (cached))]
+    fn set_cache_aware_order(&mut self, cached: Option<Vec<(u32, u32)>>) {
+        let cached =
+            cached.map(|ranges| CachedChunks::from_ranges(ranges.into_iter().map(|(a, b)| a..b)));
+        self.unhinted.set_cache_aware_order(cached.clone());
+        if let Some((_, sampler)) = &mut self.hinted {
+            sampler.set_cache_aware_order(cached.clone());
+        }
+        self.cached_first = cached;
+    }
+
     /// How many rows this rank visits in epoch `epoch`.
     fn rows_in_epoch(&self, epoch: u64) -> u64 {
         self.unhinted.rows_in_epoch(epoch)
@@ -406,6 +433,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeEpoch>()?;
     m.add_class::<PyRowSubset>()?;
     m.add_function(wrap_pyfunction!(split_by_chunk, m)?)?;
+    m.add_function(wrap_pyfunction!(read_cached_chunks, m)?)?;
     m.add("NotADatasetError", m.py().get_type::<NotADatasetError>())?;
     m.add(
         "DEFAULT_HINT_LOOKAHEAD",

@@ -31,7 +31,9 @@ pub enum FileContent {
     Object(Arc<ObjectInfo>),
     FlatArray(Arc<FlatDataset>, ArrayKind),
     Bytes(Bytes),
-    /// The dataset's read-ahead hint file; read, it gives the daemon's announcement.
+    /// The dataset's read-ahead hint file; read, it gives the daemon's announcement
+    /// (`fs::announce`). The bytes are the announcement of an empty cache, whose
+    /// length the file shows as its size.
     Hints(Dataset, Bytes),
 }
 

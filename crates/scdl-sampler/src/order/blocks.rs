@@ -9,6 +9,8 @@
 use rand::seq::SliceRandom;
 
 use super::{BlockOrder, Step};
+use crate::cached::CachedChunks;
+use crate::layout::ChunkLayout;
 use crate::seeding::{self, Stream};
 use crate::subset::RowSubset;
 
@@ -32,10 +34,31 @@ pub(super) fn fetch_count(order: &BlockOrder, subset: &RowSubset) -> usize {
 
 /// The epoch's fetches, in visiting order, each with its blocks sorted ascending; only
 /// the last fetch may hold fewer blocks, and only the subset's last block is short.
-pub(super) fn fetches(order: &BlockOrder, subset: &RowSubset, epoch: u64) -> Vec<Step> {
+/// With `cached`, the blocks whose rows all lie in chunks it holds come first.
+pub(super) fn fetches(
+    order: &BlockOrder,
+    chunks: &ChunkLayout,
+    subset: &RowSubset,
+    epoch: u64,
+    cached: Option<&CachedChunks>,
+) -> Vec<Step> {
     let block_size = order.block_size.get();
     let mut ids: Vec<u64> = (0..block_count(order, subset)).collect();
     ids.shuffle(&mut seeding::rng(order.seed, epoch, Stream::Steps));
+    if let Some(cached) = cached {
+        let held = |block: u64| {
+            subset
+                .rows_at(block * block_size..(block + 1) * block_size)
+                .iter()
+                .all(|rows| {
+                    let first = rows.start / chunks.chunk_size();
+                    let last = (rows.end - 1) / chunks.chunk_size();
+                    (first..=last).all(|chunk| cached.holds(chunk as u32))
+                })
+        };
+        // A stable sort: each side keeps its shuffled order.
+        ids.sort_by_cached_key(|&block| !held(block));
+    }
     ids.chunks_mut(blocks_per_fetch(order) as usize)
         .map(|fetch| {
             fetch.sort_unstable();

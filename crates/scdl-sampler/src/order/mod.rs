@@ -17,6 +17,7 @@ use std::sync::Arc;
 use rand::seq::SliceRandom;
 use scdl_format::hint::HintLine;
 
+use crate::cached::CachedChunks;
 use crate::layout::ChunkLayout;
 use crate::seeding::{self, Stream};
 use crate::subset::RowSubset;
@@ -137,9 +138,32 @@ impl EpochPlan {
         order: Order,
         epoch: u64,
     ) -> EpochPlan {
+        EpochPlan::with_cache(chunks, subset, order, epoch, None)
+    }
+
+    /// The plan of epoch `epoch` over the rows of `subset` that reads the units wholly
+    /// in `cached` first (see the module documentation). With nothing or everything
+    /// cached it is the plain plan.
+    pub fn over_cache_aware(
+        chunks: ChunkLayout,
+        subset: Arc<RowSubset>,
+        order: Order,
+        epoch: u64,
+        cached: &CachedChunks,
+    ) -> EpochPlan {
+        EpochPlan::with_cache(chunks, subset, order, epoch, Some(cached))
+    }
+
+    fn with_cache(
+        chunks: ChunkLayout,
+        subset: Arc<RowSubset>,
+        order: Order,
+        epoch: u64,
+        cached: Option<&CachedChunks>,
+    ) -> EpochPlan {
         let steps = match &order {
-            Order::ChunkWindows(o) => windows::windows(o, &chunks, &subset, epoch),
-            Order::Blocks(o) => blocks::fetches(o, &subset, epoch),
+            Order::ChunkWindows(o) => windows::windows(o, &chunks, &subset, epoch, cached),
+            Order::Blocks(o) => blocks::fetches(o, &chunks, &subset, epoch, cached),
         };
         EpochPlan {
             chunks,

@@ -5,6 +5,7 @@
 use rand::seq::SliceRandom;
 
 use super::{ChunkWindowOrder, Step};
+use crate::cached::CachedChunks;
 use crate::layout::ChunkLayout;
 use crate::seeding::{self, Stream};
 use crate::subset::RowSubset;
@@ -25,16 +26,21 @@ pub(super) fn window_count(
 }
 
 /// The epoch's windows of the chunks that hold rows of `subset`, in visiting order;
-/// only the last may hold fewer chunks.
+/// only the last may hold fewer chunks. With `cached`, the chunks it holds come first.
 pub(super) fn windows(
     order: &ChunkWindowOrder,
     chunks: &ChunkLayout,
     subset: &RowSubset,
     epoch: u64,
+    cached: Option<&CachedChunks>,
 ) -> Vec<Step> {
     let mut ids: Vec<u32> = chunks_of(chunks, subset).collect();
     if order.shuffle_chunks {
         ids.shuffle(&mut seeding::rng(order.seed, epoch, Stream::Steps));
+    }
+    if let Some(cached) = cached {
+        // A stable sort: each side keeps its shuffled order.
+        ids.sort_by_key(|&chunk| !cached.holds(chunk));
     }
     ids.chunks(order.chunks_per_window.get() as usize)
         .map(|window| Step::Window {

@@ -14,6 +14,11 @@ order through the dataset's ``.scdlfs-hints`` file, and the daemon fetches those
 before the DataLoader's workers read them. Elsewhere the rows are the same and nothing
 is written. ``hints=False`` turns the hints off.
 
+With ``cache_aware=True`` (off by default) an epoch reads first the chunks the daemon
+announces it holds in its disk cache, then the rest, each in the seeded order: the
+same rows, fetched once less where the cache holds them (see
+:meth:`_SCDLSampler.set_cached_chunks` for several ranks).
+
 A sampler visits a part of the rows with ``indices=`` (e.g. a part of
 :func:`split_by_chunk`), and resumes an interrupted epoch with
 ``load_state_dict(state_dict())``.
@@ -42,6 +47,7 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, NativeSampler, NotADatasetError, RowSubset
+from scdlfs._native import read_cached_chunks
 from scdlfs._native import split_by_chunk as _split_by_chunk
 from scdlfs._mount import Mount, MountError, mount, open_dataset, scdlfs_binary
 
@@ -62,6 +68,7 @@ __all__ = [
     "distributed_rank_and_world_size",
     "mount",
     "open_dataset",
+    "read_cached_chunks",
     "scdlfs_binary",
     "split_by_chunk",
 ]
@@ -117,6 +124,14 @@ def _env_int(name: str) -> int | None:
         raise ValueError(f"the environment variable {name}={value!r} is not an integer") from None
 
 
+def _initialized_distributed() -> Any:
+    """``torch.distributed`` if it is imported and has a process group, else None."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
 def distributed_rank_and_world_size(
     rank: int | None = None, world_size: int | None = None
 ) -> tuple[int, int]:
@@ -125,8 +140,8 @@ def distributed_rank_and_world_size(
     ``RANK`` and ``WORLD_SIZE`` variables that torchrun sets, else 0 and 1."""
     if rank is not None and world_size is not None:
         return rank, world_size
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
+    dist = _initialized_distributed()
+    if dist is not None:
         found_rank, found_world = dist.get_rank(), dist.get_world_size()
     else:
         env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
@@ -165,6 +180,7 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         num_replicas: int | None,
         drop_last: bool | None,
         indices: Indices,
+        cache_aware: bool = False,
     ) -> None:
         if num_replicas is not None:
             if world_size is not None and world_size != num_replicas:
@@ -183,6 +199,8 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         self._rows_done = 0
         self._resume_at = 0
         self._warned_rewrapped = False
+        self._cache_aware = cache_aware
+        self._cached: list[tuple[int, int]] | None = None
         self._native = self._build()
         _LIVE.add(self)
 
@@ -191,7 +209,16 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch the next iteration yields (as ``DistributedSampler`` does):
-        each epoch has its own order, the same in every process."""
+        each epoch has its own order, the same in every process. With
+        ``cache_aware=True`` it also reads the daemon's announcement of what it holds,
+        which the epoch reads first: on rank 0 only, shared with the others through
+        ``torch.distributed`` when the world has several ranks (so every rank must call
+        it, as a training loop does)."""
+        self._select_epoch(epoch)
+        if self._cache_aware:
+            self._read_cached_chunks()
+
+    def _select_epoch(self, epoch: int) -> None:
         if epoch < 0:
             raise ValueError(f"epoch must not be negative, got {epoch}")
         if epoch != self._epoch:
@@ -199,6 +226,61 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
             # the resumed epoch after load_state_dict, which must keep it).
             self._resume_at = 0
         self._epoch = epoch
+        if self._cache_aware:
+            self._cached = None
+
+    def _read_cached_chunks(self) -> None:
+        """Reads the announcement for the current epoch: here when this is the only rank,
+        on rank 0 and shared when ``torch.distributed`` joins several; left to
+        :meth:`set_cached_chunks` when several ranks have no process group."""
+        distributed = _initialized_distributed()
+        if self.world_size > 1:
+            if distributed is None:
+                return
+            held = [read_cached_chunks(self._dataset_dir) if distributed.get_rank() == 0 else None]
+            distributed.broadcast_object_list(held, src=0)
+            cached = held[0]
+        else:
+            cached = read_cached_chunks(self._dataset_dir)
+        self._apply_cached(cached or [])
+
+    def _apply_cached(self, cached: list[tuple[int, int]]) -> None:
+        self._cached = [(int(a), int(b)) for a, b in cached]
+        self._native.set_cache_aware_order(self._cached)
+
+    def set_cached_chunks(self, cached: list[tuple[int, int]]) -> None:
+        """Makes the current epoch read the chunks of ``cached`` (``(start, stop)``
+        ranges of chunk ids, e.g. :func:`read_cached_chunks` of the dataset directory,
+        read once and shared) first. Every rank and every process that computes the
+        epoch must be given the same set: each then computes the same order."""
+        if not self._cache_aware:
+            raise ValueError("set_cached_chunks needs a sampler made with cache_aware=True")
+        for start, stop in cached:
+            if not 0 <= start <= stop:
+                raise ValueError(f"({start}, {stop}) is not a range of chunk ids")
+        self._apply_cached(list(cached))
+
+    @property
+    def cache_aware(self) -> bool:
+        """Whether epochs read the chunks the daemon holds first."""
+        return self._cache_aware
+
+    @property
+    def cached_chunks(self) -> list[tuple[int, int]] | None:
+        """The chunks the current epoch reads first, once known (cache-aware only)."""
+        return self._cached
+
+    def _ensure_cached(self) -> None:
+        """A cache-aware epoch's set, read now if this is the only rank."""
+        if not self._cache_aware or self._cached is not None:
+            return
+        if self.world_size > 1:
+            raise RuntimeError(
+                f"cache_aware=True with {self.world_size} ranks needs one announcement shared by all of them: "
+                "call set_epoch() on every rank with torch.distributed initialized, or set_cached_chunks() with "
+                "read_cached_chunks() read once and shared"
+            )
+        self._read_cached_chunks()
 
     @property
     def epoch(self) -> int:
@@ -249,6 +331,7 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
 
     def __len__(self) -> int:
         """Rows this rank visits in the current epoch."""
+        self._ensure_cached()
         return self._native.rows_in_epoch(self._epoch)
 
     def __iter__(self) -> Iterator[int]:
@@ -278,6 +361,7 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
     def _minibatches(self) -> Iterator[list[int]]:
         """The order's minibatches from the resume point (then from the epoch's start);
         a consumer counts the rows it hands out in ``_rows_done``."""
+        self._ensure_cached()
         native = self._native
         cursor = native.start_epoch(self._epoch, self._resume_at)
         self._rows_done, self._resume_at = self._resume_at, 0
@@ -289,7 +373,7 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         there: the epoch and the rows handed out of it so far (or ``rows_done``, e.g. the
         rows the training loop has consumed, which a DataLoader that reads ahead makes
         fewer than the rows the sampler handed out)."""
-        return {
+        state = {
             "epoch": self._epoch,
             "rows_done": self._rows_done if rows_done is None else rows_done,
             "seed": self._settings["seed"],
@@ -297,13 +381,19 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
             "world_size": self.world_size,
             "rows_in_epoch": len(self),
         }
+        if self._cache_aware:
+            # The epoch's order depends on it: a resume must not read the cache anew.
+            state["cached_chunks"] = self._cached
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Makes the next iteration resume ``state``'s epoch after its ``rows_done`` rows,
         yielding exactly the rows the interrupted iteration had still to yield, and
         telling the daemon the plan from there. The sampler must have the settings of the
         one that saved the state (same seed, rank, world size and rows per epoch)."""
-        self.set_epoch(state["epoch"])
+        self._select_epoch(state["epoch"])
+        if self._cache_aware and state.get("cached_chunks") is not None:
+            self._apply_cached(state["cached_chunks"])
         saved = {k: state[k] for k in ("seed", "rank", "world_size")}
         mine = {"seed": self._settings["seed"], "rank": self.rank, "world_size": self.world_size}
         if saved != mine or state["rows_in_epoch"] != len(self):
@@ -330,7 +420,7 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         # The native sampler holds this process's hint handle: a process that unpickles
         # the sampler (a spawned worker) builds its own and opens its own handle.
         return {"dataset_dir": self._dataset_dir, "settings": self._settings, "epoch": self._epoch,
-                "resume_at": self._resume_at}  # fmt: skip
+                "resume_at": self._resume_at, "cache_aware": self._cache_aware, "cached": self._cached}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._dataset_dir = state["dataset_dir"]
@@ -338,12 +428,16 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         self._epoch = state["epoch"]
         self._rows_done = self._resume_at = state["resume_at"]
         self._warned_rewrapped = False
+        self._cache_aware = state.get("cache_aware", False)
+        self._cached = None
         self._native = self._build()
+        if state.get("cached") is not None:
+            self._apply_cached(state["cached"])
         _LIVE.add(self)
 
     def __repr__(self) -> str:
         settings = ", ".join(f"{k}={v!r}" for k, v in self._settings.items())
-        return f"{type(self).__name__}({self._dataset_dir!r}, {settings}, epoch={self._epoch})"
+        return f"{type(self).__name__}({self._dataset_dir!r}, {settings}, cache_aware={self._cache_aware}, epoch={self._epoch})"
 
 
 class ChunkWindowSampler(_SCDLSampler):
@@ -373,6 +467,9 @@ class ChunkWindowSampler(_SCDLSampler):
             any row indices); windows are made of the chunks that hold them.
         hints: tell an scdlfs mount the order (default True; no effect off a mount).
         hint_lookahead: windows announced ahead of the one being read.
+        cache_aware: read the chunks the daemon holds first each epoch (default False:
+            docs/preparing-data.md has what it does to minibatch diversity); see
+            :meth:`set_epoch` and :meth:`set_cached_chunks`.
     """
 
     def __init__(
@@ -392,6 +489,7 @@ class ChunkWindowSampler(_SCDLSampler):
         num_replicas: int | None = None,
         drop_last: bool | None = None,
         indices: Indices = None,
+        cache_aware: bool = False,
     ) -> None:
         order = dict(
             chunks_per_window=chunks_per_window,
@@ -400,7 +498,7 @@ class ChunkWindowSampler(_SCDLSampler):
             shuffle_within_window=shuffle if shuffle_within_window is None else shuffle_within_window,
         )
         super().__init__(dataset, order, rank, world_size, even, hints, hint_lookahead, num_replicas, drop_last,
-                         indices)  # fmt: skip
+                         indices, cache_aware)  # fmt: skip
 
     def _build(self) -> NativeSampler:
         return NativeSampler.chunk_windows(self._dataset_dir, **self._settings)
@@ -459,10 +557,11 @@ class BlockSampler(_SCDLSampler):
         num_replicas: int | None = None,
         drop_last: bool | None = None,
         indices: Indices = None,
+        cache_aware: bool = False,
     ) -> None:
         order = dict(block_size=block_size, batch_size=batch_size, fetch_factor=fetch_factor, seed=seed)
         super().__init__(dataset, order, rank, world_size, even, hints, hint_lookahead, num_replicas, drop_last,
-                         indices)  # fmt: skip
+                         indices, cache_aware)  # fmt: skip
 
     def _build(self) -> NativeSampler:
         return NativeSampler.blocks(self._dataset_dir, **self._settings)
@@ -525,6 +624,7 @@ class BatchSampler:
 
     def __len__(self) -> int:
         if self.batch_size is None:
+            self.sampler._ensure_cached()
             return self.sampler._native.minibatches_in_epoch(self.sampler.epoch)
         rows = len(self.sampler)
         if self.drop_last:

@@ -1,0 +1,57 @@
+//! The read side of a dataset's hint file: the announcement a reader gets (protocol
+//! version 3), with the dataset's rows per chunk and the chunks the disk cache holds,
+//! so that a sampler can order its next epoch to read those first.
+//!
+//! A hint handle's announcement is made when the handle is first read and kept for
+//! the handle's life: a reader going through it in pieces gets one snapshot, never two
+//! caches spliced together; a reader who wants the cache as of now opens the file
+//! again. Making it asks the cache's books once (no I/O, no use counted): a chunk of a
+//! chunked dataset is held when every part of its three arrays is resident on disk.
+//! A monolithic dataset's virtual chunks share parts, and their bytes are known only
+//! through row offsets the daemon may not have read, so none is announced as held:
+//! its readers get the plain order.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+use scdl_format::hint::Announcement;
+
+use crate::cache::DiskCache;
+use crate::catalog::Dataset;
+use crate::parts::{spans_touched, PartKey};
+
+/// The announcement for `dataset` as the cache stands now, as the bytes a reader gets.
+pub fn announce(dataset: &Dataset, cache: &DiskCache, part_size: u64) -> Bytes {
+    let chunk_rows = dataset.geometry().chunk_size;
+    let held = held_chunks(dataset, cache, part_size);
+    Bytes::from(Announcement::new(chunk_rows, held).to_string())
+}
+
+/// The chunks of `dataset` whose every part is resident, as ranges of chunk ids.
+fn held_chunks(dataset: &Dataset, cache: &DiskCache, part_size: u64) -> Vec<Range<u32>> {
+    let Dataset::Chunked(flat) = dataset else {
+        return Vec::new();
+    };
+    let parts_of_chunks: Vec<Vec<PartKey>> = flat
+        .chunks
+        .iter()
+        .map(|arrays| {
+            arrays
+                .iter()
+                .flat_map(|object| {
+                    spans_touched(&(0..object.size), part_size).map(|index| PartKey {
+                        object: object.id,
+                        index,
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    cache
+        .wholly_resident(&parts_of_chunks)
+        .into_iter()
+        .enumerate()
+        .filter(|&(_, held)| held)
+        .map(|(chunk, _)| chunk as u32..chunk as u32 + 1)
+        .collect()
+}
