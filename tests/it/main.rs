@@ -19,6 +19,7 @@ mod degraded_disk;
 mod faults;
 #[path = "core.rs"]
 mod fs_core; // not `core`, which would shadow the core crate
+mod hostile_hints;
 mod metadata_ttl;
 mod monolithic;
 mod open_semantics;
