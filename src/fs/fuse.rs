@@ -198,8 +198,9 @@ impl Filesystem for ScdlFs {
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        answer_with("open", reply, self.core.open(ino.0), |reply, opened| {
+    fn open(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let opened = self.core.open_as(ino.0, req.uid());
+        answer_with("open", reply, opened, |reply, opened| {
             // Hint files see every write; data files are immutable objects, so the
             // kernel may keep their pages across opens.
             let flags = if opened.direct_io {
@@ -308,9 +309,9 @@ impl Filesystem for ScdlFs {
         reply.statfs(total, free, free, 0, 0, BLOCK_SIZE, 1024, BLOCK_SIZE);
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let (core, name) = (self.core.clone(), name.to_owned());
-        let getxattr = async move { core.getxattr(ino.0, &name).await };
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let (core, name, uid) = (self.core.clone(), name.to_owned(), req.uid());
+        let getxattr = async move { core.getxattr(ino.0, &name, uid).await };
         self.answer("getxattr", reply, getxattr, move |reply, json| {
             reply_xattr(reply, size, &json)
         });

@@ -11,6 +11,7 @@ use std::ops::Range;
 use scdl_format::hint::HintLine;
 use scdl_format::ChunkGeometry;
 
+use super::budget::MAX_STEP_WORK;
 use crate::error::PlanRefused;
 use crate::parts::PartKey;
 
@@ -21,6 +22,22 @@ pub const MAX_PLAN_STEPS: usize = 1 << 20;
 /// writers can make the daemon keep, however many handles they open (about 16 bytes
 /// each, so 64 MiB at most).
 pub const MAX_PLANNED_ENTRIES: usize = 1 << 22;
+/// What a plan may hold once a batch is applied: chunks and row ranges (what the
+/// mount's plans hold together, [`MAX_PLANNED_ENTRIES`]), and work (what its handle and
+/// user may still have done, [`super::budget`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Room {
+    pub entries: usize,
+    pub work: u64,
+}
+
+impl Room {
+    pub const UNLIMITED: Room = Room {
+        entries: usize::MAX,
+        work: u64::MAX,
+    };
+}
+
 /// How far from the current step a served read is matched to a step.
 const MATCH_HORIZON: usize = 64;
 /// How many steps ahead the plan ranks chunks for eviction.
@@ -51,14 +68,30 @@ impl Step {
         }
     }
 
-    /// Whether the step reads from any of `chunks`.
+    /// The work the step makes wherever it is expanded to chunks (ranks, matching
+    /// reads, prefetch): one per chunk of a window, one per chunk each row range spans
+    /// (at least one per range). Counted without expanding it.
+    pub fn work(&self, layout: &ChunkGeometry) -> u64 {
+        match self {
+            Step::Window(chunks) => chunks.len() as u64,
+            Step::Rows(ranges) => ranges
+                .iter()
+                .map(|r| {
+                    let span = layout.chunks_of_rows(r.clone());
+                    (span.end - span.start).max(1)
+                })
+                .sum(),
+        }
+    }
+
+    /// Whether the step reads from any of `chunks`: a read touches a chunk or two, so
+    /// each row range is compared by the span of chunks it covers, not walked.
     fn reads_any_of(&self, chunks: &[usize], layout: &ChunkGeometry) -> bool {
         match self {
             Step::Window(window) => window.iter().any(|c| chunks.contains(&(*c as usize))),
             Step::Rows(ranges) => ranges.iter().any(|r| {
-                layout
-                    .chunks_of_rows(r.clone())
-                    .any(|c| chunks.contains(&(c as usize)))
+                let span = layout.chunks_of_rows(r.clone());
+                chunks.iter().any(|&c| span.contains(&(c as u64)))
             }),
         }
     }
@@ -106,16 +139,27 @@ pub struct Plan {
     counted: usize,
     /// Rows of each chunk the counted row steps read this epoch.
     rows_read: HashMap<usize, u64>,
+    /// The chunks and row ranges of the steps, kept as they change: a write is checked
+    /// against them without walking the plan.
+    entries: usize,
+    /// The work of the steps ([`Step::work`]), kept likewise.
+    work: u64,
 }
 
 impl Plan {
     /// The chunks and row ranges the plan holds.
     pub fn entries(&self) -> usize {
-        self.steps.iter().map(Step::entries).sum()
+        self.entries
+    }
+
+    /// The work of the plan's steps ([`Step::work`]).
+    pub fn work(&self) -> u64 {
+        self.work
     }
 
     /// Applies a batch of protocol lines, all or nothing: on error the plan is unchanged.
-    /// The plan may hold at most `max_entries` chunks and row ranges afterwards.
+    /// The plan may hold at most `room` afterwards, and no step more than
+    /// [`MAX_STEP_WORK`].
     /// Returns how far ahead of the position the batch changed the plan: the distance
     /// of its first new step (0 for a new plan), or `None` if it added none. (A reader
     /// served from the page cache moves no position, so its steps pile up far ahead,
@@ -124,17 +168,13 @@ impl Plan {
         &mut self,
         lines: &[HintLine],
         layout: &ChunkGeometry,
-        max_entries: usize,
+        room: Room,
     ) -> Result<Option<usize>, PlanRefused> {
         let mut next = Plan {
             epoch: self.epoch,
-            steps: Vec::new(),
-            parts: Vec::new(),
             position: self.position,
-            reads_elsewhere: HashMap::new(),
             revision: self.revision,
-            counted: 0,
-            rows_read: HashMap::new(),
+            ..Plan::default()
         };
         let mut replaced = false;
         let mut appended = Vec::new();
@@ -175,6 +215,17 @@ impl Plan {
                     appended.push(Step::Rows(ranges.clone()));
                 }
             }
+            if let (HintLine::Window { .. } | HintLine::Rows { .. }, Some(step)) =
+                (line, appended.last())
+            {
+                let work = step.work(layout);
+                if work > MAX_STEP_WORK {
+                    return Err(PlanRefused::StepTooWide {
+                        work,
+                        limit: MAX_STEP_WORK,
+                    });
+                }
+            }
         }
         // Steps the reader has passed are retired, so a plan that grows as the epoch
         // advances stays as long as its lookahead.
@@ -188,24 +239,36 @@ impl Plan {
                 limit: MAX_PLAN_STEPS,
             });
         }
-        let entries = self.steps[self.steps.len() - kept..]
-            .iter()
-            .chain(&appended)
-            .map(Step::entries)
-            .sum::<usize>();
-        if entries > max_entries {
+        // The step just left stays (still protected from eviction); those before it go.
+        let retired = if replaced {
+            self.steps.len()
+        } else {
+            self.position.saturating_sub(1)
+        };
+        let gone = &self.steps[..retired];
+        let entries = self.entries - gone.iter().map(Step::entries).sum::<usize>()
+            + appended.iter().map(Step::entries).sum::<usize>();
+        let work = self.work - gone.iter().map(|s| s.work(layout)).sum::<u64>()
+            + appended.iter().map(|s| s.work(layout)).sum::<u64>();
+        if entries > room.entries {
             return Err(PlanRefused::TooManyEntries {
                 limit: MAX_PLANNED_ENTRIES,
             });
         }
+        if work > room.work {
+            return Err(PlanRefused::TooMuchWork {
+                work,
+                limit: room.work,
+            });
+        }
+        self.entries = entries;
+        self.work = work;
         if replaced {
             self.steps.clear();
             self.parts.clear();
             self.counted = 0;
             self.rows_read.clear();
         } else {
-            // The step just left stays: it is still protected from eviction.
-            let retired = self.position.saturating_sub(1);
             self.steps.drain(..retired);
             self.parts.drain(..retired);
             next.position = self.position - retired;
@@ -316,18 +379,42 @@ impl Plan {
         finished
     }
 
+    /// The steps the plan ranks, copied: the step just left, the current one and
+    /// those up to [`RANK_HORIZON`] ahead. Beyond it the prefetcher fetches nothing, and
+    /// ranking would cost a walk of the whole plan on every move.
+    pub fn horizon(&self) -> Horizon {
+        let first = self.position.saturating_sub(1).min(self.steps.len());
+        let end = (self.position + RANK_HORIZON).min(self.steps.len());
+        Horizon {
+            steps: self.steps[first..end.max(first)].to_vec(),
+            current: self.position - first,
+        }
+    }
+
+    /// See [`Horizon::chunks_ahead`].
+    #[cfg(test)]
+    pub fn chunks_ahead(&self, layout: &ChunkGeometry) -> HashMap<usize, u64> {
+        self.horizon().chunks_ahead(layout)
+    }
+}
+
+/// The steps a plan ranks, taken from it so that ranking them holds no lock.
+#[derive(Clone, Debug)]
+pub struct Horizon {
+    steps: Vec<Step>,
+    /// Which of `steps` is the current one.
+    current: usize,
+}
+
+impl Horizon {
     /// For each chunk the plan still needs, how many steps ahead of the current step
     /// it is first needed (0: the current step). The step before the current one
     /// counts as current too: its last rows may still be in a reader's hands when the
     /// position moves on.
     pub fn chunks_ahead(&self, layout: &ChunkGeometry) -> HashMap<usize, u64> {
-        let first = self.position.saturating_sub(1).min(self.steps.len());
         let mut ahead = HashMap::new();
-        // Beyond the horizon the prefetcher fetches nothing, and ranking costs a walk
-        // of the whole plan on every move.
-        let horizon = self.position + RANK_HORIZON;
-        for (index, step) in self.steps.iter().enumerate().take(horizon).skip(first) {
-            let distance = index.saturating_sub(self.position) as u64;
+        for (index, step) in self.steps.iter().enumerate() {
+            let distance = index.saturating_sub(self.current) as u64;
             for chunk in step.chunks(layout) {
                 ahead.entry(chunk).or_insert(distance);
             }
@@ -361,10 +448,13 @@ mod tests {
         let l = layout(8, 10);
         let mut plan = Plan::default();
         let new_plan = [HintLine::Plan { epoch: 1 }, window(&[0]), window(&[1])];
-        assert_eq!(plan.apply(&new_plan, &l, usize::MAX), Ok(Some(0)));
-        assert_eq!(plan.apply(&[window(&[2])], &l, usize::MAX), Ok(Some(2)));
+        assert_eq!(plan.apply(&new_plan, &l, Room::UNLIMITED), Ok(Some(0)));
         assert_eq!(
-            plan.apply(&[window(&[3]), window(&[4])], &l, usize::MAX),
+            plan.apply(&[window(&[2])], &l, Room::UNLIMITED),
+            Ok(Some(2))
+        );
+        assert_eq!(
+            plan.apply(&[window(&[3]), window(&[4])], &l, Room::UNLIMITED),
             Ok(Some(3))
         );
         for _ in 0..READS_TO_ADVANCE {
@@ -372,17 +462,20 @@ mod tests {
         }
         assert_eq!(plan.position, 2);
         // Step 0 is retired, the step just left stays: the new step is 3 steps ahead.
-        assert_eq!(plan.apply(&[window(&[5])], &l, usize::MAX), Ok(Some(3)));
+        assert_eq!(
+            plan.apply(&[window(&[5])], &l, Room::UNLIMITED),
+            Ok(Some(3))
+        );
         assert_eq!(plan.position, 1);
         let greeting = [HintLine::Greeting { version: 2 }];
         assert_eq!(
-            plan.apply(&greeting, &l, usize::MAX),
+            plan.apply(&greeting, &l, Room::UNLIMITED),
             Ok(None),
             "nothing new"
         );
         let emptied = [HintLine::Plan { epoch: 2 }];
         assert_eq!(
-            plan.apply(&emptied, &l, usize::MAX),
+            plan.apply(&emptied, &l, Room::UNLIMITED),
             Ok(Some(0)),
             "a new, empty plan"
         );
@@ -392,10 +485,14 @@ mod tests {
     fn a_plan_past_its_entry_budget_is_refused_and_changes_nothing() {
         let l = layout(8, 10);
         let mut plan = Plan::default();
-        plan.apply(&[HintLine::Plan { epoch: 1 }, window(&[0, 1, 2])], &l, 5)
+        let room = Room {
+            entries: 5,
+            work: u64::MAX,
+        };
+        plan.apply(&[HintLine::Plan { epoch: 1 }, window(&[0, 1, 2])], &l, room)
             .unwrap();
         assert_eq!(plan.entries(), 3);
-        let error = plan.apply(&[window(&[3, 4, 5])], &l, 5).unwrap_err();
+        let error = plan.apply(&[window(&[3, 4, 5])], &l, room).unwrap_err();
         assert_eq!(
             error,
             PlanRefused::TooManyEntries {
@@ -403,8 +500,93 @@ mod tests {
             }
         );
         assert_eq!(plan.steps, vec![Step::Window(vec![0, 1, 2])]);
-        plan.apply(&[window(&[3, 4])], &l, 5).unwrap();
+        plan.apply(&[window(&[3, 4])], &l, room).unwrap();
         assert_eq!(plan.entries(), 5);
+    }
+
+    fn rows(ranges: &[Range<u64>]) -> HintLine {
+        HintLine::Rows {
+            ranges: ranges.to_vec(),
+        }
+    }
+
+    fn one_range(range: Range<u64>) -> HintLine {
+        rows(std::slice::from_ref(&range))
+    }
+
+    /// A row range is one entry, but one unit of work for each chunk it spans: a plan
+    /// is held to its room in work, whatever its number of entries.
+    #[test]
+    fn a_plan_is_held_to_the_work_its_steps_expand_to_not_their_entries() {
+        let l = layout(1000, 10);
+        let mut plan = Plan::default();
+        let room = Room {
+            entries: usize::MAX,
+            work: 300,
+        };
+        // 10 + 90 + 2 chunks: rows 2005..2015 cross one chunk edge.
+        let lines = [
+            one_range(0..100),
+            one_range(100..1000),
+            one_range(2005..2015),
+        ];
+        plan.apply(&lines, &l, room).unwrap();
+        assert_eq!((plan.entries(), plan.work()), (3, 102));
+        let wide = [rows(&[0..1000, 5000..6000])];
+        assert_eq!(
+            plan.apply(&wide, &l, room),
+            Err(PlanRefused::TooMuchWork {
+                work: 302,
+                limit: 300
+            }),
+            "two entries, 200 chunks"
+        );
+        assert_eq!((plan.steps.len(), plan.work()), (3, 102), "unchanged");
+        // Steps the reader passed give their work back as they retire.
+        while !plan.observe(&chunks(&[200]), &l) {}
+        assert_eq!(plan.position, 2);
+        plan.apply(&wide, &l, room).unwrap();
+        assert_eq!(plan.work(), 90 + 2 + 200);
+        // A new plan starts from nothing.
+        plan.apply(&[HintLine::Plan { epoch: 2 }, one_range(0..10)], &l, room)
+            .unwrap();
+        assert_eq!((plan.entries(), plan.work()), (1, 1));
+    }
+
+    #[test]
+    fn a_step_wider_than_the_step_bound_is_refused_whatever_the_room() {
+        let per_chunk = 2;
+        let chunks = MAX_STEP_WORK + 1;
+        let l = layout(chunks, per_chunk);
+        let mut plan = Plan::default();
+        let all_rows = 0..chunks * per_chunk;
+        assert_eq!(
+            plan.apply(
+                &[rows(std::slice::from_ref(&all_rows))],
+                &l,
+                Room::UNLIMITED
+            ),
+            Err(PlanRefused::StepTooWide {
+                work: MAX_STEP_WORK + 1,
+                limit: MAX_STEP_WORK
+            })
+        );
+        let many_ranges: Vec<Range<u64>> =
+            (0..chunks).map(|c| c * per_chunk..c * per_chunk).collect();
+        assert!(
+            matches!(
+                plan.apply(&[rows(&many_ranges)], &l, Room::UNLIMITED),
+                Err(PlanRefused::StepTooWide { .. })
+            ),
+            "empty ranges count one each"
+        );
+        assert!(plan.steps.is_empty());
+        plan.apply(
+            &[one_range(0..MAX_STEP_WORK * per_chunk)],
+            &l,
+            Room::UNLIMITED,
+        )
+        .unwrap();
     }
 
     #[test]
@@ -415,7 +597,7 @@ mod tests {
             .apply(
                 &[HintLine::ChunkRows { rows: 11 }, window(&[0])],
                 &l,
-                usize::MAX,
+                Room::UNLIMITED,
             )
             .unwrap_err();
         assert_eq!(
@@ -429,7 +611,7 @@ mod tests {
         plan.apply(
             &[HintLine::ChunkRows { rows: 10 }, window(&[0])],
             &l,
-            usize::MAX,
+            Room::UNLIMITED,
         )
         .unwrap();
         assert_eq!(plan.steps, vec![Step::Window(vec![0])]);
@@ -442,11 +624,11 @@ mod tests {
         plan.apply(
             &[HintLine::Plan { epoch: 1 }, window(&[0, 1])],
             &l,
-            usize::MAX,
+            Room::UNLIMITED,
         )
         .unwrap();
         assert!(plan
-            .apply(&[window(&[2]), window(&[4])], &l, usize::MAX)
+            .apply(&[window(&[2]), window(&[4])], &l, Room::UNLIMITED)
             .is_err());
         assert!(plan
             .apply(
@@ -454,7 +636,7 @@ mod tests {
                     ranges: vec![0..3, 30..41]
                 }],
                 &l,
-                usize::MAX,
+                Room::UNLIMITED,
             )
             .is_err());
         assert_eq!(plan.steps, vec![Step::Window(vec![0, 1])]);
@@ -464,12 +646,20 @@ mod tests {
     fn a_new_plan_replaces_the_old_and_steps_append() {
         let l = layout(4, 10);
         let mut plan = Plan::default();
-        plan.apply(&[HintLine::Plan { epoch: 1 }, window(&[0])], &l, usize::MAX)
-            .unwrap();
-        plan.apply(&[window(&[1])], &l, usize::MAX).unwrap();
+        plan.apply(
+            &[HintLine::Plan { epoch: 1 }, window(&[0])],
+            &l,
+            Room::UNLIMITED,
+        )
+        .unwrap();
+        plan.apply(&[window(&[1])], &l, Room::UNLIMITED).unwrap();
         assert_eq!(plan.steps.len(), 2);
-        plan.apply(&[HintLine::Plan { epoch: 2 }, window(&[3])], &l, usize::MAX)
-            .unwrap();
+        plan.apply(
+            &[HintLine::Plan { epoch: 2 }, window(&[3])],
+            &l,
+            Room::UNLIMITED,
+        )
+        .unwrap();
         assert_eq!(
             (plan.epoch, plan.steps.clone()),
             (2, vec![Step::Window(vec![3])])
@@ -484,7 +674,7 @@ mod tests {
             .iter()
             .map(|w| window(w))
             .collect();
-        plan.apply(&lines, &l, usize::MAX).unwrap();
+        plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
         assert!(
             !plan.observe(&chunks(&[5]), &l),
             "one read elsewhere is not a move"
@@ -517,8 +707,12 @@ mod tests {
     fn stray_reads_between_reads_of_the_current_step_do_not_move_it() {
         let l = layout(6, 10);
         let mut plan = Plan::default();
-        plan.apply(&[window(&[0]), window(&[1]), window(&[2])], &l, usize::MAX)
-            .unwrap();
+        plan.apply(
+            &[window(&[0]), window(&[1]), window(&[2])],
+            &l,
+            Room::UNLIMITED,
+        )
+        .unwrap();
         for _ in 0..2 * READS_TO_ADVANCE {
             assert!(!plan.observe(&chunks(&[2]), &l));
             assert!(!plan.observe(&chunks(&[0]), &l));
@@ -545,7 +739,7 @@ mod tests {
         let rows = |a, b| HintLine::Rows {
             ranges: std::iter::once(a..b).collect(),
         };
-        plan.apply(&[rows(0, 3), rows(5, 8)], &l, usize::MAX)
+        plan.apply(&[rows(0, 3), rows(5, 8)], &l, Room::UNLIMITED)
             .unwrap();
         plan.resolve(0, &plan.steps[0].clone(), HashSet::from([part(0)]));
         plan.resolve(1, &plan.steps[1].clone(), HashSet::from([part(1)]));
@@ -579,7 +773,7 @@ mod tests {
             window(&[2]),
             window(&[3]),
         ];
-        plan.apply(&lines, &l, usize::MAX).unwrap();
+        plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
         assert!(plan.finished_chunks(&l).is_empty());
         while !plan.observe(&chunks(&[1]), &l) {}
         assert_eq!(plan.position, 1);
@@ -592,11 +786,11 @@ mod tests {
         // Window 3 passed; the first row step read all of chunk 0 and part of chunk 1.
         assert_eq!(plan.finished_chunks(&l), vec![3, 0]);
         assert!(plan.finished_chunks(&l).is_empty(), "reported once");
-        plan.apply(&[window(&[1])], &l, usize::MAX).unwrap();
+        plan.apply(&[window(&[1])], &l, Room::UNLIMITED).unwrap();
         while !plan.observe(&chunks(&[3]), &l) {}
         // The rest of chunk 1 was read by a step counted after the first ones retired.
         assert_eq!(plan.finished_chunks(&l), vec![1]);
-        plan.apply(&lines, &l, usize::MAX).unwrap();
+        plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
         while !plan.observe(&chunks(&[2]), &l) {}
         assert_eq!(
             plan.finished_chunks(&l),
@@ -614,7 +808,7 @@ mod tests {
         let lines: Vec<HintLine> = std::iter::once(HintLine::Plan { epoch: 1 })
             .chain((0..6).map(|c| window(&[c])))
             .collect();
-        plan.apply(&lines, &l, usize::MAX).unwrap();
+        plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
         let revision = plan.revision();
         assert!(plan.is_upcoming(revision, 0));
         while !plan.observe(&chunks(&[2]), &l) {}
@@ -623,7 +817,7 @@ mod tests {
         assert!(plan.is_upcoming(revision, 5));
         // The next epoch in the same order names the same steps at the same places,
         // but the end of the last epoch is the far end of the new one.
-        plan.apply(&lines, &l, usize::MAX).unwrap();
+        plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
         assert!(!plan.is_upcoming(revision, 5));
         assert!(plan.is_upcoming(plan.revision(), 5));
     }
@@ -640,11 +834,11 @@ mod tests {
                 window(&[2]),
             ],
             &l,
-            usize::MAX,
+            Room::UNLIMITED,
         )
         .unwrap();
         while !plan.observe(&chunks(&[2]), &l) {}
-        plan.apply(&[window(&[3])], &l, usize::MAX).unwrap();
+        plan.apply(&[window(&[3])], &l, Room::UNLIMITED).unwrap();
         // The step just left stays, protected; the one before it goes.
         assert_eq!(
             plan.steps,
@@ -672,7 +866,7 @@ mod tests {
                 },
             ],
             &l,
-            usize::MAX,
+            Room::UNLIMITED,
         )
         .unwrap();
         assert_eq!(plan.steps[0].chunks(&l), vec![0, 1]);

@@ -84,4 +84,17 @@ fn a_hostile_hint_writer_does_not_stall_another_users_reads() {
         "{reads} reads and {plans_written} plans of the reader, the slowest {slowest:?}; the writer: {exit} {stderr}"
     );
     assert!(reads >= 100, "only {reads} reads in {HOSTILE_FOR:?}");
+    // The writer did write: some of its plans were taken, the rest refused.
+    let status = mount.status();
+    let refused = status
+        .hint_refusals
+        .iter()
+        .find(|r| r.uid == HOSTILE_UID)
+        .unwrap_or_else(|| panic!("no refusal of the hostile writer: {status:?}\n{stderr}"));
+    assert!(refused.refused > 0);
+    assert!(
+        !status.hint_refusals.iter().any(|r| r.uid == 0),
+        "the reader's writes were all taken: {:?}",
+        status.hint_refusals
+    );
 }
