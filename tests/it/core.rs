@@ -1616,3 +1616,208 @@ mod hint_budgets {
         );
     }
 }
+
+/// Several plans on one mount (issue 29's fair sharing): they share the downloads, the
+/// prefetch slots and the cache budget without one rank's prefetch costing another
+/// rank its next step or its first row.
+mod plans_sharing_a_mount {
+    use super::*;
+    use object_store::{GetOptions, GetResult};
+    use scdlfs::store::throttled::Throttle;
+    use scdlfs::store::wrapper::GetHook;
+
+    /// The keys read, in the order their requests reached the store.
+    #[derive(Debug, Default)]
+    struct Arrivals(parking_lot::Mutex<Vec<String>>);
+
+    #[async_trait::async_trait]
+    impl GetHook for Arrivals {
+        async fn get(
+            &self,
+            inner: &dyn ObjectStore,
+            location: &ObjectPath,
+            options: GetOptions,
+        ) -> object_store::Result<GetResult> {
+            self.0.lock().push(location.to_string());
+            inner.get_opts(location, options).await
+        }
+    }
+
+    async fn plan(core: &Core, lines: &str) -> u64 {
+        let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
+        let handle = core.core.open(hints.ino.0).unwrap().handle;
+        core.core.write(handle, lines.as_bytes()).unwrap();
+        handle
+    }
+
+    fn raw(chunk: u32, kind: ArrayKind) -> String {
+        format!("ds/{CHUNKED_DIR}/chunk_{chunk:05}/{}", kind.file_name())
+    }
+
+    fn chunk_bytes(files: &BTreeMap<String, Vec<u8>>, chunk: u32) -> u64 {
+        let dir = format!("ds/chunk_{chunk:05}/");
+        files
+            .iter()
+            .filter(|(name, _)| name.starts_with(&dir))
+            .map(|(_, bytes)| bytes.len() as u64)
+            .sum()
+    }
+
+    fn requests_of_chunk(core: &Core, chunk: u32) -> u64 {
+        let dir = format!("ds/chunk_{chunk:05}/");
+        let reads = core.reads.hook().snapshot();
+        reads
+            .iter()
+            .filter(|((key, _), _)| key.starts_with(&dir))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_plans_that_need_the_same_parts_fetch_each_part_once() {
+        let core = core_of(&dataset_files("ds"), |s| s.prefetch_lookahead_steps = 3).await;
+        let lines = "scdlfs-hints 1\nplan 0\nwindow 1\nwindow 2\nwindow 3\n";
+        let (a, b) = (plan(&core, lines).await, plan(&core, lines).await);
+        for chunk in 1..=3 {
+            for kind in ArrayKind::ALL {
+                let path = raw(chunk, kind);
+                let (first, second) = tokio::join!(
+                    core.read_all(&path, 16 << 10),
+                    core.read_all(&path, 16 << 10)
+                );
+                assert_eq!(first, second, "{path}");
+            }
+        }
+        core.settle().await;
+        let reads = core.reads.hook().snapshot();
+        let twice: Vec<_> = reads.iter().filter(|(_, &n)| n > 1).collect();
+        assert!(twice.is_empty(), "asked for more than once: {twice:?}");
+        // And no two requests of one object overlap: no byte came twice.
+        let mut by_key: BTreeMap<&str, Vec<std::ops::Range<u64>>> = BTreeMap::new();
+        // (Whole objects are read only by discovery: the header.)
+        for (key, range) in reads.keys() {
+            if let Some(range) = range {
+                by_key.entry(key).or_default().push(range.clone());
+            }
+        }
+        for (key, mut ranges) in by_key {
+            ranges.sort_by_key(|r| r.start);
+            assert!(
+                ranges.windows(2).all(|w| w[0].end <= w[1].start),
+                "{key}: {ranges:?}"
+            );
+        }
+        core.core.release(a);
+        core.core.release(b);
+    }
+
+    /// A cache of about three chunks; plan A is reading chunk 1, plan B announces six
+    /// chunks ahead. B's prefetches take the room A's plan does not name, never A's
+    /// current step: reading chunk 1 again fetches nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plans_current_step_is_never_evicted_for_another_plans_later_step() {
+        let files = dataset_files("ds");
+        let largest = (0..9).map(|c| chunk_bytes(&files, c)).max().unwrap();
+        let core = core_of(&files, |s| {
+            s.cache_bytes = 3 * largest + (64 << 10);
+            s.prefetch_lookahead_steps = 6;
+        })
+        .await;
+        let a = plan(&core, "scdlfs-hints 1\nplan 0\nwindow 1\n").await;
+        for kind in ArrayKind::ALL {
+            core.read_all(&raw(1, kind), 16 << 10).await;
+        }
+        core.settle().await;
+        let fetched_before = requests_of_chunk(&core, 1);
+        let b = plan(
+            &core,
+            "scdlfs-hints 1\nplan 0\nwindow 2\nwindow 3\nwindow 4\nwindow 5\nwindow 6\nwindow 7\n",
+        )
+        .await;
+        // B's reader goes through its first steps, which moves its plan on and keeps
+        // its prefetch wanting room.
+        for chunk in 2..=4 {
+            for kind in ArrayKind::ALL {
+                core.read_all(&raw(chunk, kind), 16 << 10).await;
+            }
+        }
+        core.settle().await;
+        for kind in ArrayKind::ALL {
+            core.read_all(&raw(1, kind), 16 << 10).await;
+        }
+        assert_eq!(
+            requests_of_chunk(&core, 1),
+            fetched_before,
+            "chunk 1, A's current step, was evicted for B's steps: {:?}",
+            core.observer.status().cache
+        );
+        core.core.release(a);
+        core.core.release(b);
+    }
+
+    /// Plan A's prefetches queue behind two download slots over a slow link; plan B
+    /// starts, and its reader's first read goes to the store before A's queued
+    /// prefetches (at most the two slots' worth of A's requests that were about to
+    /// start come first).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_plans_first_read_goes_before_the_other_plans_queued_prefetches() {
+        let memory = memory_of(&dataset_files("ds")).await;
+        let arrivals = Arc::new(HookedStore::new(
+            Arc::new(HookedStore::new(
+                memory.clone(),
+                Throttle::new(Duration::from_millis(40), 2 << 20),
+            )),
+            Arrivals::default(),
+        ));
+        let reads = Arc::new(HookedStore::new(arrivals.clone(), CountReads::default()));
+        let cache = tempfile::tempdir().unwrap();
+        let mut s = settings(cache.path());
+        s.max_concurrent_requests = 2;
+        s.prefetch_lookahead_steps = 6;
+        let store: Arc<dyn ObjectStore> = reads.clone();
+        let (core, observer) = assemble(store, ObjectPath::from(""), &s, None).unwrap();
+        let core = Core {
+            core,
+            observer,
+            reads,
+            memory,
+            _cache: cache,
+        };
+        let a = plan(
+            &core,
+            "scdlfs-hints 1\nplan 0\nwindow 0\nwindow 1\nwindow 2\nwindow 3\nwindow 4\nwindow 5\n",
+        )
+        .await;
+        let started = Instant::now();
+        while arrivals.hook().0.lock().len() < 2 {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "A prefetches nothing"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let b = plan(&core, "scdlfs-hints 1\nplan 0\nwindow 8\n").await;
+        let before = arrivals.hook().0.lock().len();
+        let first_row = core.resolve(&raw(8, ArrayKind::Data)).await.unwrap();
+        let handle = core.core.open(first_row.ino.0).unwrap().handle;
+        core.core
+            .read(first_row.ino.0, handle, 0, 4096)
+            .await
+            .unwrap();
+        let log = arrivals.hook().0.lock().clone();
+        let since: Vec<&String> = log[before..].iter().collect();
+        let of_a = |key: &&String| (0..=5).any(|c| key.starts_with(&format!("ds/chunk_{c:05}/")));
+        let first_of_b = since
+            .iter()
+            .position(|key| key.starts_with("ds/chunk_00008/"))
+            .expect("B's read reached the store");
+        let a_before_b = since[..first_of_b].iter().filter(|k| of_a(k)).count();
+        assert!(
+            a_before_b <= 2,
+            "{a_before_b} of A's requests went before B's first read: {since:?}"
+        );
+        core.core.release(handle);
+        core.core.release(a);
+        core.core.release(b);
+    }
+}
