@@ -11,68 +11,109 @@
 //! but its owner can rename or remove an entry). Group-writable directories above it
 //! are allowed: a user's own group is commonly such.
 
+use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const GROUP_OR_OTHER_WRITE: u32 = 0o022;
 const OTHER_WRITE: u32 = 0o002;
 const STICKY: u32 = 0o1000;
 
 /// Checks `dir` (which exists) and the directories above it; the refusal says why.
-pub fn check(dir: &Path) -> Result<(), String> {
+pub fn check(dir: &Path) -> Result<(), UntrustedCacheDir> {
     let me = rustix::process::geteuid().as_raw();
-    let meta = std::fs::symlink_metadata(dir)
-        .map_err(|error| format!("cannot inspect cache directory {}: {error}", dir.display()))?;
+    let cannot_inspect = |source| UntrustedCacheDir::CannotInspectDir {
+        dir: dir.to_owned(),
+        source,
+    };
+    let meta = std::fs::symlink_metadata(dir).map_err(cannot_inspect)?;
     if meta.file_type().is_symlink() {
-        return Err(format!(
-            "cache directory {} is a symbolic link; give the directory itself",
-            dir.display()
-        ));
+        return Err(UntrustedCacheDir::SymbolicLink(dir.to_owned()));
     }
     if meta.uid() != me {
-        return Err(format!(
-            "cache directory {} is owned by uid {}, not by this user (uid {me}): its owner \
-             could plant the files it serves; use a directory of your own",
-            dir.display(),
-            meta.uid()
-        ));
+        return Err(UntrustedCacheDir::OwnedByAnother {
+            dir: dir.to_owned(),
+            owner: meta.uid(),
+            me,
+        });
     }
     if meta.mode() & GROUP_OR_OTHER_WRITE != 0 {
-        return Err(format!(
-            "cache directory {} is writable by other users (mode {:o}); chmod 700 it",
-            dir.display(),
-            meta.mode() & 0o7777
-        ));
+        return Err(UntrustedCacheDir::WritableByOthers {
+            dir: dir.to_owned(),
+            mode: meta.mode() & 0o7777,
+        });
     }
     // Both the path as given and as resolved: a symbolic link above the directory is
     // as safe as the directory holding the link.
-    let given = std::path::absolute(dir).map_err(|error| error.to_string())?;
-    let resolved = dir.canonicalize().map_err(|error| error.to_string())?;
+    let given = std::path::absolute(dir).map_err(cannot_inspect)?;
+    let resolved = dir.canonicalize().map_err(cannot_inspect)?;
     for above in given
         .ancestors()
         .skip(1)
         .chain(resolved.ancestors().skip(1))
     {
-        let meta = std::fs::metadata(above)
-            .map_err(|error| format!("cannot inspect {}: {error}", above.display()))?;
+        let meta = std::fs::metadata(above).map_err(|source| UntrustedCacheDir::CannotInspect {
+            path: above.to_owned(),
+            source,
+        })?;
         if meta.uid() != 0 && meta.uid() != me {
-            return Err(format!(
-                "cache directory {} is below {}, which is owned by uid {}: its owner could \
-                 replace the cache directory; use one below directories of root or your own",
-                dir.display(),
-                above.display(),
-                meta.uid()
-            ));
+            return Err(UntrustedCacheDir::BelowAnothersDir {
+                dir: dir.to_owned(),
+                above: above.to_owned(),
+                owner: meta.uid(),
+            });
         }
         if meta.mode() & OTHER_WRITE != 0 && meta.mode() & STICKY == 0 {
-            return Err(format!(
-                "cache directory {} is below {}, which is writable by every user (mode {:o}, not \
-                 sticky): anyone could replace the cache directory; use another place",
-                dir.display(),
-                above.display(),
-                meta.mode() & 0o7777
-            ));
+            return Err(UntrustedCacheDir::BelowWorldWritableDir {
+                dir: dir.to_owned(),
+                above: above.to_owned(),
+                mode: meta.mode() & 0o7777,
+            });
         }
     }
     Ok(())
+}
+
+/// Why a cache directory is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum UntrustedCacheDir {
+    #[error("cannot inspect cache directory {}: {source}", dir.display())]
+    CannotInspectDir { dir: PathBuf, source: io::Error },
+    #[error("cannot inspect {}: {source}", path.display())]
+    CannotInspect { path: PathBuf, source: io::Error },
+    #[error("cache directory {} is a symbolic link; give the directory itself", .0.display())]
+    SymbolicLink(PathBuf),
+    #[error(
+        "cache directory {} is owned by uid {owner}, not by this user (uid {me}): its owner \
+         could plant the files it serves; use a directory of your own",
+        dir.display()
+    )]
+    OwnedByAnother { dir: PathBuf, owner: u32, me: u32 },
+    #[error(
+        "cache directory {} is writable by other users (mode {mode:o}); chmod 700 it",
+        dir.display()
+    )]
+    WritableByOthers { dir: PathBuf, mode: u32 },
+    #[error(
+        "cache directory {} is below {}, which is owned by uid {owner}: its owner could \
+         replace the cache directory; use one below directories of root or your own",
+        dir.display(),
+        above.display()
+    )]
+    BelowAnothersDir {
+        dir: PathBuf,
+        above: PathBuf,
+        owner: u32,
+    },
+    #[error(
+        "cache directory {} is below {}, which is writable by every user (mode {mode:o}, not \
+         sticky): anyone could replace the cache directory; use another place",
+        dir.display(),
+        above.display()
+    )]
+    BelowWorldWritableDir {
+        dir: PathBuf,
+        above: PathBuf,
+        mode: u32,
+    },
 }

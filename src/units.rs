@@ -3,7 +3,7 @@
 /// Parses a size with an optional decimal (kB, MB, GB, TB) or binary (KiB, MiB, GiB,
 /// TiB) unit; `K`, `M`, `G`, `T` alone are binary, as in `dd` and `du`. The number
 /// and unit rules are the `parse-size` crate's; only the bare letters are ours.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, NotASize> {
     let text = text.trim();
     // parse-size reads a bare `M` as `MB`: make it `Mi` (MiB) first.
     let binary;
@@ -14,9 +14,18 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         }
         _ => text,
     };
-    parse_size::parse_size(spelled).map_err(|error| {
-        format!("{text:?} is not a size ({error}; try 20GiB, 512MiB or a byte count)")
+    parse_size::parse_size(spelled).map_err(|source| NotASize {
+        text: text.to_owned(),
+        source,
     })
+}
+
+/// A size that [`parse_size`] cannot read.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not a size ({source}; try 20GiB, 512MiB or a byte count)")]
+pub struct NotASize {
+    text: String,
+    source: parse_size::Error,
 }
 
 /// A size for people: `1.50 GiB`.

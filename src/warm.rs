@@ -28,6 +28,7 @@ use scdl_format::ArrayKind;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{DiskCache, Recency};
+use crate::catalog::monolithic::CorruptRowOffsets;
 use crate::catalog::Dataset;
 use crate::error::{FsError, FsResult};
 use crate::fetch::Fetcher;
@@ -71,12 +72,15 @@ pub enum WarmRequest {
 }
 
 impl WarmRequest {
-    pub fn parse(bytes: &[u8]) -> Result<WarmRequest, String> {
-        let text = std::str::from_utf8(bytes).map_err(|_| "not text".to_owned())?;
+    pub fn parse(bytes: &[u8]) -> Result<WarmRequest, BadWarmRequest> {
+        let text = std::str::from_utf8(bytes)?;
         let words: Vec<&str> = text.split_ascii_whitespace().collect();
         let number = |word: &str| {
             word.parse::<u64>()
-                .map_err(|_| format!("{word:?} is not a non-negative integer"))
+                .map_err(|source| BadWarmRequest::NotANumber {
+                    word: word.to_owned(),
+                    source,
+                })
         };
         match words.as_slice() {
             ["stop", token] => Ok(WarmRequest::Stop {
@@ -97,7 +101,7 @@ impl WarmRequest {
                     },
                 })
             }
-            _ => Err(format!("not a warm request: {text:?}")),
+            _ => Err(BadWarmRequest::Unknown(text.to_owned())),
         }
     }
 
@@ -111,6 +115,38 @@ impl WarmRequest {
             },
         }
     }
+}
+
+/// Why bytes written to [`WARM_XATTR`] are not a [`WarmRequest`].
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadWarmRequest {
+    #[error("not text")]
+    NotText(#[from] std::str::Utf8Error),
+    #[error("{word:?} is not a non-negative integer")]
+    NotANumber {
+        word: String,
+        source: std::num::ParseIntError,
+    },
+    #[error("not a warm request: {0:?}")]
+    Unknown(String),
+}
+
+/// Why a warm job failed.
+#[derive(Debug, thiserror::Error)]
+enum WarmFailure {
+    #[error(
+        "the selection names no {what}: the dataset has {chunks} chunks of {chunk_rows} rows, {rows} rows"
+    )]
+    EmptySelection {
+        what: &'static str,
+        chunks: u64,
+        chunk_rows: u64,
+        rows: u64,
+    },
+    #[error(transparent)]
+    Read(#[from] FsError),
+    #[error(transparent)]
+    RowOffsets(#[from] CorruptRowOffsets),
 }
 
 /// Where a job is.
@@ -226,7 +262,7 @@ impl Warmer {
     pub fn request(&self, dataset: &Dataset, bytes: &[u8]) -> FsResult<()> {
         let request = WarmRequest::parse(bytes).map_err(|reason| {
             tracing::warn!(dataset = %dataset.prefix(), %reason, "warm request refused with EINVAL");
-            FsError::InvalidRequest(reason)
+            FsError::InvalidRequest(reason.to_string())
         })?;
         let mut jobs = self.jobs.lock();
         let key = dataset.prefix().to_string();
@@ -264,7 +300,7 @@ impl Warmer {
                         let mut progress = job.progress.lock();
                         progress.state = match outcome {
                             Err(reason) => {
-                                progress.message = Some(reason);
+                                progress.message = Some(reason.to_string());
                                 WarmState::Failed
                             }
                             Ok(()) if job.stop.load(Ordering::Relaxed) => WarmState::Stopped,
@@ -300,7 +336,7 @@ async fn warm(
     cache: &Arc<DiskCache>,
     dataset: &Dataset,
     selection: &Selection,
-) -> Result<(), String> {
+) -> Result<(), WarmFailure> {
     // Parts of an earlier mount count as cached only once adopted.
     while !cache.stats().adoption_done {
         if job.should_stop() {
@@ -412,11 +448,14 @@ async fn byte_ranges(
     fetcher: &Arc<Fetcher>,
     dataset: &Dataset,
     selection: &Selection,
-) -> Result<Vec<(Arc<ObjectInfo>, Range<u64>)>, String> {
+) -> Result<Vec<(Arc<ObjectInfo>, Range<u64>)>, WarmFailure> {
     let geometry = dataset.geometry();
     let (chunks, rows) = (geometry.num_chunks(), geometry.total_rows);
-    let empty = |what: &str| {
-        format!("the selection names no {what}: the dataset has {chunks} chunks of {} rows, {rows} rows", geometry.chunk_size)
+    let empty = |what| WarmFailure::EmptySelection {
+        what,
+        chunks,
+        chunk_rows: geometry.chunk_size,
+        rows,
     };
     match dataset {
         Dataset::Chunked(flat) => {
@@ -471,14 +510,10 @@ async fn byte_ranges(
             for (bound, row) in bounds.iter_mut().zip([rows.start, rows.end]) {
                 let offset = row * width;
                 let index = offset / fetcher.part_size();
-                let part = fetcher
-                    .part(&row_ptr, index)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let part = fetcher.part(&row_ptr, index).await?;
                 let mut bytes = [0u8; 8];
                 let bytes = &mut bytes[..width as usize];
-                part.copy_to(bytes, offset - index * fetcher.part_size())
-                    .map_err(|e| e.to_string())?;
+                part.copy_to(bytes, offset - index * fetcher.part_size())?;
                 *bound = dtype.read_uint(bytes, 0);
             }
             let values = mono
@@ -489,8 +524,7 @@ async fn byte_ranges(
                         bounds[1]
                     })
                 })
-                .expect("both bounds are known")
-                .map_err(|e| e.to_string())?;
+                .expect("both bounds are known")?;
             let mut ranges = vec![(row_ptr, mono.row_ptr_bytes(&rows))];
             for kind in [ArrayKind::Data, ArrayKind::ColPtr] {
                 let width = mono.width(kind);

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::part_file::PartHeader;
+use super::part_file::{HeaderError, PartHeader};
 use crate::parts::{span, GroupId, ObjectId};
 
 /// The cache layout this daemon reads: the part-file format (version
@@ -214,34 +214,49 @@ pub fn scan(parts_dir: &Path, max_len: u64) -> io::Result<Scan> {
 /// exactly the header plus the data it declares and the length its name declares (a
 /// file cut short by a power loss is refused here; a flipped data bit is caught by the
 /// block checksums on reading), and the part its name says it holds.
-pub fn read_header(path: &Path, name: &PartFileName) -> Result<(PartHeader, u64), String> {
-    let mut file = super::private_file()
-        .read(true)
-        .open(path)
-        .map_err(|e| e.to_string())?;
-    let file_len = file.metadata().map_err(|e| e.to_string())?.size();
+pub fn read_header(path: &Path, name: &PartFileName) -> Result<(PartHeader, u64), BadPartFile> {
+    let mut file = super::private_file().read(true).open(path)?;
+    let file_len = file.metadata()?.size();
     let mut head = vec![0u8; 4096];
-    let got = read_up_to(&mut file, &mut head).map_err(|e| e.to_string())?;
+    let got = read_up_to(&mut file, &mut head)?;
     head.truncate(got);
-    let header_len = PartHeader::declared_len(&head).map_err(|e| e.to_string())?;
+    let header_len = PartHeader::declared_len(&head)?;
     if header_len > head.len() {
         let have = head.len();
         head.resize(header_len, 0);
-        let got = read_up_to(&mut file, &mut head[have..]).map_err(|e| e.to_string())?;
+        let got = read_up_to(&mut file, &mut head[have..])?;
         head.truncate(have + got);
     }
-    let header = PartHeader::decode(&head).map_err(|e| e.to_string())?;
+    let header = PartHeader::decode(&head)?;
     let declared = header_len as u64 + header.data_len;
     if file_len != declared || file_len != name.len {
-        return Err(format!(
-            "file is {file_len} bytes, its header declares {declared}, its name {}",
-            name.len
-        ));
+        return Err(BadPartFile::WrongLength {
+            file_len,
+            declared,
+            named: name.len,
+        });
     }
     if part_id(&header.key, &header.etag, header.object_offset) != name.part {
-        return Err("its header names another part than its file name".into());
+        return Err(BadPartFile::OtherPart);
     }
     Ok((header, header_len as u64))
+}
+
+/// Why an earlier mount's part file is not adopted.
+#[derive(Debug, thiserror::Error)]
+pub enum BadPartFile {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    #[error("file is {file_len} bytes, its header declares {declared}, its name {named}")]
+    WrongLength {
+        file_len: u64,
+        declared: u64,
+        named: u64,
+    },
+    #[error("its header names another part than its file name")]
+    OtherPart,
 }
 
 fn read_up_to(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
@@ -461,16 +476,22 @@ mod tests {
         };
         let path = dir.path().join(right.to_string());
         fs::write(&path, &bytes).unwrap();
-        assert_eq!(read_header(&path, &right), Ok((header, 4096)));
+        assert_eq!(read_header(&path, &right).unwrap(), (header, 4096));
         let other_part = PartFileName {
             part: part_id("k", "\"e\"", 0),
             ..right
         };
-        assert!(read_header(&path, &other_part).is_err());
+        assert!(matches!(
+            read_header(&path, &other_part),
+            Err(BadPartFile::OtherPart)
+        ));
         let longer = PartFileName {
             len: right.len + 1,
             ..right
         };
-        assert!(read_header(&path, &longer).is_err());
+        assert!(matches!(
+            read_header(&path, &longer),
+            Err(BadPartFile::WrongLength { .. })
+        ));
     }
 }

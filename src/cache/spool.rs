@@ -23,12 +23,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::adopt::{self, PartFileName};
+use super::checked::{read_checked, BlockReadFailure, CheckedBlocks};
+use super::ownership::private_file;
 use super::part_file::{PartHeader, BLOCK_LEN};
 use super::policy::{Admission, Reservation, Unit};
-use super::{
-    private_file, read_checked, BlockReadFailure, CacheError, CheckedBlocks, DiskCache, PartOrigin,
-    ResidentFile, Step,
-};
+use super::{CacheError, DiskCache, PartOrigin, ResidentFile, Step};
 use crate::parts::{GroupId, PartKey};
 
 pub struct Spool {

@@ -17,6 +17,8 @@
 
 pub mod journal;
 pub mod source;
+mod upload;
+mod verify;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -24,7 +26,7 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutPayload, WriteMultipart};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 use scdl_format::chunking::{chunked_header, encode_row_offsets, ChunkingError};
 use scdl_format::layout::{chunk_dir_name, HEADER_FILE};
 use scdl_format::{ArrayKind, ChunkedInfo, Header, HeaderError};
@@ -33,6 +35,8 @@ use tokio_util::sync::CancellationToken;
 use crate::progress::Progress;
 use journal::{JobIdentity, Journal, Uploaded, FORMAT_VERSION, JOURNAL_DIR};
 use source::MonolithicSource;
+use upload::upload;
+use verify::{verify_contents, verify_sizes};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChunkError {
@@ -466,107 +470,6 @@ async fn row_offsets(archive: &MonolithicSource, chunk: u64) -> Result<Vec<u8>, 
     Ok(encode_row_offsets(array.dtype, &rebased)?)
 }
 
-/// Sends one object; returns what the store now holds.
-async fn upload(
-    archive: &MonolithicSource,
-    target: &Location,
-    object: &TargetObject,
-    options: &ChunkOptions,
-    progress: &Progress,
-    cancel: &CancellationToken,
-) -> Result<Uploaded, ChunkError> {
-    if cancel.is_cancelled() {
-        return Err(ChunkError::Cancelled);
-    }
-    let location = target.join(&object.key);
-    let small = match &object.content {
-        Content::RowOffsets { chunk } => Some(row_offsets(archive, *chunk).await?),
-        Content::Copy { from, range } if object.size <= options.part_size as u64 => {
-            Some(archive.read_range(from, range.clone()).await?)
-        }
-        Content::Copy { .. } => None,
-    };
-    if let Some(bytes) = small {
-        let crc32c = crc32c::crc32c(&bytes);
-        let size = bytes.len() as u64;
-        let result = target
-            .store
-            .put(&location, PutPayload::from(bytes))
-            .await
-            .map_err(|source| ChunkError::store(&location, source))?;
-        progress.add_bytes(size);
-        return Ok(Uploaded {
-            size,
-            crc32c,
-            e_tag: result.e_tag,
-        });
-    }
-    let Content::Copy { from, range } = &object.content else {
-        unreachable!("row offsets always go in one PUT");
-    };
-    let upload = target
-        .store
-        .put_multipart(&location)
-        .await
-        .map_err(|source| ChunkError::store(&location, source))?;
-    let mut writer = WriteMultipart::new_with_chunk_size(upload, options.part_size);
-    match stream_into(archive, from, range.clone(), &mut writer, progress, cancel).await {
-        Ok(crc32c) => {
-            let result = writer
-                .finish()
-                .await
-                .map_err(|source| ChunkError::store(&location, source))?;
-            Ok(Uploaded {
-                size: object.size,
-                crc32c,
-                e_tag: result.e_tag,
-            })
-        }
-        Err(error) => {
-            // An abandoned multipart upload would linger unseen (and billed) in S3.
-            if let Err(abort) = writer.abort().await {
-                tracing::warn!("could not abort the upload of {location}: {abort}");
-            }
-            Err(error)
-        }
-    }
-}
-
-/// Streams `range` of `from` into `writer`; returns the CRC32C of the bytes sent.
-async fn stream_into(
-    archive: &MonolithicSource,
-    from: &ObjectPath,
-    range: Range<u64>,
-    writer: &mut WriteMultipart,
-    progress: &Progress,
-    cancel: &CancellationToken,
-) -> Result<u32, ChunkError> {
-    let expected = range.end - range.start;
-    let mut body = archive.get(from, Some(range)).await?.into_stream();
-    let (mut crc, mut sent) = (0u32, 0u64);
-    loop {
-        let next = tokio::select! {
-            _ = cancel.cancelled() => return Err(ChunkError::Cancelled),
-            next = body.try_next() => next.map_err(|source| ChunkError::store(from, source))?,
-        };
-        let Some(bytes) = next else { break };
-        writer
-            .wait_for_capacity(PARTS_IN_FLIGHT)
-            .await
-            .map_err(|source| ChunkError::store(from, source))?;
-        crc = crc32c::crc32c_append(crc, &bytes);
-        sent += bytes.len() as u64;
-        writer.write(&bytes);
-        progress.add_bytes(bytes.len() as u64);
-    }
-    if sent != expected {
-        return Err(ChunkError::Inconsistent(format!(
-            "{from}: expected {expected} bytes, the store sent {sent}"
-        )));
-    }
-    Ok(crc)
-}
-
 /// Whether a recorded upload is still what the target holds.
 fn still_as_uploaded(object: &TargetObject, uploaded: &Uploaded, meta: &ObjectMeta) -> bool {
     meta.size == object.size
@@ -575,111 +478,6 @@ fn still_as_uploaded(object: &TargetObject, uploaded: &Uploaded, meta: &ObjectMe
             (Some(recorded), Some(now)) => recorded == now,
             _ => true,
         }
-}
-
-/// Every planned object is present with its size, and unchanged since its upload.
-fn verify_sizes(
-    objects: &[TargetObject],
-    present: &HashMap<String, ObjectMeta>,
-    record: &HashMap<String, Uploaded>,
-) -> Result<(), ChunkError> {
-    for object in objects {
-        let meta = present.get(&object.key).ok_or_else(|| {
-            ChunkError::Verification(format!("{} is missing at the target", object.key))
-        })?;
-        if meta.size != object.size {
-            return Err(ChunkError::Verification(format!(
-                "{} holds {} bytes, not {}",
-                object.key, meta.size, object.size
-            )));
-        }
-        if let Some(uploaded) = record.get(&object.key) {
-            if !still_as_uploaded(object, uploaded, meta) {
-                return Err(ChunkError::Verification(format!(
-                    "{} changed at the target after it was uploaded",
-                    object.key
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Reads back the row offsets (always: they are small and decide every row's bounds)
-/// or every object (`all`, streamed), comparing each with the CRC32C of the bytes sent,
-/// and checks the row offsets end at their chunk's value count. Returns how many
-/// objects were read back.
-async fn verify_contents(
-    archive: &MonolithicSource,
-    target: &Location,
-    objects: &[TargetObject],
-    record: &HashMap<String, Uploaded>,
-    all: bool,
-) -> Result<usize, ChunkError> {
-    futures::stream::iter(
-        objects
-            .iter()
-            .filter(|object| all || matches!(object.content, Content::RowOffsets { .. })),
-    )
-    .map(|object| async move {
-        let recorded = record.get(&object.key).ok_or_else(|| {
-            ChunkError::Verification(format!("{} has no upload record", object.key))
-        })?;
-        let crc = match object.content {
-            Content::RowOffsets { chunk } => {
-                let bytes = read_object(target, &object.key, object.size).await?;
-                let dtype = archive.array(ArrayKind::RowPtr).dtype;
-                let entries = bytes.len() / archive.array(ArrayKind::RowPtr).width as usize;
-                let last = dtype.read_uint(&bytes, entries - 1);
-                let values =
-                    archive.boundaries[chunk as usize + 1] - archive.boundaries[chunk as usize];
-                if last != values {
-                    return Err(ChunkError::Verification(format!(
-                        "{} ends at {last}, but its chunk holds {values} values",
-                        object.key
-                    )));
-                }
-                crc32c::crc32c(&bytes)
-            }
-            Content::Copy { .. } => stream_crc(target, &object.key, object.size).await?,
-        };
-        if crc != recorded.crc32c {
-            return Err(ChunkError::Verification(format!(
-                "{} does not hold the bytes that were sent (CRC32C differs)",
-                object.key
-            )));
-        }
-        Ok(())
-    })
-    .buffer_unordered(8)
-    .try_fold(0, |n, ()| async move { Ok(n + 1) })
-    .await
-}
-
-/// The CRC32C of a target object, read as a stream.
-async fn stream_crc(target: &Location, key: &str, size: u64) -> Result<u32, ChunkError> {
-    let location = target.join(key);
-    let mut body = target
-        .store
-        .get(&location)
-        .await
-        .map_err(|source| ChunkError::store(&location, source))?
-        .into_stream();
-    let (mut crc, mut read) = (0u32, 0u64);
-    while let Some(bytes) = body
-        .try_next()
-        .await
-        .map_err(|source| ChunkError::store(&location, source))?
-    {
-        crc = crc32c::crc32c_append(crc, &bytes);
-        read += bytes.len() as u64;
-    }
-    if read != size {
-        return Err(ChunkError::Verification(format!(
-            "{key} read back {read} bytes, not {size}"
-        )));
-    }
-    Ok(crc)
 }
 
 /// Every object below the target prefix, by key.

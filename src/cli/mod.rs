@@ -340,12 +340,26 @@ const OWNER_FILE_MODE: u16 = 0o644;
 const ALLOW_OTHER_FILE_MODE: u16 = 0o666;
 
 /// A permission mode in octal (`0644`, `644` or `0o644`).
-fn parse_mode(text: &str) -> Result<u16, String> {
+fn parse_mode(text: &str) -> Result<u16, NotAMode> {
     let digits = text.strip_prefix("0o").unwrap_or(text);
-    u16::from_str_radix(digits, 8)
-        .ok()
-        .filter(|mode| *mode <= 0o777)
-        .ok_or_else(|| format!("{text:?} is not an octal mode between 0 and 0777"))
+    let not_a_mode = |source| NotAMode {
+        text: text.to_owned(),
+        source,
+    };
+    match u16::from_str_radix(digits, 8) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        Ok(_) => Err(not_a_mode(None)),
+        Err(error) => Err(not_a_mode(Some(error))),
+    }
+}
+
+/// A `--file-mode` or `--dir-mode` that [`parse_mode`] cannot read.
+#[derive(Debug, thiserror::Error)]
+#[error("{text:?} is not an octal mode between 0 and 0777")]
+struct NotAMode {
+    text: String,
+    /// Why the digits are not a number; `None` for a number above 0777.
+    source: Option<std::num::ParseIntError>,
 }
 
 /// How a SOURCE (or chunk TARGET) names a variable that holds it: `env:VAR`.

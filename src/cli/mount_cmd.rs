@@ -25,7 +25,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
         .create(&cache_dir)
         .with_context(|| format!("cannot create cache directory {}", cache_dir.display()))?;
-    crate::cache_dir_check::check(&cache_dir).map_err(anyhow::Error::msg)?;
+    crate::cache_dir_check::check(&cache_dir)?;
     if !args.foreground {
         // Obvious mistakes are reported here, before anything detaches.
         check_mountpoint(&args.mountpoint).map_err(anyhow::Error::msg)?;

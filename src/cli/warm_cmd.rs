@@ -44,13 +44,15 @@ pub struct WarmArgs {
 }
 
 /// `A..B`, `A..=B`, `A..`, `..B` or a single `N`.
-fn parse_range(text: &str) -> Result<Range<u64>, String> {
-    let number = |word: &str, default: u64| -> Result<u64, String> {
+fn parse_range(text: &str) -> Result<Range<u64>, BadRange> {
+    let number = |word: &str, default: u64| -> Result<u64, BadRange> {
         if word.is_empty() {
             return Ok(default);
         }
-        word.parse()
-            .map_err(|_| format!("{word:?} is not a non-negative integer"))
+        word.parse().map_err(|source| BadRange::NotANumber {
+            word: word.to_owned(),
+            source,
+        })
     };
     let range = if let Some((start, end)) = text.split_once("..=") {
         number(start, 0)?..number(end, u64::MAX - 1)? + 1
@@ -61,9 +63,21 @@ fn parse_range(text: &str) -> Result<Range<u64>, String> {
         n..n + 1
     };
     if range.is_empty() {
-        return Err(format!("{text:?} is an empty range"));
+        return Err(BadRange::Empty(text.to_owned()));
     }
     Ok(range)
+}
+
+/// A `--chunks` or `--rows` that [`parse_range`] cannot read.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum BadRange {
+    #[error("{word:?} is not a non-negative integer")]
+    NotANumber {
+        word: String,
+        source: std::num::ParseIntError,
+    },
+    #[error("{0:?} is an empty range")]
+    Empty(String),
 }
 
 pub fn run(args: WarmArgs) -> anyhow::Result<ExitCode> {

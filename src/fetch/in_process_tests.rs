@@ -13,6 +13,7 @@ use object_store::{GetOptions, GetRange, ObjectStoreExt, PutPayload};
 
 use super::*;
 use crate::cache::{EvictionAdvisor, NextUse, Unit};
+use crate::error::FsError;
 use crate::parts::ObjectId;
 use crate::planner_wake::PlannerWake;
 use crate::store::counting::CountReads;

@@ -7,16 +7,21 @@
 //! loaders ([`aws`]), for GCS object_store's own service-account and application
 //! default credentials.
 //!
-//! Beside it live the test doubles that wrap any store: [`counting`] counts requests,
-//! [`throttled`] adds latency and a bandwidth cap, [`faulty`] injects failures. The
-//! benchmarks and the failure tests use them; the daemon never does.
+//! Beside it, behind the `test-support` feature (so the daemon is built without them),
+//! live the test doubles that wrap any store: `counting` counts requests, `throttled`
+//! adds latency and a bandwidth cap, `faulty` injects failures, all through `wrapper`.
+//! The tests use them; the daemon never does.
 
 pub mod aws;
 pub mod bounds;
+#[cfg(any(test, feature = "test-support"))]
 pub mod counting;
+#[cfg(any(test, feature = "test-support"))]
 pub mod faulty;
 pub mod redact;
+#[cfg(any(test, feature = "test-support"))]
 pub mod throttled;
+#[cfg(any(test, feature = "test-support"))]
 pub mod wrapper;
 
 use std::path::{Path, PathBuf};

@@ -4,12 +4,14 @@
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
 pub mod cli_mount;
+pub mod epoch;
 pub mod faulty_mount;
 pub mod files;
 pub mod hostile_hints;
 pub mod process;
 pub mod proxy;
 pub mod s3;
+pub mod servers;
 pub mod sigv4;
 
 use std::collections::{BTreeMap, HashMap};

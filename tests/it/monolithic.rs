@@ -11,8 +11,8 @@ use crate::common;
 use std::fs::File;
 use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::sync::Arc;
-use std::time::Duration;
 
+use common::epoch::{EpochSetup, HintsCompared, ONE_AT_A_TIME};
 use common::s3::{moto, unique_bucket};
 use common::*;
 use scdl_format::hint::{announcement, HINT_FILE};
@@ -21,9 +21,7 @@ use scdl_sampler::{
     BlockOrder, ChunkWindowOrder, DatasetKind, DatasetLayout, Order, Sampler, Shard, Workers,
     DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
-use scdlfs::metrics::MetricsSnapshot;
 use scdlfs::store::counting::CountReads;
-use scdlfs::store::throttled::Throttle;
 use scdlfs::store::wrapper::HookedStore;
 use scdlfs::synthetic::SyntheticDataset;
 
@@ -50,93 +48,19 @@ fn bucket_with(spec: &SyntheticDataset) -> String {
     bucket
 }
 
-/// How the epoch went: counters after the first step and at the end.
-struct Epoch {
-    after_first_step: MetricsSnapshot,
-    at_end: MetricsSnapshot,
-    steps: usize,
-}
-
-impl Epoch {
-    fn waits_after_first_step(&self) -> u64 {
-        self.at_end.demand_reads_waited - self.after_first_step.demand_reads_waited
-    }
-
-    /// Parts a reader had to ask for after the first step because no prefetch had:
-    /// a count of what the plan missed, whatever the machine's speed. (A read that
-    /// waits for a prefetch still under way is a matter of speed, and not in it.)
-    fn unforeseen_after_first_step(&self) -> u64 {
-        self.at_end.demand_downloads - self.after_first_step.demand_downloads
-    }
-}
-
-/// The epochs of this file run one at a time: each measures waits against a clock.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Mounts the bucket behind a 20 ms, 40 MB/s link with a cache of less than half the
-/// dataset, and reads one epoch with `order`, spending 40 µs of "training" per row.
-fn run_epoch(bucket: &str, order: Order, hints: bool, cache_bytes: u64, part_size: u64) -> Epoch {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let spec = dataset();
-    let link = Throttle::new(Duration::from_millis(20), 40_000_000);
-    let store = Arc::new(HookedStore::new(moto().store(bucket), link));
-    let mount = TestMount::start(store, "", |s| {
-        s.part_size = part_size;
-        s.cache_bytes = cache_bytes;
-        s.prefetch_lookahead_steps = 3;
-    });
-    let dir = mount.path().join("ds");
-    let layout = DatasetLayout::discover(&dir, DEFAULT_VIRTUAL_CHUNK_SIZE).unwrap();
-    assert_eq!(layout.kind, DatasetKind::MountedMonolithic);
-    assert_eq!(layout.chunks.chunk_size(), VIRTUAL_CHUNK_ROWS);
-    let mut sampler = if hints {
-        Sampler::new(&layout, order, Shard::single(), Workers::single()).unwrap()
-    } else {
-        Sampler::without_hints(&layout, order, Shard::single(), Workers::single()).unwrap()
-    };
-    assert_eq!(sampler.hints_active(), hints);
-    let reader = MappedRows::open(&dir);
-    let mut rows = sampler.epoch(0);
-    let first_step_rows = rows.share()[0].rows;
-    let steps = rows.share().len();
-    let mut after_first_step = None;
-    let mut read = 0;
-    while let Some(batch) = rows.next_minibatch() {
-        for &row in &batch {
-            assert_eq!(reader.row(row), spec.row(row), "row {row}");
-        }
-        std::thread::sleep(Duration::from_micros(40 * batch.len() as u64));
-        read += batch.len() as u64;
-        if after_first_step.is_none() && read >= first_step_rows {
-            after_first_step = Some(mount.status().counters);
-        }
-    }
-    drop(rows);
-    assert!(sampler.take_hint_error().is_none());
-    Epoch {
-        after_first_step: after_first_step.unwrap(),
-        at_end: mount.status().counters,
-        steps,
-    }
-}
-
+/// Reads one epoch of the bucket's dataset with hints and without, behind a slow link
+/// with a cache of less than half the dataset, and compares what each waited for.
 fn compare(what: &str, bucket: &str, order: Order, cache_bytes: u64, part_size: u64) {
-    let with = run_epoch(bucket, order, true, cache_bytes, part_size);
-    let without = run_epoch(bucket, order, false, cache_bytes, part_size);
-    let (waits_with, waits_without) = (
-        with.waits_after_first_step(),
-        without.waits_after_first_step(),
-    );
-    let (unforeseen_with, unforeseen_without) = (
-        with.unforeseen_after_first_step(),
-        without.unforeseen_after_first_step(),
-    );
-    eprintln!(
-        "monolithic, {what}: {} steps; after the first step, reads that waited: \
-         {waits_with} with hints, {waits_without} without; parts no prefetch foresaw: \
-         {unforeseen_with} with, {unforeseen_without} without; prefetch hits {}",
-        with.steps, with.at_end.prefetch_hits
-    );
+    let setup = EpochSetup {
+        store: moto().store(bucket),
+        spec: dataset(),
+        cache_bytes,
+        part_size,
+    };
+    let compared = HintsCompared::run(&format!("monolithic, {what}"), &setup, order);
+    let (with, (unforeseen_with, unforeseen_without)) = (&compared.with, compared.unforeseen());
+    assert_eq!(with.layout.kind, DatasetKind::MountedMonolithic);
+    assert_eq!(with.layout.chunks.chunk_size(), VIRTUAL_CHUNK_ROWS);
     assert!(with.at_end.prefetch_hits > 0);
     assert!(
         unforeseen_without >= with.steps as u64,

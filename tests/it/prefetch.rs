@@ -7,16 +7,12 @@ use crate::common;
 
 use std::fs::File;
 use std::num::{NonZeroU32, NonZeroU64};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::epoch::{self, Epoch, EpochSetup, HintsCompared, ONE_AT_A_TIME};
 use common::*;
-use scdl_sampler::{
-    BlockOrder, ChunkWindowOrder, DatasetLayout, Order, Sampler, Shard, Workers,
-    DEFAULT_VIRTUAL_CHUNK_SIZE,
-};
-use scdlfs::metrics::MetricsSnapshot;
+use scdl_sampler::{BlockOrder, ChunkWindowOrder, Order};
 use scdlfs::store::throttled::Throttle;
 use scdlfs::store::wrapper::HookedStore;
 use scdlfs::synthetic::SyntheticDataset;
@@ -31,70 +27,24 @@ fn dataset() -> SyntheticDataset {
     }
 }
 
-/// How the epoch went: counters after the first step and at the end.
-struct Epoch {
-    after_first_step: MetricsSnapshot,
-    at_end: MetricsSnapshot,
-    steps: usize,
-}
-
-/// Mounts the dataset behind a 20 ms, 40 MB/s link with a cache of about a third of
-/// it, and reads one epoch with `order`, spending 40 µs of "training" per row.
-/// The epochs of this file run one at a time: each measures waits against a clock.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn run_epoch(order: Order, hints: bool, cache_bytes: u64, part_size: u64) -> Epoch {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+/// The chunked dataset in a local folder, under `ds/`.
+fn setup(cache_bytes: u64, part_size: u64) -> (tempfile::TempDir, EpochSetup) {
     let src = tempfile::tempdir().unwrap();
     let spec = dataset();
     spec.write_chunked(&src.path().join("ds")).unwrap();
-    let link = Throttle::new(Duration::from_millis(20), 40_000_000);
-    let store = Arc::new(HookedStore::new(local_store(src.path()), link));
-    let mount = TestMount::start(store, "", |s| {
-        s.part_size = part_size;
-        s.cache_bytes = cache_bytes;
-        s.prefetch_lookahead_steps = 3;
-    });
-    let dir = mount.path().join("ds");
-    let layout = DatasetLayout::discover(&dir, DEFAULT_VIRTUAL_CHUNK_SIZE).unwrap();
-    let mut sampler = Sampler::new(&layout, order, Shard::single(), Workers::single()).unwrap();
-    if !hints {
-        // A reader that does not announce anything: open no hint file.
-        sampler = Sampler::new(
-            &DatasetLayout {
-                dir: Path::new("/nonexistent").to_owned(),
-                ..layout.clone()
-            },
-            order,
-            Shard::single(),
-            Workers::single(),
-        )
-        .unwrap();
-    }
-    assert_eq!(sampler.hints_active(), hints);
-    let reader = MappedRows::open(&dir);
-    let mut rows = sampler.epoch(0);
-    let first_step_rows = rows.share()[0].rows;
-    let steps = rows.share().len();
-    let mut after_first_step = None;
-    let mut read = 0;
-    while let Some(batch) = rows.next_minibatch() {
-        for &row in &batch {
-            assert_eq!(reader.row(row), spec.row(row), "row {row}");
-        }
-        std::thread::sleep(Duration::from_micros(40 * batch.len() as u64));
-        read += batch.len() as u64;
-        if after_first_step.is_none() && read >= first_step_rows {
-            after_first_step = Some(mount.status().counters);
-        }
-    }
-    drop(rows);
-    assert!(sampler.take_hint_error().is_none());
-    Epoch {
-        after_first_step: after_first_step.unwrap(),
-        at_end: mount.status().counters,
-        steps,
-    }
+    let store = local_store(src.path());
+    let setup = EpochSetup {
+        store,
+        spec,
+        cache_bytes,
+        part_size,
+    };
+    (src, setup)
+}
+
+fn run_epoch(order: Order, hints: bool, cache_bytes: u64, part_size: u64) -> Epoch {
+    let (_src, setup) = setup(cache_bytes, part_size);
+    epoch::run_epoch(&setup, order, hints)
 }
 
 fn dataset_bytes() -> u64 {
@@ -122,38 +72,11 @@ fn block_order() -> Order {
     })
 }
 
-fn waits_after_first_step(epoch: &Epoch) -> u64 {
-    epoch.at_end.demand_reads_waited - epoch.after_first_step.demand_reads_waited
-}
-
-/// Parts a reader had to ask for after the first step because no prefetch had: what
-/// the plan missed, counted the same on a fast or a loaded machine (a read waiting for
-/// a prefetch still under way is a matter of speed, and not in it).
-fn unforeseen_after_first_step(epoch: &Epoch) -> u64 {
-    epoch.at_end.demand_downloads - epoch.after_first_step.demand_downloads
-}
-
 #[test]
 fn chunk_window_hints_keep_the_reader_off_the_network() {
-    let with = run_epoch(window_order(), true, 6 << 20, 128 << 10);
-    let without = run_epoch(window_order(), false, 6 << 20, 128 << 10);
-    let (waits_with, waits_without) = (
-        waits_after_first_step(&with),
-        waits_after_first_step(&without),
-    );
-    let (unforeseen_with, unforeseen_without) = (
-        unforeseen_after_first_step(&with),
-        unforeseen_after_first_step(&without),
-    );
-    eprintln!(
-        "windows: {} steps; after the first, reads that waited: {waits_with} with hints, \
-         {waits_without} without; parts no prefetch foresaw: {unforeseen_with} with, \
-         {unforeseen_without} without; fetched {} of {} bytes; prefetch hits {}",
-        with.steps,
-        with.at_end.bytes_fetched,
-        dataset_bytes(),
-        with.at_end.prefetch_hits
-    );
+    let (_src, setup) = setup(6 << 20, 128 << 10);
+    let compared = HintsCompared::run("windows", &setup, window_order());
+    let (with, (unforeseen_with, unforeseen_without)) = (&compared.with, compared.unforeseen());
     assert!(
         unforeseen_without >= with.steps as u64,
         "without hints the reader asks for every window itself"
@@ -169,28 +92,17 @@ fn chunk_window_hints_keep_the_reader_off_the_network() {
     // evicted before their own window comes.
     assert!(
         with.at_end.bytes_fetched <= dataset_bytes() * 5 / 4,
-        "re-fetched data"
+        "re-fetched data: {} of {} bytes",
+        with.at_end.bytes_fetched,
+        dataset_bytes()
     );
 }
 
 #[test]
 fn row_range_hints_prefetch_block_order() {
-    let with = run_epoch(block_order(), true, 10 << 20, 64 << 10);
-    let without = run_epoch(block_order(), false, 10 << 20, 64 << 10);
-    let (waits_with, waits_without) = (
-        waits_after_first_step(&with),
-        waits_after_first_step(&without),
-    );
-    let (unforeseen_with, unforeseen_without) = (
-        unforeseen_after_first_step(&with),
-        unforeseen_after_first_step(&without),
-    );
-    eprintln!(
-        "blocks: {} fetches; after the first, reads that waited: {waits_with} with hints, \
-         {waits_without} without; parts no prefetch foresaw: {unforeseen_with} with, \
-         {unforeseen_without} without; prefetch hits {}",
-        with.steps, with.at_end.prefetch_hits
-    );
+    let (_src, setup) = setup(10 << 20, 64 << 10);
+    let compared = HintsCompared::run("blocks", &setup, block_order());
+    let (with, (unforeseen_with, unforeseen_without)) = (&compared.with, compared.unforeseen());
     assert!(
         unforeseen_without >= with.steps as u64,
         "without hints every fetch asks for its own parts"

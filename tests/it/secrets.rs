@@ -18,6 +18,7 @@ use common::process::{
     dies_with_test, run_ok, scdlfs_command, status_json, unmount, wait_for, Cleanup, PATIENCE,
 };
 use common::s3::moto;
+use common::servers::Server;
 
 /// A password no other text contains.
 const PASSWORD: &str = "pw-Zq8vXk3T";
@@ -319,48 +320,6 @@ fn a_password_in_the_source_is_on_no_command_line() {
     );
 }
 
-/// WsgiDAV (from the test venv) serving `root` to anyone on a free port of 127.0.0.1;
-/// the server and its port.
-fn webdav(root: &Path) -> (std::process::Child, u16) {
-    let wsgidav = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/wsgidav");
-    for _ in 0..5 {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut command = Command::new(&wsgidav);
-        command
-            .args([
-                "--host",
-                "127.0.0.1",
-                "--auth",
-                "anonymous",
-                "--server",
-                "cheroot",
-            ])
-            .arg("--port")
-            .arg(port.to_string())
-            .arg("--root")
-            .arg(root)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        dies_with_test(&mut command);
-        let mut server = command.spawn().unwrap_or_else(|e| {
-            panic!("cannot start {wsgidav:?} ({e}); run scripts/setup-python-venv")
-        });
-        let mut listening = false;
-        wait_for("WsgiDAV to listen or exit", || {
-            listening = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-            listening || server.try_wait().unwrap().is_some()
-        });
-        if listening {
-            return (server, port);
-        }
-    }
-    panic!("WsgiDAV did not start on 5 free ports");
-}
-
 /// The body of `GET http://ADDRESS/metrics`.
 fn metrics(address: &str) -> String {
     use std::io::Write;
@@ -382,8 +341,10 @@ fn a_working_mount_of_a_source_with_a_password_shows_it_nowhere() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("served");
     let files = common::write_source(&root);
-    let (mut server, port) = webdav(&root);
-    let source = format!("http://reader:{PASSWORD}@127.0.0.1:{port}/");
+    let server = Server::webdav(&root);
+    let address = server.url.trim_start_matches("http://");
+    let port = address.rsplit(':').next().unwrap();
+    let source = format!("http://reader:{PASSWORD}@{address}/");
     let mountpoint = dir.path().join("mnt");
     std::fs::create_dir(&mountpoint).unwrap();
     let cache = dir.path().join("cache");
@@ -404,10 +365,7 @@ fn a_working_mount_of_a_source_with_a_password_shows_it_nowhere() {
     assert_eq!(&std::fs::read(mountpoint.join(name)).unwrap(), bytes);
 
     let status = status_json(&mountpoint).to_string();
-    assert!(
-        status.contains(&port.to_string()),
-        "status names no source: {status}"
-    );
+    assert!(status.contains(port), "status names no source: {status}");
     assert_shows_none(&status, &[PASSWORD], "status --json");
     let metrics = metrics(&metrics_address);
     assert!(metrics.contains("200 OK"), "{metrics}");
@@ -424,8 +382,6 @@ fn a_working_mount_of_a_source_with_a_password_shows_it_nowhere() {
     let log = std::fs::read_to_string(cache.join("scdlfs.log")).unwrap();
     assert!(log.contains("TRACE"), "the log has no trace lines");
     assert_shows_none(&log, &[PASSWORD], "the daemon's log");
-    let _ = server.kill();
-    let _ = server.wait();
 }
 
 #[test]

@@ -1,0 +1,312 @@
+//! Discovery of a dataset in a directory with a `header.sch`: its header read, a
+//! chunked dataset's chunk objects listed (or a monolithic dataset's arrays found), and
+//! the versions it read kept, so that any change is found as a new dataset.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::ObjectStore;
+use scdl_format::header::MAX_HEADER_BYTES;
+use scdl_format::layout::parse_chunk_dir_name;
+use scdl_format::{ArrayKind, Backend, Header};
+use tokio::time::Instant;
+
+use super::{non_empty, Tree};
+use crate::catalog::dataset::FlatDataset;
+use crate::catalog::monolithic::{Dataset, MonolithicDataset, DEFAULT_VIRTUAL_CHUNK_ROWS};
+use crate::error::{FsError, FsResult};
+use crate::metrics::Metrics;
+use crate::object::{pinned_get, ObjectInfo};
+use crate::parts::ObjectId;
+
+/// A directory with a `header.sch`, as last discovered.
+pub(super) struct KnownDataset {
+    /// `None` for a directory found not to be a dataset (shown as stored).
+    dataset: Option<Dataset>,
+    /// The versions of the objects its discovery read: any change is a new dataset.
+    sources: Vec<ObjectId>,
+    /// Whether the header was chunked: its chunks are found by a recursive listing.
+    chunked: bool,
+    /// The header's bytes as discovery read them (the version `sources` starts with),
+    /// served to readers of the stored `header.sch` without another request.
+    header_bytes: Option<Bytes>,
+    /// When it was last compared with the store.
+    checked: Instant,
+}
+
+impl KnownDataset {
+    /// The dataset, and its header's bytes if `header` is the version they are of (a
+    /// listing newer than the last check may show another).
+    fn found(&self, header: &ObjectInfo) -> (Option<Dataset>, Option<Bytes>) {
+        let bytes = self.header_bytes.clone().filter(|_| self.read(header));
+        (self.dataset.clone(), bytes)
+    }
+
+    /// Whether discovery read this version of the header.
+    fn read(&self, header: &ObjectInfo) -> bool {
+        self.sources.first() == Some(&header.id)
+    }
+}
+
+/// A chunked dataset's objects, by key relative to its prefix.
+type ChunkObjects = HashMap<String, Arc<ObjectInfo>>;
+
+/// What discovering a dataset found, and from what.
+struct Discovery {
+    dataset: Option<Dataset>,
+    /// Whether its header is chunked.
+    chunked: bool,
+    /// A chunked dataset's objects, if they could be listed.
+    chunk_objects: Option<ChunkObjects>,
+    /// The header as read, if it could be.
+    header_bytes: Option<Bytes>,
+}
+
+/// The object versions a dataset's discovery read: its header first, then a chunked
+/// dataset's objects in chunk directories (`chunk_objects`), or else the arrays among
+/// the directory's `objects` (a monolithic dataset's).
+fn sources_of(
+    header: &ObjectInfo,
+    objects: &HashMap<&str, Arc<ObjectInfo>>,
+    chunk_objects: Option<&ChunkObjects>,
+) -> Vec<ObjectId> {
+    let mut ids: Vec<ObjectId> = match chunk_objects {
+        Some(listed) => listed
+            .iter()
+            .filter(|(key, _)| {
+                key.split('/')
+                    .next()
+                    .and_then(parse_chunk_dir_name)
+                    .is_some()
+            })
+            .map(|(_, object)| object.id)
+            .collect(),
+        None => ArrayKind::ALL
+            .iter()
+            .filter_map(|kind| objects.get(kind.file_name()))
+            .map(|object| object.id)
+            .collect(),
+    };
+    ids.sort_unstable();
+    ids.insert(0, header.id);
+    ids
+}
+
+impl Tree {
+    /// The dataset at `prefix`, whose directory lists `header` and `objects` (by name)
+    /// and chunk directories if `has_chunk_dirs`, and the header's bytes if discovery
+    /// could read them: discovered on first use and kept; with `--metadata-ttl`,
+    /// compared with the store once the TTL has passed, and discovered anew if an
+    /// object it read changed.
+    pub(super) async fn dataset_at(
+        &self,
+        prefix: &ObjectPath,
+        header: &Arc<ObjectInfo>,
+        objects: &HashMap<&str, Arc<ObjectInfo>>,
+        has_chunk_dirs: bool,
+    ) -> (Option<Dataset>, Option<Bytes>) {
+        let slot = self
+            .datasets
+            .lock()
+            .entry(prefix.as_ref().to_owned())
+            .or_default()
+            .clone();
+        let mut known = slot.lock().await;
+        let mut chunk_objects = None;
+        if let Some(known) = known.as_mut() {
+            if self.is_current(known.checked) {
+                return known.found(header);
+            }
+            let same_header = known.read(header);
+            if same_header && known.chunked {
+                match self.list_chunk_objects(prefix).await {
+                    Ok(listed) => chunk_objects = Some(listed),
+                    Err(error) => {
+                        tracing::warn!(dataset = %prefix, %error, "cannot list the dataset again; keeping it as it was for another --metadata-ttl");
+                        known.checked = Instant::now();
+                        return known.found(header);
+                    }
+                }
+            }
+            if same_header && sources_of(header, objects, chunk_objects.as_ref()) == known.sources {
+                known.checked = Instant::now();
+                return known.found(header);
+            }
+            Metrics::add(&self.metrics.datasets_rediscovered, 1);
+            tracing::info!(dataset = %prefix, "the dataset changed in the store: discovered again; files opened before keep the old one");
+        }
+        let discovery = self
+            .discover_dataset(prefix, header, objects, chunk_objects, has_chunk_dirs)
+            .await;
+        let found = KnownDataset {
+            sources: sources_of(header, objects, discovery.chunk_objects.as_ref()),
+            dataset: discovery.dataset,
+            chunked: discovery.chunked,
+            header_bytes: discovery.header_bytes,
+            checked: Instant::now(),
+        };
+        known.insert(found).found(header)
+    }
+
+    /// The objects under a chunked dataset's prefix, by key relative to it.
+    async fn list_chunk_objects(&self, prefix: &ObjectPath) -> FsResult<ChunkObjects> {
+        let listed: Vec<_> = self
+            .store
+            .list(non_empty(prefix))
+            .try_collect()
+            .await
+            .map_err(|e| FsError::store(prefix.as_ref(), &e))?;
+        Ok(listed
+            .iter()
+            .filter_map(|meta| {
+                let relative = meta.location.prefix_match(prefix)?;
+                let relative = relative
+                    .map(|p| p.as_ref().to_owned())
+                    .collect::<Vec<_>>()
+                    .join("/");
+                Some((relative, self.registry.register(meta)))
+            })
+            .collect())
+    }
+
+    /// The dataset at `prefix`: a flat dataset if its header is chunked and its objects
+    /// agree with it (`chunk_objects`, listed here unless given), a monolithic one if
+    /// its header is monolithic and its arrays agree with it (`objects`: the
+    /// directory's, by name); otherwise logs why and finds `None`, leaving the
+    /// directory as stored, without a hint file. A directory with chunk directories
+    /// (`has_chunk_dirs`) is listed while its header is read, not after: the first read
+    /// of a chunked dataset waits for one round trip less.
+    async fn discover_dataset(
+        &self,
+        prefix: &ObjectPath,
+        header: &Arc<ObjectInfo>,
+        objects: &HashMap<&str, Arc<ObjectInfo>>,
+        chunk_objects: Option<ChunkObjects>,
+        has_chunk_dirs: bool,
+    ) -> Discovery {
+        let mut discovery = Discovery {
+            dataset: None,
+            chunked: false,
+            chunk_objects: None,
+            header_bytes: None,
+        };
+        if header.size > MAX_HEADER_BYTES {
+            tracing::error!(object = %header.key, size = header.size, "larger than any SCDL header ({MAX_HEADER_BYTES} bytes); showing the directory as stored");
+            return discovery;
+        }
+        let (read, listed_early) = match chunk_objects {
+            Some(listed) => (self.read_small_object(header).await, Some(Ok(listed))),
+            None if has_chunk_dirs => {
+                let (read, listed) = tokio::join!(
+                    self.read_small_object(header),
+                    self.list_chunk_objects(prefix)
+                );
+                (read, Some(listed))
+            }
+            None => (self.read_small_object(header).await, None),
+        };
+        let bytes = match read {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                tracing::error!(object = %header.key, %error, "cannot read dataset header; showing the directory as stored");
+                return discovery;
+            }
+        };
+        discovery.header_bytes = Some(bytes.clone());
+        let decoded = match Header::decode(&bytes) {
+            Ok(decoded) => decoded,
+            Err(error) => {
+                tracing::error!(object = %header.key, %error, "not a valid SCDL header; showing the directory as stored");
+                return discovery;
+            }
+        };
+        if decoded.backend == Backend::Monolithic {
+            discovery.dataset = self.monolithic_dataset(prefix, &decoded, objects);
+            return discovery;
+        }
+        discovery.chunked = true;
+        let listed = match listed_early {
+            Some(listed) => listed,
+            None => self.list_chunk_objects(prefix).await,
+        };
+        let chunk_objects = match listed {
+            Ok(listed) => discovery.chunk_objects.insert(listed),
+            Err(error) => {
+                tracing::error!(dataset = %prefix, %error, "cannot list the chunked dataset; showing it as stored");
+                return discovery;
+            }
+        };
+        discovery.dataset = match FlatDataset::validate(
+            prefix.clone(),
+            decoded,
+            header.mtime,
+            chunk_objects,
+        ) {
+            Ok(dataset) => {
+                tracing::info!(
+                    dataset = %prefix,
+                    rows = dataset.layout.total_rows(),
+                    values = dataset.layout.total_nnz(),
+                    chunks = dataset.chunks.len(),
+                    "chunked dataset presented as a monolithic archive"
+                );
+                Some(Dataset::Chunked(Arc::new(dataset)))
+            }
+            Err(reason) => {
+                tracing::error!(dataset = %prefix, %reason, "chunked dataset is inconsistent; showing it as stored, not flat");
+                None
+            }
+        };
+        discovery
+    }
+
+    fn monolithic_dataset(
+        &self,
+        prefix: &ObjectPath,
+        header: &Header,
+        objects: &HashMap<&str, Arc<ObjectInfo>>,
+    ) -> Option<Dataset> {
+        match MonolithicDataset::validate(
+            prefix.clone(),
+            header,
+            objects,
+            DEFAULT_VIRTUAL_CHUNK_ROWS,
+        ) {
+            Ok(dataset) => {
+                tracing::info!(
+                    dataset = %prefix,
+                    rows = dataset.geometry.total_rows,
+                    values = dataset.total_nnz,
+                    virtual_chunks = dataset.geometry.num_chunks(),
+                    "monolithic dataset: hint file with virtual chunks of {} rows",
+                    dataset.geometry.chunk_size
+                );
+                Some(Dataset::Monolithic(Arc::new(dataset)))
+            }
+            Err(reason) => {
+                tracing::error!(dataset = %prefix, %reason, "monolithic dataset is inconsistent; showing it as stored, without a hint file");
+                None
+            }
+        }
+    }
+
+    /// A whole small object (a header), at its pinned version.
+    async fn read_small_object(&self, info: &ObjectInfo) -> FsResult<Bytes> {
+        let result = pinned_get(self.store.as_ref(), info, None).await?;
+        let bytes = result
+            .bytes()
+            .await
+            .map_err(|e| FsError::store(info.key.as_ref(), &e))?;
+        if bytes.len() as u64 != info.size {
+            return Err(FsError::ShortRead {
+                key: info.key.to_string(),
+                expected: info.size,
+                got: bytes.len() as u64,
+            });
+        }
+        Ok(bytes)
+    }
+}

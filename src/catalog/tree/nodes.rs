@@ -1,0 +1,128 @@
+//! The tree's node types: directories with their listing, files with what their bytes
+//! are ([`FileContent`]). Nodes never change; a relisting makes new ones.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use object_store::path::Path as ObjectPath;
+use object_store::{ListResult, ObjectMeta};
+use parking_lot::Mutex;
+use scdl_format::ArrayKind;
+use tokio::time::Instant;
+
+use crate::catalog::dataset::FlatDataset;
+use crate::catalog::monolithic::Dataset;
+use crate::object::ObjectInfo;
+
+/// Whether a directory's subtree looks for chunked datasets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirMode {
+    /// Chunked datasets are shown flat.
+    Discover,
+    /// Objects are shown exactly as stored.
+    Raw,
+}
+
+/// What a file's bytes are.
+#[derive(Clone)]
+pub enum FileContent {
+    Object(Arc<ObjectInfo>),
+    FlatArray(Arc<FlatDataset>, ArrayKind),
+    Bytes(Bytes),
+    /// The dataset's read-ahead hint file; read, it gives the daemon's announcement.
+    Hints(Dataset, Bytes),
+}
+
+pub struct FileNode {
+    pub content: FileContent,
+    pub size: u64,
+    pub mtime: SystemTime,
+}
+
+pub struct DirNode {
+    pub(super) prefix: ObjectPath,
+    pub(super) mode: DirMode,
+    /// A listing of the directory's prefix made before its first use, taken as its
+    /// first listing while current instead of asking the store again.
+    pub(super) prelisted: Mutex<Option<Prelisted>>,
+    /// The current listing, once made.
+    pub(super) listing: Mutex<Option<Arc<Listing>>>,
+    /// Held while the store is listed, so that concurrent callers share one listing.
+    pub(super) listing_store: tokio::sync::Mutex<()>,
+}
+
+/// The store's delimited listing of a prefix, and when it was made. The mount's check
+/// that the store answers lists the root; a chunked dataset's listing is also that of
+/// its raw view, `.chunked/`, which shows the same prefix.
+#[derive(Clone)]
+pub(super) struct Prelisted {
+    pub(super) at: Instant,
+    pub(super) common_prefixes: Vec<ObjectPath>,
+    pub(super) objects: Vec<ObjectMeta>,
+}
+
+impl Prelisted {
+    /// A listing made just now.
+    pub(super) fn now(listed: ListResult) -> Prelisted {
+        Prelisted {
+            at: Instant::now(),
+            common_prefixes: listed.common_prefixes,
+            objects: listed.objects,
+        }
+    }
+}
+
+impl DirNode {
+    pub(super) fn new(prefix: ObjectPath, mode: DirMode, prelisted: Option<Prelisted>) -> DirNode {
+        DirNode {
+            prefix,
+            mode,
+            prelisted: Mutex::new(prelisted),
+            listing: Mutex::new(None),
+            listing_store: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The listing, if it was made and has not expired.
+    pub(super) fn current_listing(&self) -> Option<Arc<Listing>> {
+        self.listing.lock().clone().filter(|l| l.is_current())
+    }
+}
+
+pub enum NodeKind {
+    Dir(DirNode),
+    File(FileNode),
+}
+
+pub struct Node {
+    pub ino: u64,
+    pub parent: u64,
+    pub kind: NodeKind,
+}
+
+/// A listed directory: entry names in sorted order, with their inodes.
+pub struct Listing {
+    pub entries: Vec<(String, u64)>,
+    pub(super) by_name: HashMap<String, u64>,
+    /// When the store is to be listed again; `None`: never (no `--metadata-ttl`).
+    pub(super) expires: Option<Instant>,
+}
+
+impl Listing {
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.by_name.get(name).copied()
+    }
+
+    fn is_current(&self) -> bool {
+        self.expires.is_none_or(|at| Instant::now() < at)
+    }
+
+    /// How long what this listing says may be taken as true (the kernel's entry
+    /// timeout); `None`: for the mount's life.
+    pub fn valid_for(&self) -> Option<Duration> {
+        self.expires
+            .map(|at| at.saturating_duration_since(Instant::now()))
+    }
+}

@@ -1,0 +1,89 @@
+//! Direct and stray reads: a reader's own bytes asked for alone, when its part's
+//! download is queued or far short of them, or when nobody downloads the part and the
+//! cache could take it only by evicting what the plans need sooner.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+
+use super::arriving::Arriving;
+use super::{Fetcher, DIRECT_READ_LEAD, DIRECT_READ_MAX};
+use crate::error::{FsError, FsResult};
+use crate::metrics::Metrics;
+use crate::object::{pinned_get, ObjectInfo};
+use crate::parts::PartKey;
+
+/// Whether bytes `within` of a part of `part_len` bytes are few enough for a request of
+/// their own: at most [`DIRECT_READ_MAX`], and less than half the part.
+fn few_enough_to_ask_alone(within: &Range<u64>, part_len: u64) -> bool {
+    let len = within.end - within.start;
+    len <= DIRECT_READ_MAX && 2 * len < part_len
+}
+
+impl Fetcher {
+    /// Whether a reader of `within` should ask for its own bytes beside the download:
+    /// they are few, less than half their part (more would repeat the download), the
+    /// download waits for a slot or its body is far short of them, and no reader asked
+    /// beside this download before. One direct read per download gets the first
+    /// reader its bytes at once; more would let a reader that reads a part in small
+    /// pieces faster than slots free up fetch all of it again beside its download.
+    pub(super) fn worth_a_direct_read(
+        &self,
+        arriving: &Arriving,
+        within: &Range<u64>,
+        part_len: u64,
+    ) -> bool {
+        few_enough_to_ask_alone(within, part_len)
+            && (!arriving.is_sent() || within.end > arriving.received() + DIRECT_READ_LEAD)
+            && arriving.claim_direct_read()
+    }
+
+    /// Whether a reader's bytes of a part nobody is downloading are few enough to ask
+    /// for alone rather than with their part.
+    pub(super) fn is_stray(&self, key: PartKey, within: &Range<u64>, part_len: u64) -> bool {
+        few_enough_to_ask_alone(within, part_len) && !self.is_in_flight(key)
+    }
+
+    /// Bytes `range` of the object in one request of their own, if a direct-read slot
+    /// and the memory are free now (`None` otherwise).
+    pub(super) async fn direct_read(
+        &self,
+        object: &ObjectInfo,
+        range: Range<u64>,
+    ) -> Option<FsResult<Bytes>> {
+        let _slot = self.direct_reads.try_acquire().ok()?;
+        let len = range.end - range.start;
+        let memory = self.memory.try_reserve(len)?;
+        // Counted as sent: a reader answered by the download first drops this request.
+        Metrics::add(&self.metrics.direct_reads, 1);
+        let read = tokio::time::timeout(self.read_timeout, async {
+            let result = pinned_get(self.store.as_ref(), object, Some(range)).await?;
+            result
+                .bytes()
+                .await
+                .map_err(|e| FsError::store(object.key.as_ref(), &e))
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(FsError::TimedOut {
+                key: object.key.to_string(),
+                after: self.read_timeout,
+            })
+        });
+        Some(match read {
+            Ok(bytes) if bytes.len() as u64 == len => {
+                Metrics::add(&self.metrics.bytes_fetched, len);
+                Ok(memory.hold(bytes))
+            }
+            Ok(bytes) => Err(FsError::ShortRead {
+                key: object.key.to_string(),
+                expected: len,
+                got: bytes.len() as u64,
+            }),
+            Err(error) => {
+                tracing::debug!(object = %object.key, %error, "a direct read failed; waiting for the part");
+                Err(error)
+            }
+        })
+    }
+}

@@ -1,0 +1,396 @@
+//! The download pipeline: a part's download started once however many want it, run in
+//! its own task under a slot and a memory reservation, its body spooled into the
+//! part's cache file as it arrives (or received whole when the cache cannot take it),
+//! then committed to the cache.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::FutureExt;
+use futures::TryStreamExt;
+use object_store::GetResultPayload;
+
+use super::arriving::Arriving;
+use super::memory::{self};
+use super::permits::{Permit, Urgency};
+use super::{listed_object, Fetcher, InFlight, SharedDownload, SPOOL_BUFFER};
+use crate::cache::spool::Spool;
+use crate::cache::{Admission, PartOrigin};
+use crate::error::{FsError, FsResult};
+use crate::metrics::Metrics;
+use crate::object::{pinned_get, ObjectInfo};
+use crate::parts::PartKey;
+
+/// Where a downloaded body went.
+enum Received {
+    /// Into the part's cache file, to be committed.
+    Spooled(Arc<Spool>),
+    /// Into memory, whole (the cache could not take it).
+    Whole(Bytes),
+}
+
+/// What a part file of bytes from `object_offset` on of `object` records of it.
+fn origin_of(object: &ObjectInfo, object_offset: u64) -> PartOrigin<'_> {
+    PartOrigin {
+        key: object.key.as_ref(),
+        etag: object.etag.as_deref().unwrap_or_default(),
+        object_offset,
+    }
+}
+
+/// How a download that did not fail ended.
+enum Ending {
+    /// Its bytes are all in its [`Arriving`].
+    Fetched,
+    /// A prefetch that left before its request: the cache had room for it only by
+    /// evicting what a plan needs sooner ([`Fetcher::waits_for_room`]).
+    WaitsForRoom,
+}
+
+/// The eviction rights of a download's reservation: a reader's, or a prefetch's.
+fn admission(urgency: &Urgency) -> Admission {
+    if urgency.is_demand() {
+        Admission::Demand
+    } else {
+        Admission::Prefetch
+    }
+}
+
+impl Fetcher {
+    /// Starts downloading the part in the background unless it is cached or on its way,
+    /// or the cache could take it only by evicting what a plan needs sooner than it
+    /// ([`Admission::Prefetch`]). Returns whether a new download was started.
+    pub fn prefetch(self: &Arc<Self>, object: &Arc<ObjectInfo>, index: u64) -> bool {
+        let key = Self::key(object, index);
+        if self.cache.contains(key) || self.is_in_flight(key) || self.waits_for_room(object, index)
+        {
+            return false;
+        }
+        let started = self.start(object, index, Urgency::prefetch()).is_some();
+        if started {
+            Metrics::add(&self.metrics.prefetch_requests, 1);
+        }
+        started
+    }
+
+    /// Whether a prefetch of the part should wait for room
+    /// ([`DiskCache::prefetch_waits_for_room`]), which the steps being read free.
+    pub(super) fn waits_for_room(&self, object: &ObjectInfo, index: u64) -> bool {
+        let range = self.part_range(object, index);
+        self.cache.prefetch_waits_for_room(
+            Self::key(object, index),
+            object.group,
+            origin_of(object, range.start),
+            range.end - range.start,
+        )
+    }
+
+    /// Brings the part into the cache at prefetch priority, waiting for its download
+    /// (bounded by the per-request deadline), joined or started; at once if cached.
+    pub async fn fetch_in_background(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        index: u64,
+    ) -> FsResult<()> {
+        match self.start(object, index, Urgency::prefetch()) {
+            Some((download, _)) => download.await,
+            None => Ok(()),
+        }
+    }
+
+    /// The part's download and its arriving bytes, joined or started; `None` if the part
+    /// is cached by now. While the earlier mount's part files are still being adopted,
+    /// the part's own file, if one is on disk, is claimed first (one header read).
+    pub(super) fn start(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        index: u64,
+        urgency: Arc<Urgency>,
+    ) -> Option<(SharedDownload, Arc<Arriving>)> {
+        let key = Self::key(object, index);
+        if self.cache.claims_pending()
+            && self
+                .cache
+                .claim_own(&listed_object(object), self.part_size, index)
+        {
+            return None;
+        }
+        let mut in_flight = self.in_flight.lock();
+        if let Some(existing) = in_flight.get(&key) {
+            if urgency.is_demand() {
+                self.permits.raise(&existing.urgency);
+            }
+            return Some((existing.download.clone(), existing.arriving.clone()));
+        }
+        // A download finishes by caching, then leaving this map: checked under the
+        // map's lock, a part is either cached or in flight, never fetched twice.
+        if self.cache.contains(key) {
+            return None;
+        }
+        if urgency.is_demand() {
+            Metrics::add(&self.metrics.demand_downloads, 1);
+        }
+        // Queued here, so that whether the request is on the wire is known at once.
+        let mut slot = self.permits.request(urgency.clone());
+        let granted = slot.now();
+        let arriving = Arc::new(Arriving::default());
+        if granted.is_some() {
+            arriving.mark_sent();
+        }
+        let task = self.runtime.spawn({
+            let (this, object, urgency, arriving) = (
+                self.clone(),
+                object.clone(),
+                urgency.clone(),
+                arriving.clone(),
+            );
+            async move {
+                // Leaves the map however the download ends, a panic included: a part
+                // whose download died is fetched afresh by the next reader.
+                let mut leave = LeaveInFlight {
+                    fetcher: this.clone(),
+                    key,
+                    arriving: arriving.clone(),
+                    wake_planner: true,
+                };
+                let permit = match granted {
+                    Some(permit) => permit,
+                    None => slot.granted().await,
+                };
+                arriving.mark_sent();
+                match this
+                    .download(&object, index, permit, &arriving, &urgency)
+                    .await?
+                {
+                    Ending::Fetched if !urgency.is_demand() => {
+                        this.prefetched.lock().insert(key);
+                    }
+                    Ending::Fetched => {}
+                    // Nothing changed that a new top-up could use.
+                    Ending::WaitsForRoom => leave.wake_planner = false,
+                }
+                Ok(())
+            }
+        });
+        let download = async move {
+            task.await.unwrap_or_else(|error| {
+                tracing::error!(%error, "a download task failed");
+                Err(FsError::CorruptData(format!(
+                    "download task failed: {error}"
+                )))
+            })
+        }
+        .boxed()
+        .shared();
+        in_flight.insert(
+            key,
+            InFlight {
+                download: download.clone(),
+                urgency,
+                arriving: arriving.clone(),
+            },
+        );
+        Some((download, arriving))
+    }
+
+    /// Downloads the part on the slot `permit`, its body into `arriving` as it comes:
+    /// into the part's cache file if the cache has room for it, otherwise into memory,
+    /// then cached if room appeared meanwhile or kept in memory for the next reads. A
+    /// cache file that fails while it is written turns caching off
+    /// ([`DiskCache::spool`]) and the download starts over into memory.
+    async fn download(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        index: u64,
+        permit: Permit,
+        arriving: &Arriving,
+        urgency: &Urgency,
+    ) -> FsResult<Ending> {
+        let range = self.part_range(object, index);
+        let len = range.end - range.start;
+        let key = Self::key(object, index);
+        let fetched = tokio::time::timeout(self.read_timeout, async {
+            let mut spooled = self.spool(object, index, admission(urgency)).await;
+            if spooled.is_none() && !urgency.is_demand() && self.waits_for_room(object, index) {
+                if self.leave_unwaited(key, urgency) {
+                    return Ok(None);
+                }
+                // A reader joined meanwhile: its part may take any room.
+                spooled = self.spool(object, index, Admission::Demand).await;
+            }
+            if let Some(spool) = spooled {
+                let _buffer = self.reserve_memory(SPOOL_BUFFER.min(len)).await;
+                arriving.spool_into(spool.clone());
+                match self.receive(object, range.clone(), arriving).await {
+                    Err(FsError::CacheIo(error)) => {
+                        tracing::warn!(object = %object.key, part = index, %error, "writing the part's cache file failed; downloading it again into memory");
+                    }
+                    received => return received.map(|()| Some(Received::Spooled(spool))),
+                }
+            }
+            let memory = self.reserve_memory(len).await;
+            arriving.keep_in_memory(len as usize);
+            self.receive(object, range.clone(), arriving).await?;
+            Ok(Some(Received::Whole(arriving.finish(|body| memory.hold(body)))))
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(FsError::TimedOut {
+                key: object.key.to_string(),
+                after: self.read_timeout,
+            })
+        });
+        // A slot is held for the request only, not for the disk write.
+        drop(permit);
+        let Some(received) = fetched.map_err(|error| self.failed(object, index, error))? else {
+            return Ok(Ending::WaitsForRoom);
+        };
+        Metrics::add(&self.metrics.bytes_fetched, len);
+        Metrics::add(&self.metrics.parts_fetched, 1);
+        let cached = match received {
+            Received::Spooled(spool) => tokio::task::spawn_blocking(move || spool.commit()).await,
+            Received::Whole(whole) => {
+                let (cache, object_info, kept) =
+                    (self.cache.clone(), object.clone(), whole.clone());
+                let inserted = tokio::task::spawn_blocking(move || {
+                    let origin = origin_of(&object_info, range.start);
+                    cache.insert(key, object_info.group, origin, &whole)
+                })
+                .await;
+                // No room, or the disk failed (the cache logs that once).
+                if matches!(inserted, Ok(false)) && self.memory.has_room_for(self.part_size) {
+                    self.uncached.lock().put(key, kept);
+                }
+                inserted
+            }
+        };
+        if let Err(error) = cached {
+            tracing::error!(object = %object.key, part = index, %error, "caching the part failed; its waiters are served from its download");
+        }
+        Ok(Ending::Fetched)
+    }
+
+    /// Ends a prefetch's download before its request, unless a reader waits for it
+    /// (has raised its urgency): checked and done under the lock readers join under, so
+    /// no reader joins a download that brings nothing. Returns whether it ended.
+    fn leave_unwaited(&self, key: PartKey, urgency: &Urgency) -> bool {
+        let mut in_flight = self.in_flight.lock();
+        if urgency.is_demand() {
+            return false;
+        }
+        in_flight.remove(&key);
+        true
+    }
+
+    /// The part's cache file, created with its room reserved, if the cache can take it
+    /// evicting only what `admission` may.
+    async fn spool(
+        &self,
+        object: &Arc<ObjectInfo>,
+        index: u64,
+        admission: Admission,
+    ) -> Option<Arc<Spool>> {
+        let (cache, object, key) = (self.cache.clone(), object.clone(), Self::key(object, index));
+        let range = self.part_range(&object, index);
+        tokio::task::spawn_blocking(move || {
+            let origin = origin_of(&object, range.start);
+            cache.spool(
+                key,
+                object.group,
+                origin,
+                range.end - range.start,
+                admission,
+            )
+        })
+        .await
+        .ok()
+        .flatten()
+        .map(Arc::new)
+    }
+
+    /// Reserves `len` bytes of the budget, first dropping parts and edges kept in memory
+    /// if the budget is short. Parts are kept only while a whole part more fits, so a
+    /// waiter here never waits behind kept bytes, only behind downloads and readers.
+    async fn reserve_memory(&self, len: u64) -> memory::Reservation {
+        loop {
+            if let Some(reservation) = self.memory.try_reserve(len) {
+                return reservation;
+            }
+            if self.uncached.lock().pop_lru().is_none() && self.edges.lock().pop_lru().is_none() {
+                return self.memory.reserve(len).await;
+            }
+        }
+    }
+
+    fn failed(&self, object: &ObjectInfo, index: u64, error: FsError) -> FsError {
+        Metrics::add(&self.metrics.fetch_errors, 1);
+        tracing::error!(object = %object.key, part = index, %error, "download failed; readers get EIO");
+        error
+    }
+
+    /// Receives bytes `range` of the object into `arriving`, piece by piece as the body
+    /// comes (a local file in one read), exactly `range`'s length or an error.
+    async fn receive(
+        &self,
+        object: &ObjectInfo,
+        range: Range<u64>,
+        arriving: &Arriving,
+    ) -> FsResult<()> {
+        let key = object.key.as_ref();
+        let expected = range.end - range.start;
+        let result = pinned_get(self.store.as_ref(), object, Some(range)).await?;
+        let mut received = 0;
+        if matches!(result.payload, GetResultPayload::File(..)) {
+            let bytes = result.bytes().await.map_err(|e| FsError::store(key, &e))?;
+            received = bytes.len() as u64;
+            if received == expected {
+                arriving.push(bytes).await?;
+            }
+        } else {
+            let mut body = result.into_stream();
+            while let Some(piece) = body.try_next().await.map_err(|e| FsError::store(key, &e))? {
+                if received + piece.len() as u64 > expected {
+                    received += piece.len() as u64;
+                    break;
+                }
+                received = arriving.push(piece).await?;
+            }
+        }
+        if received != expected {
+            return Err(FsError::ShortRead {
+                key: key.to_owned(),
+                expected,
+                got: received,
+            });
+        }
+        arriving.end().await?;
+        Ok(())
+    }
+}
+
+struct LeaveInFlight {
+    fetcher: Arc<Fetcher>,
+    key: PartKey,
+    /// Which download this is: one that left early ([`Fetcher::leave_unwaited`]) may
+    /// have a successor in the map by now, which stays.
+    arriving: Arc<Arriving>,
+    wake_planner: bool,
+}
+
+impl Drop for LeaveInFlight {
+    fn drop(&mut self) {
+        {
+            let mut in_flight = self.fetcher.in_flight.lock();
+            if in_flight
+                .get(&self.key)
+                .is_some_and(|entry| Arc::ptr_eq(&entry.arriving, &self.arriving))
+            {
+                in_flight.remove(&self.key);
+            }
+        }
+        if self.wake_planner {
+            self.fetcher.planner_wake.ring();
+        }
+    }
+}

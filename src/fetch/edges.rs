@@ -1,0 +1,135 @@
+//! Edges: the few bytes of a part beyond a chunk's end that the kernel's read-around
+//! asks for, fetched on their own and kept in memory (at most [`EDGES_KEPT`]) instead
+//! of downloading their whole part.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::permits::Urgency;
+use super::Fetcher;
+use crate::error::FsError;
+use crate::metrics::Metrics;
+use crate::object::{pinned_get, ObjectInfo};
+use crate::parts::PartKey;
+
+/// An edge being fetched: which bytes of its part, and whether its request is on the
+/// wire (`true`), a watch whose sender is dropped when the edge ends.
+pub(super) struct EdgeInFlight {
+    within: Range<u64>,
+    on_the_wire: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Fetcher {
+    /// Fetches bytes `range` of the object (within one part) on their own, at prefetch
+    /// priority, and keeps them in memory for reads: the few bytes of a neighbouring
+    /// chunk that the kernel reads around a window's chunk edges, which would otherwise
+    /// cost their whole part, long before (or instead of) that chunk's own window. Not
+    /// if the part is cached or on its way, its edge is held or coming, or the memory
+    /// budget has no room now.
+    pub fn prefetch_edge(self: &Arc<Self>, object: &Arc<ObjectInfo>, range: Range<u64>) {
+        self.fetch_edge(object, range, Urgency::prefetch());
+    }
+
+    /// Fetches bytes `range` of the object (within one part) that a reader will ask for
+    /// at once, as [`Fetcher::prefetch_edge`] does but at demand priority: a prefetch
+    /// would queue behind a plan's.
+    pub fn edge_for_next_read(self: &Arc<Self>, object: &Arc<ObjectInfo>, range: Range<u64>) {
+        self.fetch_edge(object, range, Urgency::demand());
+    }
+
+    /// Starts downloading a part a reader will ask for at once, at demand priority,
+    /// unless it is cached (one on its way is raised to demand).
+    pub fn part_for_next_read(self: &Arc<Self>, object: &Arc<ObjectInfo>, index: u64) {
+        self.start(object, index, Urgency::demand());
+    }
+
+    fn fetch_edge(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        range: Range<u64>,
+        urgency: Arc<Urgency>,
+    ) {
+        let index = range.start / self.part_size;
+        let key = Self::key(object, index);
+        let part_start = index * self.part_size;
+        let within = range.start - part_start..range.end - part_start;
+        debug_assert!(
+            range.end <= part_start + self.part_size,
+            "an edge within one part"
+        );
+        if self.cache.contains(key) || self.in_memory(key, &within).is_some() {
+            return;
+        }
+        // A reader's next read of a part on its way waits for the download's body,
+        // unless its bytes are far from it: then, as that read would, it asks for them
+        // on its own (taking the download's one direct read).
+        let downloading = self.in_flight.lock().get(&key).map(|d| d.arriving.clone());
+        if downloading.is_some() && !urgency.is_demand() {
+            return;
+        }
+        let Some(memory) = self.memory.try_reserve(range.end - range.start) else {
+            return;
+        };
+        let (on_the_wire, watched) = tokio::sync::watch::channel(false);
+        match self.edges_in_flight.lock().entry(key) {
+            std::collections::hash_map::Entry::Occupied(_) => return,
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let part_len = self.part_range(object, index).end - part_start;
+                if let Some(arriving) = downloading {
+                    if !self.worth_a_direct_read(&arriving, &within, part_len) {
+                        return;
+                    }
+                }
+                entry.insert(EdgeInFlight {
+                    within: within.clone(),
+                    on_the_wire: watched,
+                });
+            }
+        }
+        let slot = self.permits.request(urgency);
+        let (this, object) = (self.clone(), object.clone());
+        self.runtime.spawn(async move {
+            let _permit = slot.granted().await;
+            on_the_wire.send_replace(true);
+            let len = range.end - range.start;
+            // Counted as sent, so that the store's count of requests can be accounted.
+            Metrics::add(&this.metrics.edges_fetched, 1);
+            let read = tokio::time::timeout(this.read_timeout, async {
+                let result = pinned_get(this.store.as_ref(), &object, Some(range)).await?;
+                result
+                    .bytes()
+                    .await
+                    .map_err(|e| FsError::store(object.key.as_ref(), &e))
+            })
+            .await;
+            match read {
+                Ok(Ok(bytes)) if bytes.len() as u64 == len => {
+                    Metrics::add(&this.metrics.bytes_fetched, len);
+                    let bytes = memory.hold(bytes);
+                    this.edges.lock().put(key, (within.start, bytes));
+                }
+                // An edge is advice: a reader that needs the bytes fetches their part.
+                Ok(Ok(_)) | Ok(Err(_)) | Err(_) => {
+                    tracing::debug!(object = %object.key, "an edge's prefetch failed");
+                }
+            }
+            this.edges_in_flight.lock().remove(&key);
+            // Dropped last: readers waiting for the edge find it in memory, or fetch.
+            drop(on_the_wire);
+        });
+    }
+
+    /// The end of the edge whose request is on the wire and covers bytes `within` of
+    /// the part, if there is one: its bytes come no later than a reader's own request
+    /// for them would.
+    pub(super) fn edge_on_the_wire(
+        &self,
+        key: PartKey,
+        within: &Range<u64>,
+    ) -> Option<tokio::sync::watch::Receiver<bool>> {
+        let edges = self.edges_in_flight.lock();
+        let edge = edges.get(&key)?;
+        let covers = edge.within.start <= within.start && within.end <= edge.within.end;
+        (covers && *edge.on_the_wire.borrow()).then(|| edge.on_the_wire.clone())
+    }
+}

@@ -1,0 +1,119 @@
+//! A reader's wait for its bytes of a part: answered from the cache, from memory, or
+//! from the part's body as it passes them, within `read_timeout`, with a request of
+//! its own for bytes far off ([`super::direct`]).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::permits::Urgency;
+use super::{Fetcher, PartBytes};
+use crate::cache::Recency;
+use crate::error::{FsError, FsResult};
+use crate::metrics::Metrics;
+use crate::object::ObjectInfo;
+use crate::parts::PartKey;
+
+impl Fetcher {
+    /// The part, waiting (at most `read_timeout`) for a download if it is not cached.
+    pub async fn part(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        index: u64,
+    ) -> FsResult<PartBytes> {
+        let range = self.part_range(object, index);
+        self.bytes(object, index, 0..range.end - range.start).await
+    }
+
+    /// Bytes `within` of the part (offsets in the part), waiting at most `read_timeout`:
+    /// from the cache, or as soon as they have arrived.
+    pub async fn bytes(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        index: u64,
+        within: Range<u64>,
+    ) -> FsResult<PartBytes> {
+        tokio::time::timeout(self.read_timeout, self.wait_for(object, index, within))
+            .await
+            .unwrap_or_else(|_| {
+                Err(FsError::TimedOut {
+                    key: object.key.to_string(),
+                    after: self.read_timeout,
+                })
+            })
+    }
+
+    async fn wait_for(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        index: u64,
+        within: Range<u64>,
+    ) -> FsResult<PartBytes> {
+        let key = Self::key(object, index);
+        loop {
+            if let Some(part) = self.cache.get(key, Recency::Use) {
+                return Ok(PartBytes::Cached(part));
+            }
+            if let Some(held) = self.in_memory(key, &within) {
+                return Ok(held);
+            }
+            if let Some(mut edge) = self.edge_on_the_wire(key, &within) {
+                while edge.changed().await.is_ok() {}
+                // Now in memory, or failed (and no longer in flight): look again.
+                continue;
+            }
+            let part = self.part_range(object, index);
+            let own = part.start + within.start..part.start + within.end;
+            if self.is_stray(key, &within, part.end - part.start)
+                && self.waits_for_room(object, index)
+            {
+                // Bytes of a chunk the plans read later (the kernel's read-around across
+                // a chunk's edge, into a neighbour of another window): its whole part
+                // would evict a chunk they need sooner, for a few KiB. A failed or refused
+                // read leaves the reader to the download, as for any reader.
+                if let Some(Ok(bytes)) = self.direct_read(object, own.clone()).await {
+                    Metrics::add(&self.metrics.stray_reads, 1);
+                    return Ok(PartBytes::InMemory {
+                        offset: within.start,
+                        bytes,
+                    });
+                }
+            }
+            // None: it landed in the cache meanwhile (or was evicted again: retry).
+            let Some((download, arriving)) = self.start(object, index, Urgency::demand()) else {
+                continue;
+            };
+            let streamed = async {
+                tokio::select! {
+                    biased;
+                    ended = download => ended.and_then(|()| arriving.bytes(within.clone())),
+                    () = arriving.wait_for(within.end) => arriving.bytes(within.clone()),
+                }
+            };
+            if !self.worth_a_direct_read(&arriving, &within, part.end - part.start) {
+                return streamed.await;
+            }
+            tokio::select! {
+                read = streamed => return read,
+                // A failed or refused direct read leaves the reader to the download.
+                Some(Ok(bytes)) = self.direct_read(object, own) => {
+                    return Ok(PartBytes::InMemory { offset: within.start, bytes });
+                }
+            }
+        }
+    }
+
+    /// Bytes `within` of the part, if memory holds them: the whole part (one the cache
+    /// had no room for), or an edge covering them.
+    pub fn in_memory(&self, key: PartKey, within: &Range<u64>) -> Option<PartBytes> {
+        if let Some(bytes) = self.uncached.lock().get(&key) {
+            return Some(PartBytes::whole(bytes.clone()));
+        }
+        let mut edges = self.edges.lock();
+        let (offset, bytes) = edges.get(&key)?;
+        let covers = *offset <= within.start && within.end <= offset + bytes.len() as u64;
+        covers.then(|| PartBytes::InMemory {
+            offset: *offset,
+            bytes: bytes.clone(),
+        })
+    }
+}
