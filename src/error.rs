@@ -26,6 +26,9 @@ pub enum FsError {
     NotATerminal,
     #[error("invalid hint: {0}")]
     InvalidHint(#[from] HintRefused),
+    /// A user opening more hint handles than one user may hold.
+    #[error("user {uid} holds {limit} hint handles already")]
+    TooManyHintHandles { uid: u32, limit: usize },
     /// A control request (an extended attribute written) that is not one.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
@@ -91,6 +94,12 @@ pub enum PlanRefused {
     TooManySteps { limit: usize },
     #[error("the plans of all open hint files would name more than {limit} chunks and row ranges")]
     TooManyEntries { limit: usize },
+    #[error("a step spans {work} chunks, more than the {limit} one step may")]
+    StepTooWide { work: u64, limit: u64 },
+    #[error("the plan would span {work} chunks over its steps, more than the {limit} left to this handle and its user")]
+    TooMuchWork { work: u64, limit: u64 },
+    #[error("plans started faster than {per_second} a second (after a burst of {burst})")]
+    StartsTooFast { per_second: u32, burst: u32 },
 }
 
 impl FsError {

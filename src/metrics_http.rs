@@ -297,6 +297,7 @@ mod tests {
             downloads_in_flight: 1,
             rates: Default::default(),
             memory: Default::default(),
+            hint_refusals: Vec::new(),
         }
     }
 

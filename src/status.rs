@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 use crate::cache::{CacheStats, DiskCache};
 use crate::fetch::Fetcher;
 use crate::metrics::{Metrics, MetricsSnapshot};
-use crate::prefetch::{PlanStatus, Prefetcher};
+use crate::prefetch::budget::HintRefusals;
+use crate::prefetch::{PlanStatus, Prefetcher, Viewer};
 use crate::process_memory::ProcessMemory;
 
 /// The extended attribute of the mount's root that holds the status.
@@ -37,6 +38,11 @@ pub struct Status {
     /// Absent from the JSON of daemons older than this field.
     #[serde(default)]
     pub memory: ProcessMemory,
+    /// Refused hint writes (and hint opens), by user: as [`Status::active_plans`], a
+    /// user other than root and the mounting user sees only their own. Absent from the
+    /// JSON of daemons older than this field.
+    #[serde(default)]
+    pub hint_refusals: Vec<HintRefusals>,
 }
 
 /// Throughput and hit ratios derived from the counters, over the whole mount.
@@ -141,7 +147,13 @@ pub struct Observer {
 }
 
 impl Observer {
+    /// The whole status, as root sees it.
     pub fn status(&self) -> Status {
+        self.status_seen_by(Viewer::All)
+    }
+
+    /// The status as `viewer` may see it: other users' plans and refusals left out.
+    pub fn status_seen_by(&self, viewer: Viewer) -> Status {
         let now = Instant::now();
         let counters = self.metrics.snapshot();
         let uptime_seconds = now.duration_since(self.started).as_secs_f64();
@@ -172,7 +184,14 @@ impl Observer {
             uptime_seconds,
             counters,
             cache: self.cache.stats(),
-            active_plans: self.prefetcher.plan_status(),
+            active_plans: self.prefetcher.plan_status(viewer),
+            hint_refusals: self
+                .prefetcher
+                .budget()
+                .refusals()
+                .into_iter()
+                .filter(|r| viewer == Viewer::All || viewer == Viewer::User(r.uid))
+                .collect(),
             downloads_in_flight: self.fetcher.in_flight_count(),
             rates,
             memory: ProcessMemory::now(),

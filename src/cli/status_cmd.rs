@@ -118,8 +118,14 @@ fn render(s: &Status) -> String {
     }
     for plan in &s.active_plans {
         out.push_str(&format!(
-            "plan              {} epoch {}: step {} of {}\n",
-            plan.dataset, plan.epoch, plan.position, plan.steps
+            "plan              {} epoch {}: step {} of {} (uid {})\n",
+            plan.dataset, plan.epoch, plan.position, plan.steps, plan.uid
+        ));
+    }
+    for refusals in &s.hint_refusals {
+        out.push_str(&format!(
+            "hints refused     uid {}: {} writes or opens, the last: {}\n",
+            refusals.uid, refusals.refused, refusals.last_reason
         ));
     }
     out

@@ -18,6 +18,7 @@ pub fn errno(error: &FsError) -> Errno {
         FsError::NotATerminal => Errno::ENOTTY,
         FsError::InvalidHint(_) | FsError::InvalidRequest(_) => Errno::EINVAL,
         FsError::Busy(_) => Errno::EBUSY,
+        FsError::TooManyHintHandles { .. } => Errno::EMFILE,
         FsError::Store { .. }
         | FsError::ObjectChanged { .. }
         | FsError::ShortRead { .. }

@@ -238,8 +238,9 @@ impl Filesystem for ScdlFs {
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let open = || self.core.open(ino.0);
+    fn open(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let uid = req.uid();
+        let open = || self.core.open_as(ino.0, uid);
         answer_now("open", reply, open, |reply, opened| {
             // Hint files see every write; data files are immutable objects, so the
             // kernel may keep their pages across opens.
@@ -353,9 +354,9 @@ impl Filesystem for ScdlFs {
         });
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let (core, name) = (self.core.clone(), name.to_owned());
-        let getxattr = async move { core.getxattr(ino.0, &name).await };
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let (core, name, uid) = (self.core.clone(), name.to_owned(), req.uid());
+        let getxattr = async move { core.getxattr(ino.0, &name, uid).await };
         self.answer("getxattr", reply, getxattr, move |reply, json| {
             reply_xattr(reply, size, &json)
         });

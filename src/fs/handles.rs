@@ -1,9 +1,10 @@
 //! The handle table: every open file's state, under the id the table mints for it.
 //!
 //! A data handle carries its sequential read-ahead window; a hint handle carries the
-//! decoder of its byte stream, the dataset its plan is for (the plan itself lives in
-//! the prefetcher's registry under the same id, and goes when the handle closes) and
-//! the announcement it reads, once made.
+//! decoder of its byte stream, the dataset its plan is for, the user who opened it,
+//! whose budget its plan spends (the plan itself lives in the prefetcher's registry
+//! under the same id, and goes when the handle closes), and the announcement it reads,
+//! once made.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +23,7 @@ pub enum HandleState {
     Hints {
         decoder: HintDecoder,
         dataset: Dataset,
+        uid: u32,
         /// What the handle reads: the announcement made at its first read.
         announced: Option<Bytes>,
     },

@@ -15,6 +15,11 @@
 //! one deadline as a whole, `--read-timeout` ([`FsCore::within_deadline`]): however
 //! many requests it makes (the pages of a listing, a discovery's header and chunk
 //! listing, a corrupt part fetched again), it answers within it, with EIO past it.
+//!
+//! Operations that a user's identity changes take the uid of the FUSE request: the hint
+//! handles a user may hold and the work their plans may cause are bounded per user
+//! ([`crate::prefetch::budget`]), and the status shows a user only their own plans
+//! unless they are root or the mounting user.
 
 pub mod announce;
 pub mod errno;
@@ -26,7 +31,7 @@ pub mod read_around;
 use std::ffi::OsStr;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fuser::{FileAttr, FileType, INodeNo};
 use scdl_format::hint::{HintDecoder, HintLine};
@@ -37,7 +42,7 @@ use crate::catalog::{Dataset, FileContent, Node, NodeKind, Tree};
 use crate::error::{FsError, FsResult, HintRefused};
 use crate::metrics::Metrics;
 use crate::prefetch::sequential::SequentialWindow;
-use crate::prefetch::Prefetcher;
+use crate::prefetch::{Prefetcher, Viewer};
 use crate::read::ReadPath;
 use crate::status::{Observer, STATUS_XATTR};
 use crate::view::plan_read;
@@ -93,6 +98,8 @@ pub struct FsCore {
     ownership: Ownership,
     /// The longest any operation waits ([`FsCore::within_deadline`]).
     deadline: Duration,
+    /// The daemon's own user, who sees every plan in the status as root does.
+    mounting_uid: u32,
 }
 
 /// Who owns the mount's files and what their modes allow. The kernel enforces the
@@ -153,6 +160,7 @@ impl FsCore {
             warmer,
             ownership,
             deadline,
+            mounting_uid: rustix::process::getuid().as_raw(),
         }
     }
 
@@ -211,17 +219,33 @@ impl FsCore {
         }
     }
 
+    /// Opens a file as the mounting user (in-process callers, which have no request).
     pub fn open(&self, ino: u64) -> FsResult<Opened> {
+        self.open_as(ino, self.mounting_uid)
+    }
+
+    /// Opens a file for user `uid`; a hint handle counts against the hint handles one
+    /// user may hold (EMFILE beyond them).
+    pub fn open_as(&self, ino: u64, uid: u32) -> FsResult<Opened> {
         let node = self.tree.node(ino)?;
         Ok(match &file_of(&node)?.content {
-            FileContent::Hints(dataset, _) => Opened {
-                handle: self.handles.open(HandleState::Hints {
-                    decoder: HintDecoder::default(),
-                    dataset: dataset.clone(),
-                    announced: None,
-                }),
-                direct_io: true,
-            },
+            FileContent::Hints(dataset, _) => {
+                self.prefetcher
+                    .budget()
+                    .open_handle(uid, Instant::now())
+                    .inspect_err(|refused| {
+                        self.log_refusal(uid, dataset, refused, "hint open refused with EMFILE")
+                    })?;
+                Opened {
+                    handle: self.handles.open(HandleState::Hints {
+                        decoder: HintDecoder::default(),
+                        dataset: dataset.clone(),
+                        uid,
+                        announced: None,
+                    }),
+                    direct_io: true,
+                }
+            }
             _ => Opened {
                 handle: self
                     .handles
@@ -324,7 +348,10 @@ impl FsCore {
         let state = self.handles.get(handle).ok_or(FsError::ReadOnly)?;
         let mut state = state.lock();
         let HandleState::Hints {
-            decoder, dataset, ..
+            decoder,
+            dataset,
+            uid,
+            ..
         } = &mut *state
         else {
             return Err(FsError::ReadOnly);
@@ -332,10 +359,10 @@ impl FsCore {
         let mut trial = decoder.clone();
         let lines: Vec<HintLine> = trial
             .feed(data)
-            .map_err(|e| refuse_hint(dataset, e.into()))?;
+            .map_err(|e| self.refuse_hint(*uid, dataset, e.into()))?;
         self.prefetcher
-            .apply(handle, dataset, &lines)
-            .map_err(|e| refuse_hint(dataset, e.into()))?;
+            .apply(handle, *uid, dataset, &lines)
+            .map_err(|e| self.refuse_hint(*uid, dataset, e.into()))?;
         *decoder = trial;
         Metrics::add(&self.metrics.hint_writes, 1);
         Ok(data.len() as u32)
@@ -344,8 +371,9 @@ impl FsCore {
     /// Closes a handle; a hint handle's plan goes with it.
     pub fn release(&self, handle: u64) {
         if let Some(state) = self.handles.close(handle) {
-            if matches!(&*state.lock(), HandleState::Hints { .. }) {
+            if let HandleState::Hints { uid, .. } = &*state.lock() {
                 self.prefetcher.drop_plan(handle);
+                self.prefetcher.budget().close_handle(*uid);
             }
         }
     }
@@ -393,11 +421,18 @@ impl FsCore {
         }
     }
 
-    /// The root carries the mount's status as JSON, a dataset directory the progress
-    /// of its warm job ([`crate::warm`]); nothing else has attributes.
-    pub async fn getxattr(&self, ino: u64, name: &OsStr) -> FsResult<Vec<u8>> {
+    /// The root carries the mount's status as JSON (as user `uid` may see it: their
+    /// own plans, or all for root and the mounting user), a dataset directory the
+    /// progress of its warm job ([`crate::warm`]); nothing else has attributes.
+    pub async fn getxattr(&self, ino: u64, name: &OsStr, uid: u32) -> FsResult<Vec<u8>> {
         if ino == INodeNo::ROOT.0 && name == STATUS_XATTR {
-            return Ok(serde_json::to_vec(&self.observer.status()).expect("status serializes"));
+            let viewer = if uid == 0 || uid == self.mounting_uid {
+                Viewer::All
+            } else {
+                Viewer::User(uid)
+            };
+            let status = self.observer.status_seen_by(viewer);
+            return Ok(serde_json::to_vec(&status).expect("status serializes"));
         }
         if name == WARM_XATTR {
             let what = || format!("warm progress of directory inode {ino}");
@@ -483,7 +518,31 @@ fn file_of(node: &Node) -> FsResult<&FileNode> {
     }
 }
 
-fn refuse_hint(dataset: &Dataset, reason: HintRefused) -> FsError {
-    tracing::warn!(dataset = %dataset.prefix(), %reason, "hint write refused with EINVAL");
-    FsError::InvalidHint(reason)
+impl FsCore {
+    /// Counts a refused hint write of user `uid`'s, logs it (rate-limited per user),
+    /// and gives the error the writer gets.
+    fn refuse_hint(&self, uid: u32, dataset: &Dataset, reason: HintRefused) -> FsError {
+        self.log_refusal(uid, dataset, &reason, "hint write refused with EINVAL");
+        FsError::InvalidHint(reason)
+    }
+
+    fn log_refusal(
+        &self,
+        uid: u32,
+        dataset: &Dataset,
+        reason: &dyn std::fmt::Display,
+        what: &'static str,
+    ) {
+        let reason = reason.to_string();
+        let budget = self.prefetcher.budget();
+        if let Some(unlogged) = budget.note_refusal(uid, &reason, Instant::now()) {
+            tracing::warn!(
+                dataset = %dataset.prefix(),
+                uid,
+                %reason,
+                unlogged_since_last = unlogged,
+                "{what}"
+            );
+        }
+    }
 }

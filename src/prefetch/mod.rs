@@ -14,11 +14,16 @@
 //! the values they bound. Its parts have no cache group: each is ranked as the virtual
 //! chunks it holds bytes of are, once the offsets of their ends were read.
 //!
+//! What hint writers can make it do is bounded per handle and per user ([`budget`]),
+//! and the eviction ranks the plans imply are computed by the prefetcher's own task
+//! from a snapshot of the plans, outside the lock that reads take to move positions.
+//!
 //! Prefetches use the fetcher's low priority, which never delays a demand read at the
 //! download slots; a new plan's are held to a few while its reader's first reads go
 //! over the link ([`crate::fetch::Fetcher::begin_opening`]).
 
 mod advice;
+pub mod budget;
 mod cached_offsets;
 mod follow;
 pub mod plan;
@@ -28,8 +33,9 @@ pub mod sequential;
 mod top_up;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 use scdl_format::hint::HintLine;
@@ -44,7 +50,10 @@ use crate::parts::GroupId;
 use crate::planner_wake::PlannerWake;
 use crate::row_offset_check::RowOffsetCheck;
 use advice::Advice;
-use plan::{Plan, MAX_PLANNED_ENTRIES};
+use budget::{
+    HintBudget, MAX_HANDLE_WORK, MAX_USER_WORK, PLAN_STARTS_PER_SECOND, PLAN_START_BURST,
+};
+use plan::{Plan, Room, MAX_PLANNED_ENTRIES};
 use row_offsets::KeptRowOffsets;
 use scatter::ScatterDetector;
 use top_up::StepReads;
@@ -67,11 +76,25 @@ pub struct PrefetchConfig {
 struct ActivePlan {
     dataset: Dataset,
     plan: Plan,
+    /// Who opened the hint handle: whose budget the plan spends.
+    uid: u32,
+}
+
+/// Whose plans a status shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Viewer {
+    /// Root and the mounting user see every plan.
+    All,
+    /// Any other user sees only their own.
+    User(u32),
 }
 
 /// What `scdlfs status` shows of one plan.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PlanStatus {
+    /// Absent from the JSON of daemons older than this field.
+    #[serde(default)]
+    pub uid: u32,
     pub dataset: String,
     pub epoch: u64,
     pub steps: usize,
@@ -98,6 +121,11 @@ pub struct Prefetcher {
     scatter: Mutex<ScatterDetector>,
     /// Chunks' row offsets, for the plans' steps of rows.
     row_offsets: KeptRowOffsets,
+    /// What each user's hint writers may still do.
+    budget: HintBudget,
+    /// The plans changed since [`Advice::ranks`] was computed: [`drive`] computes them
+    /// again, so that no read or hint write waits on it.
+    ranks_stale: AtomicBool,
 }
 
 impl Prefetcher {
@@ -123,15 +151,24 @@ impl Prefetcher {
             wake: wake.clone(),
             scatter: Mutex::new(ScatterDetector::new(config.kernel_read_ahead)),
             row_offsets: KeptRowOffsets::default(),
+            budget: HintBudget::default(),
+            ranks_stale: AtomicBool::new(false),
         });
         tokio::spawn(drive(Arc::downgrade(&prefetcher), wake));
         prefetcher
     }
 
-    /// Applies hint lines written on handle `handle`. All or nothing.
+    /// What each user's hint writers may still do: hint handles are counted by the
+    /// filesystem core, which opens and closes them.
+    pub fn budget(&self) -> &HintBudget {
+        &self.budget
+    }
+
+    /// Applies hint lines written on handle `handle`, opened by `uid`. All or nothing.
     pub fn apply(
         &self,
         handle: u64,
+        uid: u32,
         dataset: &Dataset,
         lines: &[HintLine],
     ) -> Result<(), PlanRefused> {
@@ -139,23 +176,34 @@ impl Prefetcher {
         let new_epoch = lines
             .iter()
             .any(|line| matches!(line, HintLine::Plan { .. }));
+        if new_epoch && !self.budget.start_plan(uid, Instant::now()) {
+            return Err(PlanRefused::StartsTooFast {
+                per_second: PLAN_STARTS_PER_SECOND,
+                burst: PLAN_START_BURST,
+            });
+        }
         if new_epoch {
             // A new epoch: what the plan read in the last one is needed again. (Cleared
             // even if the batch is refused: that only ranks the chunks as unread.)
             self.advice.done.write().remove(&handle);
         }
         let mut plans = self.plans.lock();
-        let others: usize = plans
-            .iter()
-            .filter(|(other, _)| **other != handle)
-            .map(|(_, active)| active.plan.entries())
-            .sum();
-        let budget = MAX_PLANNED_ENTRIES.saturating_sub(others);
+        let (mut others_entries, mut users_work) = (0, 0);
+        for (_, active) in plans.iter().filter(|(other, _)| **other != handle) {
+            others_entries += active.plan.entries();
+            if active.uid == uid {
+                users_work += active.plan.work();
+            }
+        }
+        let room = Room {
+            entries: MAX_PLANNED_ENTRIES.saturating_sub(others_entries),
+            work: MAX_HANDLE_WORK.min(MAX_USER_WORK.saturating_sub(users_work)),
+        };
         let changed_ahead = match plans.get_mut(&handle) {
-            Some(active) => active.plan.apply(lines, &geometry, budget)?,
+            Some(active) => active.plan.apply(lines, &geometry, room)?,
             None => {
                 let mut plan = Plan::default();
-                plan.apply(lines, &geometry, budget)?;
+                plan.apply(lines, &geometry, room)?;
                 if plan.steps.is_empty() {
                     // A greeting alone announces nothing.
                     return Ok(());
@@ -171,7 +219,7 @@ impl Prefetcher {
                     }
                 }
                 let dataset = dataset.clone();
-                plans.insert(handle, ActivePlan { dataset, plan });
+                plans.insert(handle, ActivePlan { dataset, plan, uid });
                 Some(0)
             }
         };
@@ -205,11 +253,14 @@ impl Prefetcher {
         self.after_plans_changed(&plans);
     }
 
-    pub fn plan_status(&self) -> Vec<PlanStatus> {
+    /// The plans `viewer` may see.
+    pub fn plan_status(&self, viewer: Viewer) -> Vec<PlanStatus> {
         self.plans
             .lock()
             .values()
+            .filter(|a| viewer == Viewer::All || viewer == Viewer::User(a.uid))
             .map(|a| PlanStatus {
+                uid: a.uid,
                 dataset: a.dataset.prefix().to_string(),
                 epoch: a.plan.epoch,
                 steps: a.plan.steps.len(),
@@ -218,24 +269,40 @@ impl Prefetcher {
             .collect()
     }
 
+    /// Marks the ranks for [`drive`] to compute again: the caller holds the plans'
+    /// lock, which reads take, and the work is as large as the plans' steps are wide.
     fn after_plans_changed(&self, plans: &HashMap<u64, ActivePlan>) {
         self.plan_count.store(plans.len(), Ordering::Relaxed);
+        self.ranks_stale.store(true, Ordering::Release);
+        self.wake.ring();
+    }
+
+    /// Computes the eviction ranks of the plans, from a snapshot of the steps they rank
+    /// taken under the plans' lock (a copy of at most [`plan::RANK_HORIZON`] steps each,
+    /// bounded by the budgets), and publishes them.
+    fn rank_plans(&self) {
+        let horizons: Vec<(Dataset, plan::Horizon)> = self
+            .plans
+            .lock()
+            .values()
+            .map(|active| (active.dataset.clone(), active.plan.horizon()))
+            .collect();
         let mut ranks: HashMap<Unit, NextUse> = HashMap::new();
-        for active in plans.values() {
-            for (chunk, distance) in active.plan.chunks_ahead(&active.dataset.geometry()) {
+        for (dataset, horizon) in &horizons {
+            for (chunk, distance) in horizon.chunks_ahead(&dataset.geometry()) {
                 let rank = if distance == 0 {
                     NextUse::Current
                 } else {
                     NextUse::Ahead(distance)
                 };
-                for unit in self.units_of_chunk(&active.dataset, chunk) {
+                for unit in self.units_of_chunk(dataset, chunk) {
                     let entry = ranks.entry(unit).or_insert(rank);
                     *entry = (*entry).min(rank);
                 }
             }
         }
         *self.advice.ranks.write() = ranks;
-        let advisor: Option<Arc<dyn EvictionAdvisor>> = if plans.is_empty() {
+        let advisor: Option<Arc<dyn EvictionAdvisor>> = if horizons.is_empty() {
             None
         } else {
             Some(self.advice.clone())
@@ -312,6 +379,9 @@ async fn drive(prefetcher: Weak<Prefetcher>, wake: PlannerWake) {
         let Some(this) = prefetcher.upgrade() else {
             return;
         };
+        if this.ranks_stale.swap(false, Ordering::AcqRel) {
+            this.rank_plans();
+        }
         if this.plan_count.load(Ordering::Relaxed) > 0 {
             this.top_up();
         }

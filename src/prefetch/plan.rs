@@ -11,6 +11,7 @@ use std::ops::Range;
 use scdl_format::hint::HintLine;
 use scdl_format::ChunkGeometry;
 
+use super::budget::MAX_STEP_WORK;
 use crate::error::PlanRefused;
 use crate::parts::PartKey;
 
@@ -21,6 +22,22 @@ pub const MAX_PLAN_STEPS: usize = 1 << 20;
 /// writers can make the daemon keep, however many handles they open (about 16 bytes
 /// each, so 64 MiB at most).
 pub const MAX_PLANNED_ENTRIES: usize = 1 << 22;
+/// What a plan may hold once a batch is applied: chunks and row ranges (what the
+/// mount's plans hold together, [`MAX_PLANNED_ENTRIES`]), and work (what its handle and
+/// user may still have done, [`super::budget`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Room {
+    pub entries: usize,
+    pub work: u64,
+}
+
+impl Room {
+    pub const UNLIMITED: Room = Room {
+        entries: usize::MAX,
+        work: u64::MAX,
+    };
+}
+
 /// How far from the current step a served read is matched to a step.
 const MATCH_HORIZON: usize = 64;
 /// How many steps ahead the plan ranks chunks for eviction.
@@ -51,14 +68,30 @@ impl Step {
         }
     }
 
-    /// Whether the step reads from any of `chunks`.
+    /// The work the step makes wherever it is expanded to chunks (ranks, matching
+    /// reads, prefetch): one per chunk of a window, one per chunk each row range spans
+    /// (at least one per range). Counted without expanding it.
+    pub fn work(&self, layout: &ChunkGeometry) -> u64 {
+        match self {
+            Step::Window(chunks) => chunks.len() as u64,
+            Step::Rows(ranges) => ranges
+                .iter()
+                .map(|r| {
+                    let span = layout.chunks_of_rows(r.clone());
+                    (span.end - span.start).max(1)
+                })
+                .sum(),
+        }
+    }
+
+    /// Whether the step reads from any of `chunks`: a read touches a chunk or two, so
+    /// each row range is compared by the span of chunks it covers, not walked.
     fn reads_any_of(&self, chunks: &[usize], layout: &ChunkGeometry) -> bool {
         match self {
             Step::Window(window) => window.iter().any(|c| chunks.contains(&(*c as usize))),
             Step::Rows(ranges) => ranges.iter().any(|r| {
-                layout
-                    .chunks_of_rows(r.clone())
-                    .any(|c| chunks.contains(&(c as usize)))
+                let span = layout.chunks_of_rows(r.clone());
+                chunks.iter().any(|&c| span.contains(&(c as u64)))
             }),
         }
     }
@@ -106,16 +139,27 @@ pub struct Plan {
     counted: usize,
     /// Rows of each chunk the counted row steps read this epoch.
     rows_read: HashMap<usize, u64>,
+    /// The chunks and row ranges of the steps, kept as they change: a write is checked
+    /// against them without walking the plan.
+    entries: usize,
+    /// The work of the steps ([`Step::work`]), kept likewise.
+    work: u64,
 }
 
 impl Plan {
     /// The chunks and row ranges the plan holds.
     pub fn entries(&self) -> usize {
-        self.steps.iter().map(Step::entries).sum()
+        self.entries
+    }
+
+    /// The work of the plan's steps ([`Step::work`]).
+    pub fn work(&self) -> u64 {
+        self.work
     }
 
     /// Applies a batch of protocol lines, all or nothing: on error the plan is unchanged.
-    /// The plan may hold at most `max_entries` chunks and row ranges afterwards.
+    /// The plan may hold at most `room` afterwards, and no step more than
+    /// [`MAX_STEP_WORK`].
     /// Returns how far ahead of the position the batch changed the plan: the distance
     /// of its first new step (0 for a new plan), or `None` if it added none. (A reader
     /// served from the page cache moves no position, so its steps pile up far ahead,
@@ -124,17 +168,13 @@ impl Plan {
         &mut self,
         lines: &[HintLine],
         layout: &ChunkGeometry,
-        max_entries: usize,
+        room: Room,
     ) -> Result<Option<usize>, PlanRefused> {
         let mut next = Plan {
             epoch: self.epoch,
-            steps: Vec::new(),
-            parts: Vec::new(),
             position: self.position,
-            reads_elsewhere: HashMap::new(),
             revision: self.revision,
-            counted: 0,
-            rows_read: HashMap::new(),
+            ..Plan::default()
         };
         let mut replaced = false;
         let mut appended = Vec::new();
@@ -176,6 +216,17 @@ impl Plan {
                     appended.push(Step::Rows(ranges.clone()));
                 }
             }
+            if let (HintLine::Window { .. } | HintLine::Rows { .. }, Some(step)) =
+                (line, appended.last())
+            {
+                let work = step.work(layout);
+                if work > MAX_STEP_WORK {
+                    return Err(PlanRefused::StepTooWide {
+                        work,
+                        limit: MAX_STEP_WORK,
+                    });
+                }
+            }
         }
         // Steps the reader has passed are retired, so a plan that grows as the epoch
         // advances stays as long as its lookahead.
@@ -189,24 +240,36 @@ impl Plan {
                 limit: MAX_PLAN_STEPS,
             });
         }
-        let entries = self.steps[self.steps.len() - kept..]
-            .iter()
-            .chain(&appended)
-            .map(Step::entries)
-            .sum::<usize>();
-        if entries > max_entries {
+        // The step just left stays (still protected from eviction); those before it go.
+        let retired = if replaced {
+            self.steps.len()
+        } else {
+            self.position.saturating_sub(1)
+        };
+        let gone = &self.steps[..retired];
+        let entries = self.entries - gone.iter().map(Step::entries).sum::<usize>()
+            + appended.iter().map(Step::entries).sum::<usize>();
+        let work = self.work - gone.iter().map(|s| s.work(layout)).sum::<u64>()
+            + appended.iter().map(|s| s.work(layout)).sum::<u64>();
+        if entries > room.entries {
             return Err(PlanRefused::TooManyEntries {
                 limit: MAX_PLANNED_ENTRIES,
             });
         }
+        if work > room.work {
+            return Err(PlanRefused::TooMuchWork {
+                work,
+                limit: room.work,
+            });
+        }
+        self.entries = entries;
+        self.work = work;
         if replaced {
             self.steps.clear();
             self.parts.clear();
             self.counted = 0;
             self.rows_read.clear();
         } else {
-            // The step just left stays: it is still protected from eviction.
-            let retired = self.position.saturating_sub(1);
             self.steps.drain(..retired);
             self.parts.drain(..retired);
             next.position = self.position - retired;
@@ -317,18 +380,42 @@ impl Plan {
         finished
     }
 
+    /// The steps the plan ranks, copied: the step just left, the current one and
+    /// those up to [`RANK_HORIZON`] ahead. Beyond it the prefetcher fetches nothing, and
+    /// ranking would cost a walk of the whole plan on every move.
+    pub fn horizon(&self) -> Horizon {
+        let first = self.position.saturating_sub(1).min(self.steps.len());
+        let end = (self.position + RANK_HORIZON).min(self.steps.len());
+        Horizon {
+            steps: self.steps[first..end.max(first)].to_vec(),
+            current: self.position - first,
+        }
+    }
+
+    /// See [`Horizon::chunks_ahead`].
+    #[cfg(test)]
+    pub fn chunks_ahead(&self, layout: &ChunkGeometry) -> HashMap<usize, u64> {
+        self.horizon().chunks_ahead(layout)
+    }
+}
+
+/// The steps a plan ranks, taken from it so that ranking them holds no lock.
+#[derive(Clone, Debug)]
+pub struct Horizon {
+    steps: Vec<Step>,
+    /// Which of `steps` is the current one.
+    current: usize,
+}
+
+impl Horizon {
     /// For each chunk the plan still needs, how many steps ahead of the current step
     /// it is first needed (0: the current step). The step before the current one
     /// counts as current too: its last rows may still be in a reader's hands when the
     /// position moves on.
     pub fn chunks_ahead(&self, layout: &ChunkGeometry) -> HashMap<usize, u64> {
-        let first = self.position.saturating_sub(1).min(self.steps.len());
         let mut ahead = HashMap::new();
-        // Beyond the horizon the prefetcher fetches nothing, and ranking costs a walk
-        // of the whole plan on every move.
-        let horizon = self.position + RANK_HORIZON;
-        for (index, step) in self.steps.iter().enumerate().take(horizon).skip(first) {
-            let distance = index.saturating_sub(self.position) as u64;
+        for (index, step) in self.steps.iter().enumerate() {
+            let distance = index.saturating_sub(self.current) as u64;
             for chunk in step.chunks(layout) {
                 ahead.entry(chunk).or_insert(distance);
             }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
 use scdlfs::store::NetworkBounds;
@@ -68,12 +68,38 @@ pub fn setup(name: &str, extra: &[&str]) -> Setup {
 
 /// As [`setup`], with the network bounds `bounds`.
 pub fn setup_with_bounds(name: &str, bounds: &NetworkBounds, extra: &[&str]) -> Setup {
+    setup_of(name, bounds, extra, |_| {})
+}
+
+/// As [`setup`], with the small synthetic dataset beside the plain files (at `ds/`,
+/// not among [`Setup::files`]) and the mount open to other users (`--allow-other`,
+/// the mountpoint reachable), whose hint file another user may then write.
+pub fn setup_shared_with_dataset(name: &str, extra: &[&str]) -> Setup {
+    let mut extra = extra.to_vec();
+    extra.push("--allow-other");
+    let setup = setup_of(name, &BOUNDS, &extra, |dir| {
+        super::small_dataset()
+            .write_chunked(&dir.join("ds"))
+            .unwrap();
+    });
+    let reachable = std::fs::Permissions::from_mode(0o755);
+    std::fs::set_permissions(setup.mount.dir.path(), reachable).unwrap();
+    setup
+}
+
+fn setup_of(
+    name: &str,
+    bounds: &NetworkBounds,
+    extra: &[&str],
+    add_to_source: impl FnOnce(&std::path::Path),
+) -> Setup {
     let moto = moto();
     let bucket = unique_bucket(name);
     moto.create_bucket(&bucket);
     let files = plain_files();
     let dir = tempfile::tempdir().unwrap();
     write_files(dir.path(), &files);
+    add_to_source(dir.path());
     moto.upload(&bucket, "data", dir.path());
     let proxy = FaultProxy::start(&moto.endpoint);
     let endpoint = proxy.endpoint();

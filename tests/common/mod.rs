@@ -7,6 +7,7 @@ pub mod cli_mount;
 pub mod epoch;
 pub mod faulty_mount;
 pub mod files;
+pub mod hostile_hints;
 pub mod process;
 pub mod proxy;
 pub mod s3;

@@ -269,7 +269,7 @@ async fn catalog_lists_directories_and_refuses_what_a_read_only_tree_must() {
 
     assert!(matches!(
         core.core
-            .getxattr(tiny.ino.0, OsStr::new("user.scdlfs.status"))
+            .getxattr(tiny.ino.0, OsStr::new("user.scdlfs.status"), 0)
             .await,
         Err(FsError::NoSuchAttribute)
     ));
@@ -277,7 +277,7 @@ async fn catalog_lists_directories_and_refuses_what_a_read_only_tree_must() {
     let names = core.core.listxattr(ROOT);
     let name = OsStr::new(std::str::from_utf8(&names).unwrap().trim_end_matches('\0'));
     let status: serde_json::Value =
-        serde_json::from_slice(&core.core.getxattr(ROOT, name).await.unwrap()).unwrap();
+        serde_json::from_slice(&core.core.getxattr(ROOT, name, 0).await.unwrap()).unwrap();
     assert_eq!(
         status["counters"]["reads"], 2,
         "the two reads of tiny.txt: {status}"
@@ -1407,4 +1407,417 @@ async fn a_read_of_values_that_waits_asks_for_the_same_elements_column_ids_besid
         }),
         "on their own, not as their part: {asked:?}"
     );
+}
+
+/// What one user's hint writers may make the daemon do is bounded per handle and per
+/// user (`prefetch::budget`), and other users are unaffected by a writer over its
+/// bounds. Users 1000 and 1001 are not the mounting user (root, running the tests).
+mod hint_budgets {
+    use super::*;
+    use scdlfs::prefetch::budget::{
+        MAX_HANDLE_WORK, MAX_HINT_HANDLES_PER_USER, MAX_USER_WORK, PLAN_START_BURST,
+    };
+    use scdlfs::status::Status;
+
+    const CHUNKS: u64 = 1000;
+    const WRITER: u32 = 1000;
+    const OTHER: u32 = 1001;
+
+    /// A chunked dataset of `CHUNKS` chunks of one row each, with no prefetch (what
+    /// is measured is what the plans may hold).
+    async fn core_of_many_chunks() -> Core {
+        let spec = SyntheticDataset {
+            rows: CHUNKS,
+            genes: 50,
+            chunk_rows: 1,
+            mean_values: 2,
+            seed: 3,
+        };
+        core_of(&chunked_files(&spec, "ds"), |s| {
+            s.prefetch_lookahead_steps = 0
+        })
+        .await
+    }
+
+    /// A step of 16 row ranges, each over the whole dataset: 16 entries, 16,000 chunks
+    /// of work.
+    fn wide_step() -> String {
+        let ranges = vec![format!("0 {CHUNKS}"); 16].join(" ");
+        format!("rows {ranges}\n")
+    }
+    const WIDE_STEP_WORK: u64 = 16 * CHUNKS;
+
+    async fn open_hints(core: &Core, uid: u32) -> Result<u64, FsError> {
+        let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
+        core.core.open_as(hints.ino.0, uid).map(|o| o.handle)
+    }
+
+    fn steps(n: u64) -> String {
+        wide_step().repeat(n as usize)
+    }
+
+    async fn status_as(core: &Core, uid: u32) -> Status {
+        let json = core
+            .core
+            .getxattr(ROOT, OsStr::new("user.scdlfs.status"), uid)
+            .await
+            .unwrap();
+        serde_json::from_slice(&json).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handles_plan_is_held_to_its_work_not_its_entries() {
+        let core = core_of_many_chunks().await;
+        let handle = open_hints(&core, WRITER).await.unwrap();
+        let fits = MAX_HANDLE_WORK / WIDE_STEP_WORK;
+        core.core
+            .write(
+                handle,
+                format!("scdlfs-hints 1\nplan 0\n{}", steps(fits)).as_bytes(),
+            )
+            .unwrap();
+        assert!(
+            matches!(
+                core.core.write(handle, steps(1).as_bytes()),
+                Err(FsError::InvalidHint(_))
+            ),
+            "{} entries, but {} chunks of work over the handle's {MAX_HANDLE_WORK}",
+            16 * (fits + 1),
+            WIDE_STEP_WORK * (fits + 1)
+        );
+        let plans = core.observer.status().active_plans;
+        assert_eq!(
+            plans[0].steps as u64, fits,
+            "the refused write changed nothing"
+        );
+        core.core.write(handle, b"window 1\n").unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_users_plans_are_held_to_the_users_work_and_other_users_are_unaffected() {
+        let core = core_of_many_chunks().await;
+        let per_handle = MAX_HANDLE_WORK / WIDE_STEP_WORK;
+        let mut spent = 0;
+        while spent + per_handle * WIDE_STEP_WORK <= MAX_USER_WORK {
+            let handle = open_hints(&core, WRITER).await.unwrap();
+            let lines = format!("scdlfs-hints 1\nplan 0\n{}", steps(per_handle));
+            core.core.write(handle, lines.as_bytes()).unwrap();
+            spent += per_handle * WIDE_STEP_WORK;
+        }
+        let left = (MAX_USER_WORK - spent) / WIDE_STEP_WORK;
+        let last = open_hints(&core, WRITER).await.unwrap();
+        let refused = core.core.write(
+            last,
+            format!("scdlfs-hints 1\nplan 0\n{}", steps(left + 1)).as_bytes(),
+        );
+        assert!(
+            matches!(refused, Err(FsError::InvalidHint(_))),
+            "over the user's {MAX_USER_WORK} chunks of work though within its handle's"
+        );
+        let other = open_hints(&core, OTHER).await.unwrap();
+        core.core
+            .write(
+                other,
+                format!("scdlfs-hints 1\nplan 0\n{}", steps(per_handle)).as_bytes(),
+            )
+            .expect("another user's writer has a budget of its own");
+        let refusals = core.observer.status().hint_refusals;
+        assert_eq!(
+            refusals
+                .iter()
+                .map(|r| (r.uid, r.refused))
+                .collect::<Vec<_>>(),
+            vec![(WRITER, 1)],
+            "the refusal is shown in the status: {refusals:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_user_holds_a_bounded_number_of_hint_handles_and_gets_emfile_beyond() {
+        let core = core_of_many_chunks().await;
+        let mut handles = Vec::new();
+        for _ in 0..MAX_HINT_HANDLES_PER_USER {
+            handles.push(open_hints(&core, WRITER).await.unwrap());
+        }
+        let refused = open_hints(&core, WRITER).await.unwrap_err();
+        assert!(
+            matches!(refused, FsError::TooManyHintHandles { .. }),
+            "{refused:?}"
+        );
+        assert_eq!(scdlfs::fs::errno::errno(&refused), fuser::Errno::EMFILE);
+        assert!(open_hints(&core, OTHER).await.is_ok(), "another user");
+        let data = core.resolve("ds/data.npy").await.unwrap();
+        assert!(
+            core.core.open_as(data.ino.0, WRITER).is_ok(),
+            "data files are not counted"
+        );
+        core.core.release(handles.pop().unwrap());
+        assert!(
+            open_hints(&core, WRITER).await.is_ok(),
+            "a closed handle frees its place"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn plans_are_started_at_a_bounded_rate_per_user() {
+        let core = core_of_many_chunks().await;
+        let handle = open_hints(&core, WRITER).await.unwrap();
+        core.core.write(handle, b"scdlfs-hints 1\n").unwrap();
+        for epoch in 0..PLAN_START_BURST {
+            core.core
+                .write(handle, format!("plan {epoch}\nwindow 3\n").as_bytes())
+                .unwrap();
+        }
+        assert!(
+            matches!(
+                core.core.write(handle, b"plan 99\nwindow 4\n"),
+                Err(FsError::InvalidHint(_))
+            ),
+            "a restart past the burst, at once"
+        );
+        core.core
+            .write(handle, b"window 5\n")
+            .expect("steps of the running plan are not restarts");
+        let other = open_hints(&core, OTHER).await.unwrap();
+        core.core
+            .write(other, b"scdlfs-hints 1\nplan 0\nwindow 3\n")
+            .expect("another user's starts are their own");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_user_sees_only_their_own_plans_and_refusals_root_sees_all() {
+        let core = core_of_many_chunks().await;
+        for uid in [WRITER, OTHER] {
+            let handle = open_hints(&core, uid).await.unwrap();
+            core.core
+                .write(handle, b"scdlfs-hints 1\nplan 0\nwindow 3\n")
+                .unwrap();
+            assert!(core.core.write(handle, b"window 99999\n").is_err());
+        }
+        let seen = |status: &Status| {
+            let plans: Vec<u32> = status.active_plans.iter().map(|p| p.uid).collect();
+            let refused: Vec<u32> = status.hint_refusals.iter().map(|r| r.uid).collect();
+            (plans, refused)
+        };
+        assert_eq!(
+            seen(&status_as(&core, WRITER).await),
+            (vec![WRITER], vec![WRITER])
+        );
+        assert_eq!(
+            seen(&status_as(&core, OTHER).await),
+            (vec![OTHER], vec![OTHER])
+        );
+        let (mut plans, refused) = seen(&status_as(&core, 0).await);
+        plans.sort();
+        assert_eq!(
+            (plans, refused),
+            (vec![WRITER, OTHER], vec![WRITER, OTHER]),
+            "root"
+        );
+    }
+}
+
+/// Several plans on one mount (issue 29's fair sharing): they share the downloads, the
+/// prefetch slots and the cache budget without one rank's prefetch costing another
+/// rank its next step or its first row.
+mod plans_sharing_a_mount {
+    use super::*;
+    use object_store::{GetOptions, GetResult};
+    use scdlfs::store::throttled::Throttle;
+    use scdlfs::store::wrapper::GetHook;
+
+    /// The keys read, in the order their requests reached the store.
+    #[derive(Debug, Default)]
+    struct Arrivals(parking_lot::Mutex<Vec<String>>);
+
+    #[async_trait::async_trait]
+    impl GetHook for Arrivals {
+        async fn get(
+            &self,
+            inner: &dyn ObjectStore,
+            location: &ObjectPath,
+            options: GetOptions,
+        ) -> object_store::Result<GetResult> {
+            self.0.lock().push(location.to_string());
+            inner.get_opts(location, options).await
+        }
+    }
+
+    async fn plan(core: &Core, lines: &str) -> u64 {
+        let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
+        let handle = core.core.open(hints.ino.0).unwrap().handle;
+        core.core.write(handle, lines.as_bytes()).unwrap();
+        handle
+    }
+
+    fn raw(chunk: u32, kind: ArrayKind) -> String {
+        format!("ds/{CHUNKED_DIR}/chunk_{chunk:05}/{}", kind.file_name())
+    }
+
+    fn chunk_bytes(files: &BTreeMap<String, Vec<u8>>, chunk: u32) -> u64 {
+        let dir = format!("ds/chunk_{chunk:05}/");
+        files
+            .iter()
+            .filter(|(name, _)| name.starts_with(&dir))
+            .map(|(_, bytes)| bytes.len() as u64)
+            .sum()
+    }
+
+    fn requests_of_chunk(core: &Core, chunk: u32) -> u64 {
+        let dir = format!("ds/chunk_{chunk:05}/");
+        let reads = core.reads.hook().snapshot();
+        reads
+            .iter()
+            .filter(|((key, _), _)| key.starts_with(&dir))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_plans_that_need_the_same_parts_fetch_each_part_once() {
+        let core = core_of(&dataset_files("ds"), |s| s.prefetch_lookahead_steps = 3).await;
+        let lines = "scdlfs-hints 1\nplan 0\nwindow 1\nwindow 2\nwindow 3\n";
+        let (a, b) = (plan(&core, lines).await, plan(&core, lines).await);
+        for chunk in 1..=3 {
+            for kind in ArrayKind::ALL {
+                let path = raw(chunk, kind);
+                let (first, second) = tokio::join!(
+                    core.read_all(&path, 16 << 10),
+                    core.read_all(&path, 16 << 10)
+                );
+                assert_eq!(first, second, "{path}");
+            }
+        }
+        core.settle().await;
+        let reads = core.reads.hook().snapshot();
+        let twice: Vec<_> = reads.iter().filter(|(_, &n)| n > 1).collect();
+        assert!(twice.is_empty(), "asked for more than once: {twice:?}");
+        // And no two requests of one object overlap: no byte came twice.
+        let mut by_key: BTreeMap<&str, Vec<std::ops::Range<u64>>> = BTreeMap::new();
+        // (Whole objects are read only by discovery: the header.)
+        for (key, range) in reads.keys() {
+            if let Some(range) = range {
+                by_key.entry(key).or_default().push(range.clone());
+            }
+        }
+        for (key, mut ranges) in by_key {
+            ranges.sort_by_key(|r| r.start);
+            assert!(
+                ranges.windows(2).all(|w| w[0].end <= w[1].start),
+                "{key}: {ranges:?}"
+            );
+        }
+        core.core.release(a);
+        core.core.release(b);
+    }
+
+    /// A cache of about three chunks; plan A is reading chunk 1, plan B announces six
+    /// chunks ahead. B's prefetches take the room A's plan does not name, never A's
+    /// current step: reading chunk 1 again fetches nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plans_current_step_is_never_evicted_for_another_plans_later_step() {
+        let files = dataset_files("ds");
+        let largest = (0..9).map(|c| chunk_bytes(&files, c)).max().unwrap();
+        let core = core_of(&files, |s| {
+            s.cache_bytes = 3 * largest + (64 << 10);
+            s.prefetch_lookahead_steps = 6;
+        })
+        .await;
+        let a = plan(&core, "scdlfs-hints 1\nplan 0\nwindow 1\n").await;
+        for kind in ArrayKind::ALL {
+            core.read_all(&raw(1, kind), 16 << 10).await;
+        }
+        core.settle().await;
+        let fetched_before = requests_of_chunk(&core, 1);
+        let b = plan(
+            &core,
+            "scdlfs-hints 1\nplan 0\nwindow 2\nwindow 3\nwindow 4\nwindow 5\nwindow 6\nwindow 7\n",
+        )
+        .await;
+        // B's reader goes through its first steps, which moves its plan on and keeps
+        // its prefetch wanting room.
+        for chunk in 2..=4 {
+            for kind in ArrayKind::ALL {
+                core.read_all(&raw(chunk, kind), 16 << 10).await;
+            }
+        }
+        core.settle().await;
+        for kind in ArrayKind::ALL {
+            core.read_all(&raw(1, kind), 16 << 10).await;
+        }
+        assert_eq!(
+            requests_of_chunk(&core, 1),
+            fetched_before,
+            "chunk 1, A's current step, was evicted for B's steps: {:?}",
+            core.observer.status().cache
+        );
+        core.core.release(a);
+        core.core.release(b);
+    }
+
+    /// Plan A's prefetches queue behind two download slots over a slow link; plan B
+    /// starts, and its reader's first read goes to the store before A's queued
+    /// prefetches (at most the two slots' worth of A's requests that were about to
+    /// start come first).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_plans_first_read_goes_before_the_other_plans_queued_prefetches() {
+        let memory = memory_of(&dataset_files("ds")).await;
+        let arrivals = Arc::new(HookedStore::new(
+            Arc::new(HookedStore::new(
+                memory.clone(),
+                Throttle::new(Duration::from_millis(40), 2 << 20),
+            )),
+            Arrivals::default(),
+        ));
+        let reads = Arc::new(HookedStore::new(arrivals.clone(), CountReads::default()));
+        let cache = tempfile::tempdir().unwrap();
+        let mut s = settings(cache.path());
+        s.max_concurrent_requests = 2;
+        s.prefetch_lookahead_steps = 6;
+        let store: Arc<dyn ObjectStore> = reads.clone();
+        let (core, observer) = assemble(store, ObjectPath::from(""), &s, None).unwrap();
+        let core = Core {
+            core,
+            observer,
+            reads,
+            memory,
+            _cache: cache,
+        };
+        let a = plan(
+            &core,
+            "scdlfs-hints 1\nplan 0\nwindow 0\nwindow 1\nwindow 2\nwindow 3\nwindow 4\nwindow 5\n",
+        )
+        .await;
+        let started = Instant::now();
+        while arrivals.hook().0.lock().len() < 2 {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "A prefetches nothing"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let b = plan(&core, "scdlfs-hints 1\nplan 0\nwindow 8\n").await;
+        let before = arrivals.hook().0.lock().len();
+        let first_row = core.resolve(&raw(8, ArrayKind::Data)).await.unwrap();
+        let handle = core.core.open(first_row.ino.0).unwrap().handle;
+        core.core
+            .read(first_row.ino.0, handle, 0, 4096)
+            .await
+            .unwrap();
+        let log = arrivals.hook().0.lock().clone();
+        let since: Vec<&String> = log[before..].iter().collect();
+        let of_a = |key: &&String| (0..=5).any(|c| key.starts_with(&format!("ds/chunk_{c:05}/")));
+        let first_of_b = since
+            .iter()
+            .position(|key| key.starts_with("ds/chunk_00008/"))
+            .expect("B's read reached the store");
+        let a_before_b = since[..first_of_b].iter().filter(|k| of_a(k)).count();
+        assert!(
+            a_before_b <= 2,
+            "{a_before_b} of A's requests went before B's first read: {since:?}"
+        );
+        core.core.release(handle);
+        core.core.release(a);
+        core.core.release(b);
+    }
 }

@@ -22,6 +22,7 @@ mod faults;
 #[path = "core.rs"]
 mod fs_core; // not `core`, which would shadow the core crate
 mod fuse_panics;
+mod hostile_hints;
 mod metadata_ttl;
 mod monolithic;
 mod open_semantics;

@@ -3,6 +3,8 @@
 //! resets, truncated and short bodies, stalls with and without headers), with a small
 //! cache and a small fetcher memory cap so that eviction and the cap are exercised;
 //! each read's pages are dropped from the page cache after it, so reads reach the daemon.
+//! Beside them another user (`--allow-other`) writes hints as hostile as it can
+//! (tests/common/hostile_hints.rs) on a small dataset of the same bucket.
 //! Must hold: 0 wrong bytes, 0 reads past the bound, fetcher memory under its cap.
 //!
 //! `SCDLFS_SOAK_SECONDS` sets the duration (default 20 s in the suite, capped at 60 s
@@ -16,9 +18,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::faulty_mount::{judged_read, setup};
+use common::faulty_mount::{judged_read, setup_shared_with_dataset};
+use common::hostile_hints::{self, HOSTILE_UID};
 use common::proxy::{Fault, Outcomes};
 use common::{forget_cached_pages, Rng};
+use scdl_format::hint::HINT_FILE;
 
 const READERS: u64 = 16;
 const PART: u64 = 64 << 10;
@@ -54,7 +58,7 @@ fn random_fault(n: u64) -> Option<Fault> {
 fn sixteen_readers_under_random_faults() {
     let cache = (8 * PART).to_string();
     let memory_cap = MEMORY_CAP.to_string();
-    let setup = setup(
+    let setup = setup_shared_with_dataset(
         "soak",
         &[
             "--cache-size",
@@ -74,6 +78,11 @@ fn sixteen_readers_under_random_faults() {
     });
     let duration = soak_duration();
     let deadline = Instant::now() + duration;
+    // Beside the readers, another user writes hints as hostile as it can (bounded by
+    // the budgets of prefetch/budget.rs).
+    let rows = common::small_dataset().rows;
+    let hints = setup.mount.path().join("ds").join(HINT_FILE);
+    let mut hostile = hostile_hints::start(&hints, rows, duration);
     let files = Arc::new(setup.files.clone());
     let mnt = setup.mount.path();
     let threads: Vec<_> = (0..READERS)
@@ -101,6 +110,7 @@ fn sixteen_readers_under_random_faults() {
     for thread in threads {
         total.add(thread.join().unwrap());
     }
+    hostile.wait().unwrap();
     let status = setup.mount.status();
     let peak = status.counters.fetch_memory_peak_bytes;
     println!(
@@ -121,5 +131,9 @@ fn sixteen_readers_under_random_faults() {
     assert!(
         peak > 0,
         "the fetcher never held a byte: nothing was measured"
+    );
+    assert!(
+        status.hint_refusals.iter().any(|r| r.uid == HOSTILE_UID),
+        "the hostile writer was never refused: it did not reach the mount"
     );
 }

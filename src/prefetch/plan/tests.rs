@@ -22,10 +22,13 @@ fn a_batch_tells_how_far_ahead_of_the_reader_it_changed_the_plan() {
     let l = layout(8, 10);
     let mut plan = Plan::default();
     let new_plan = [HintLine::Plan { epoch: 1 }, window(&[0]), window(&[1])];
-    assert_eq!(plan.apply(&new_plan, &l, usize::MAX), Ok(Some(0)));
-    assert_eq!(plan.apply(&[window(&[2])], &l, usize::MAX), Ok(Some(2)));
+    assert_eq!(plan.apply(&new_plan, &l, Room::UNLIMITED), Ok(Some(0)));
     assert_eq!(
-        plan.apply(&[window(&[3]), window(&[4])], &l, usize::MAX),
+        plan.apply(&[window(&[2])], &l, Room::UNLIMITED),
+        Ok(Some(2))
+    );
+    assert_eq!(
+        plan.apply(&[window(&[3]), window(&[4])], &l, Room::UNLIMITED),
         Ok(Some(3))
     );
     for _ in 0..READS_TO_ADVANCE {
@@ -33,17 +36,20 @@ fn a_batch_tells_how_far_ahead_of_the_reader_it_changed_the_plan() {
     }
     assert_eq!(plan.position, 2);
     // Step 0 is retired, the step just left stays: the new step is 3 steps ahead.
-    assert_eq!(plan.apply(&[window(&[5])], &l, usize::MAX), Ok(Some(3)));
+    assert_eq!(
+        plan.apply(&[window(&[5])], &l, Room::UNLIMITED),
+        Ok(Some(3))
+    );
     assert_eq!(plan.position, 1);
     let greeting = [HintLine::Greeting { version: 2 }];
     assert_eq!(
-        plan.apply(&greeting, &l, usize::MAX),
+        plan.apply(&greeting, &l, Room::UNLIMITED),
         Ok(None),
         "nothing new"
     );
     let emptied = [HintLine::Plan { epoch: 2 }];
     assert_eq!(
-        plan.apply(&emptied, &l, usize::MAX),
+        plan.apply(&emptied, &l, Room::UNLIMITED),
         Ok(Some(0)),
         "a new, empty plan"
     );
@@ -53,10 +59,14 @@ fn a_batch_tells_how_far_ahead_of_the_reader_it_changed_the_plan() {
 fn a_plan_past_its_entry_budget_is_refused_and_changes_nothing() {
     let l = layout(8, 10);
     let mut plan = Plan::default();
-    plan.apply(&[HintLine::Plan { epoch: 1 }, window(&[0, 1, 2])], &l, 5)
+    let room = Room {
+        entries: 5,
+        work: u64::MAX,
+    };
+    plan.apply(&[HintLine::Plan { epoch: 1 }, window(&[0, 1, 2])], &l, room)
         .unwrap();
     assert_eq!(plan.entries(), 3);
-    let error = plan.apply(&[window(&[3, 4, 5])], &l, 5).unwrap_err();
+    let error = plan.apply(&[window(&[3, 4, 5])], &l, room).unwrap_err();
     assert_eq!(
         error,
         PlanRefused::TooManyEntries {
@@ -64,8 +74,92 @@ fn a_plan_past_its_entry_budget_is_refused_and_changes_nothing() {
         }
     );
     assert_eq!(plan.steps, vec![Step::Window(vec![0, 1, 2])]);
-    plan.apply(&[window(&[3, 4])], &l, 5).unwrap();
+    plan.apply(&[window(&[3, 4])], &l, room).unwrap();
     assert_eq!(plan.entries(), 5);
+}
+
+fn rows(ranges: &[Range<u64>]) -> HintLine {
+    HintLine::Rows {
+        ranges: ranges.to_vec(),
+    }
+}
+
+fn one_range(range: Range<u64>) -> HintLine {
+    rows(std::slice::from_ref(&range))
+}
+
+/// A row range is one entry, but one unit of work for each chunk it spans: a plan
+/// is held to its room in work, whatever its number of entries.
+#[test]
+fn a_plan_is_held_to_the_work_its_steps_expand_to_not_their_entries() {
+    let l = layout(1000, 10);
+    let mut plan = Plan::default();
+    let room = Room {
+        entries: usize::MAX,
+        work: 300,
+    };
+    // 10 + 90 + 2 chunks: rows 2005..2015 cross one chunk edge.
+    let lines = [
+        one_range(0..100),
+        one_range(100..1000),
+        one_range(2005..2015),
+    ];
+    plan.apply(&lines, &l, room).unwrap();
+    assert_eq!((plan.entries(), plan.work()), (3, 102));
+    let wide = [rows(&[0..1000, 5000..6000])];
+    assert_eq!(
+        plan.apply(&wide, &l, room),
+        Err(PlanRefused::TooMuchWork {
+            work: 302,
+            limit: 300
+        }),
+        "two entries, 200 chunks"
+    );
+    assert_eq!((plan.steps.len(), plan.work()), (3, 102), "unchanged");
+    // Steps the reader passed give their work back as they retire.
+    while !plan.observe(&chunks(&[200]), &l) {}
+    assert_eq!(plan.position, 2);
+    plan.apply(&wide, &l, room).unwrap();
+    assert_eq!(plan.work(), 90 + 2 + 200);
+    // A new plan starts from nothing.
+    plan.apply(&[HintLine::Plan { epoch: 2 }, one_range(0..10)], &l, room)
+        .unwrap();
+    assert_eq!((plan.entries(), plan.work()), (1, 1));
+}
+
+#[test]
+fn a_step_wider_than_the_step_bound_is_refused_whatever_the_room() {
+    let per_chunk = 2;
+    let chunks = MAX_STEP_WORK + 1;
+    let l = layout(chunks, per_chunk);
+    let mut plan = Plan::default();
+    let all_rows = 0..chunks * per_chunk;
+    assert_eq!(
+        plan.apply(
+            &[rows(std::slice::from_ref(&all_rows))],
+            &l,
+            Room::UNLIMITED
+        ),
+        Err(PlanRefused::StepTooWide {
+            work: MAX_STEP_WORK + 1,
+            limit: MAX_STEP_WORK
+        })
+    );
+    let many_ranges: Vec<Range<u64>> = (0..chunks).map(|c| c * per_chunk..c * per_chunk).collect();
+    assert!(
+        matches!(
+            plan.apply(&[rows(&many_ranges)], &l, Room::UNLIMITED),
+            Err(PlanRefused::StepTooWide { .. })
+        ),
+        "empty ranges count one each"
+    );
+    assert!(plan.steps.is_empty());
+    plan.apply(
+        &[one_range(0..MAX_STEP_WORK * per_chunk)],
+        &l,
+        Room::UNLIMITED,
+    )
+    .unwrap();
 }
 
 #[test]
@@ -76,7 +170,7 @@ fn a_writer_assuming_other_chunks_is_refused() {
         .apply(
             &[HintLine::ChunkRows { rows: 11 }, window(&[0])],
             &l,
-            usize::MAX,
+            Room::UNLIMITED,
         )
         .unwrap_err();
     assert_eq!(
@@ -90,7 +184,7 @@ fn a_writer_assuming_other_chunks_is_refused() {
     plan.apply(
         &[HintLine::ChunkRows { rows: 10 }, window(&[0])],
         &l,
-        usize::MAX,
+        Room::UNLIMITED,
     )
     .unwrap();
     assert_eq!(plan.steps, vec![Step::Window(vec![0])]);
@@ -103,11 +197,11 @@ fn out_of_range_steps_are_refused_and_change_nothing() {
     plan.apply(
         &[HintLine::Plan { epoch: 1 }, window(&[0, 1])],
         &l,
-        usize::MAX,
+        Room::UNLIMITED,
     )
     .unwrap();
     assert!(plan
-        .apply(&[window(&[2]), window(&[4])], &l, usize::MAX)
+        .apply(&[window(&[2]), window(&[4])], &l, Room::UNLIMITED)
         .is_err());
     assert!(plan
         .apply(
@@ -115,7 +209,7 @@ fn out_of_range_steps_are_refused_and_change_nothing() {
                 ranges: vec![0..3, 30..41]
             }],
             &l,
-            usize::MAX,
+            Room::UNLIMITED,
         )
         .is_err());
     assert_eq!(plan.steps, vec![Step::Window(vec![0, 1])]);
@@ -125,12 +219,20 @@ fn out_of_range_steps_are_refused_and_change_nothing() {
 fn a_new_plan_replaces_the_old_and_steps_append() {
     let l = layout(4, 10);
     let mut plan = Plan::default();
-    plan.apply(&[HintLine::Plan { epoch: 1 }, window(&[0])], &l, usize::MAX)
-        .unwrap();
-    plan.apply(&[window(&[1])], &l, usize::MAX).unwrap();
+    plan.apply(
+        &[HintLine::Plan { epoch: 1 }, window(&[0])],
+        &l,
+        Room::UNLIMITED,
+    )
+    .unwrap();
+    plan.apply(&[window(&[1])], &l, Room::UNLIMITED).unwrap();
     assert_eq!(plan.steps.len(), 2);
-    plan.apply(&[HintLine::Plan { epoch: 2 }, window(&[3])], &l, usize::MAX)
-        .unwrap();
+    plan.apply(
+        &[HintLine::Plan { epoch: 2 }, window(&[3])],
+        &l,
+        Room::UNLIMITED,
+    )
+    .unwrap();
     assert_eq!(
         (plan.epoch, plan.steps.clone()),
         (2, vec![Step::Window(vec![3])])
@@ -145,7 +247,7 @@ fn reads_move_the_position_forward_and_back() {
         .iter()
         .map(|w| window(w))
         .collect();
-    plan.apply(&lines, &l, usize::MAX).unwrap();
+    plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
     assert!(
         !plan.observe(&chunks(&[5]), &l),
         "one read elsewhere is not a move"
@@ -178,8 +280,12 @@ fn reads_move_the_position_forward_and_back() {
 fn stray_reads_between_reads_of_the_current_step_do_not_move_it() {
     let l = layout(6, 10);
     let mut plan = Plan::default();
-    plan.apply(&[window(&[0]), window(&[1]), window(&[2])], &l, usize::MAX)
-        .unwrap();
+    plan.apply(
+        &[window(&[0]), window(&[1]), window(&[2])],
+        &l,
+        Room::UNLIMITED,
+    )
+    .unwrap();
     for _ in 0..2 * READS_TO_ADVANCE {
         assert!(!plan.observe(&chunks(&[2]), &l));
         assert!(!plan.observe(&chunks(&[0]), &l));
@@ -206,7 +312,7 @@ fn resolved_steps_are_matched_by_part_not_by_chunk() {
     let rows = |a, b| HintLine::Rows {
         ranges: std::iter::once(a..b).collect(),
     };
-    plan.apply(&[rows(0, 3), rows(5, 8)], &l, usize::MAX)
+    plan.apply(&[rows(0, 3), rows(5, 8)], &l, Room::UNLIMITED)
         .unwrap();
     plan.resolve(0, &plan.steps[0].clone(), HashSet::from([part(0)]));
     plan.resolve(1, &plan.steps[1].clone(), HashSet::from([part(1)]));
@@ -240,7 +346,7 @@ fn chunks_are_finished_once_every_row_was_read_by_passed_steps() {
         window(&[2]),
         window(&[3]),
     ];
-    plan.apply(&lines, &l, usize::MAX).unwrap();
+    plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
     assert!(plan.finished_chunks(&l).is_empty());
     while !plan.observe(&chunks(&[1]), &l) {}
     assert_eq!(plan.position, 1);
@@ -253,11 +359,11 @@ fn chunks_are_finished_once_every_row_was_read_by_passed_steps() {
     // Window 3 passed; the first row step read all of chunk 0 and part of chunk 1.
     assert_eq!(plan.finished_chunks(&l), vec![3, 0]);
     assert!(plan.finished_chunks(&l).is_empty(), "reported once");
-    plan.apply(&[window(&[1])], &l, usize::MAX).unwrap();
+    plan.apply(&[window(&[1])], &l, Room::UNLIMITED).unwrap();
     while !plan.observe(&chunks(&[3]), &l) {}
     // The rest of chunk 1 was read by a step counted after the first ones retired.
     assert_eq!(plan.finished_chunks(&l), vec![1]);
-    plan.apply(&lines, &l, usize::MAX).unwrap();
+    plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
     while !plan.observe(&chunks(&[2]), &l) {}
     assert_eq!(
         plan.finished_chunks(&l),
@@ -275,7 +381,7 @@ fn steps_are_upcoming_until_passed_and_only_in_their_revision() {
     let lines: Vec<HintLine> = std::iter::once(HintLine::Plan { epoch: 1 })
         .chain((0..6).map(|c| window(&[c])))
         .collect();
-    plan.apply(&lines, &l, usize::MAX).unwrap();
+    plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
     let revision = plan.revision();
     assert!(plan.is_upcoming(revision, 0));
     while !plan.observe(&chunks(&[2]), &l) {}
@@ -284,7 +390,7 @@ fn steps_are_upcoming_until_passed_and_only_in_their_revision() {
     assert!(plan.is_upcoming(revision, 5));
     // The next epoch in the same order names the same steps at the same places,
     // but the end of the last epoch is the far end of the new one.
-    plan.apply(&lines, &l, usize::MAX).unwrap();
+    plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
     assert!(!plan.is_upcoming(revision, 5));
     assert!(plan.is_upcoming(plan.revision(), 5));
 }
@@ -301,11 +407,11 @@ fn passed_steps_are_retired_when_steps_are_appended() {
             window(&[2]),
         ],
         &l,
-        usize::MAX,
+        Room::UNLIMITED,
     )
     .unwrap();
     while !plan.observe(&chunks(&[2]), &l) {}
-    plan.apply(&[window(&[3])], &l, usize::MAX).unwrap();
+    plan.apply(&[window(&[3])], &l, Room::UNLIMITED).unwrap();
     // The step just left stays, protected; the one before it goes.
     assert_eq!(
         plan.steps,
@@ -333,7 +439,7 @@ fn row_steps_map_to_the_chunks_they_span() {
             },
         ],
         &l,
-        usize::MAX,
+        Room::UNLIMITED,
     )
     .unwrap();
     assert_eq!(plan.steps[0].chunks(&l), vec![0, 1]);
