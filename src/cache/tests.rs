@@ -5,7 +5,7 @@ use crate::parts::ObjectId;
 use adopt::{ListedObject, SourceRecord};
 use part_file::BLOCK_LEN;
 
-const ORIGIN: PartOrigin = PartOrigin {
+pub(super) const ORIGIN: PartOrigin = PartOrigin {
     key: "k",
     etag: "e",
     object_offset: 0,
@@ -16,7 +16,7 @@ fn disk_len(len: usize) -> u64 {
     (PartHeader::of(ORIGIN.key, ORIGIN.etag, 0, &vec![0; len]).encoded_len() + len) as u64
 }
 
-fn owner() -> CacheOwner {
+pub(super) fn owner() -> CacheOwner {
     CacheOwner {
         source: "s3://bucket/atlas".into(),
         endpoint: None,
@@ -24,7 +24,7 @@ fn owner() -> CacheOwner {
     }
 }
 
-fn key(object: u64) -> PartKey {
+pub(super) fn key(object: u64) -> PartKey {
     PartKey {
         object: ObjectId(object),
         index: 0,

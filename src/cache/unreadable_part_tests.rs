@@ -2,30 +2,9 @@
 //! dropped, counted and reported as such, so that the read path fetches it again; and
 //! a read never trips over another reader's read-ahead advice.
 
+use super::tests::{key, owner, ORIGIN};
 use super::*;
-use crate::parts::ObjectId;
 use part_file::BLOCK_LEN;
-
-const ORIGIN: PartOrigin = PartOrigin {
-    key: "k",
-    etag: "e",
-    object_offset: 0,
-};
-
-fn owner() -> CacheOwner {
-    CacheOwner {
-        source: "s3://bucket/atlas".into(),
-        endpoint: None,
-        reset: false,
-    }
-}
-
-fn key(object: u64) -> PartKey {
-    PartKey {
-        object: ObjectId(object),
-        index: 0,
-    }
-}
 
 /// A cache holding one part of three and a bit blocks, its data, and its file.
 fn cache_with_one_part(dir: &Path) -> (Arc<DiskCache>, Vec<u8>, PathBuf) {
