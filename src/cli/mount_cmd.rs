@@ -123,6 +123,10 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
     // Each resident part keeps its file open while the limit allows; the rest are
     // reopened when read, which a higher limit spares.
     let open_file_limit = crate::cache::open_files::raise_descriptor_limit();
+    // From before the mount appears until the handlers below are in place: a stop sent
+    // as soon as the mount is seen (a test, a service manager) would otherwise find the
+    // default action and kill the daemon, leaving a dead mount.
+    let stop_signals = StopSignalsHeld::hold();
     let mount =
         Mount::start(store, prefix, &args.mountpoint, &settings).map_err(anyhow::Error::msg)?;
     tracing::info!(
@@ -144,6 +148,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
             signal(SignalKind::terminate()).context("SIGTERM handler")?,
         )
     };
+    drop(stop_signals);
     if let Some(listener) = metrics_listener {
         let address = listener.local_addr().map_err(anyhow::Error::msg)?;
         metrics_http::serve(listener, mount.observer().clone(), mount.runtime().handle())
@@ -177,6 +182,34 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
         }
     }
     mount.unmount().context("unmount failed")
+}
+
+/// SIGINT and SIGTERM held pending while alive: blocked in this thread, and in every
+/// thread it starts meanwhile (the mount's runtime and FUSE threads inherit the mask,
+/// and keep it, so these signals are taken by this thread alone). Unblocked on drop,
+/// when a pending one is delivered to the handlers installed by then.
+struct StopSignalsHeld(libc::sigset_t);
+
+impl StopSignalsHeld {
+    fn hold() -> StopSignalsHeld {
+        // SAFETY: sigset_t is plain data that sigemptyset initialises; pthread_sigmask
+        // only changes this thread's mask.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            StopSignalsHeld(set)
+        }
+    }
+}
+
+impl Drop for StopSignalsHeld {
+    fn drop(&mut self) {
+        // SAFETY: as in `hold`, with the set built there.
+        unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &self.0, std::ptr::null_mut()) };
+    }
 }
 
 /// One cache directory per mountpoint, under the system's or the user's cache; never
