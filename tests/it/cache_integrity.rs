@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -37,21 +37,30 @@ fn part_of(path: &Path) -> (String, u64, u64, u64) {
     )
 }
 
-#[test]
-fn flipped_bits_in_cached_parts_are_never_served_and_are_refetched() {
-    let src = tempfile::tempdir().unwrap();
-    let want = write_source(src.path());
-
-    let counted = Arc::new(HookedStore::new(
-        local_store(src.path()),
-        CountReads::default(),
-    ));
-    // Parts of four checksummed blocks, so a flip hits one block among several.
+/// A mount of the harness's files under `src`, through a store that counts reads, with
+/// parts of four checksummed blocks (so that damage to one block hits one among
+/// several), after every file was read once, checked, and its downloads ended.
+fn every_file_read_once(
+    src: &Path,
+) -> (
+    BTreeMap<String, Vec<u8>>,
+    Arc<HookedStore<CountReads>>,
+    TestMount,
+) {
+    let want = write_source(src);
+    let counted = Arc::new(HookedStore::new(local_store(src), CountReads::default()));
     let mount = TestMount::start(counted.clone(), "", |s| s.part_size = 256 << 10);
     for (name, bytes) in &want {
         assert!(&read_uncached(&mount.path().join(name)) == bytes, "{name}");
     }
     mount.settle();
+    (want, counted, mount)
+}
+
+#[test]
+fn flipped_bits_in_cached_parts_are_never_served_and_are_refetched() {
+    let src = tempfile::tempdir().unwrap();
+    let (want, counted, mount) = every_file_read_once(src.path());
     let before = counted.hook().snapshot();
     assert!(
         before.values().all(|&n| n == 1),
@@ -150,16 +159,7 @@ fn part_files(dir: &Path) -> Vec<(PathBuf, (String, u64, u64, u64))> {
 #[test]
 fn part_files_truncated_under_the_mount_are_fetched_again_not_failed() {
     let src = tempfile::tempdir().unwrap();
-    let want = write_source(src.path());
-    let counted = Arc::new(HookedStore::new(
-        local_store(src.path()),
-        CountReads::default(),
-    ));
-    let mount = TestMount::start(counted.clone(), "", |s| s.part_size = 256 << 10);
-    for (name, bytes) in &want {
-        assert!(&read_uncached(&mount.path().join(name)) == bytes, "{name}");
-    }
-    mount.settle();
+    let (want, counted, mount) = every_file_read_once(src.path());
     let before = counted.hook().snapshot();
 
     let mut damaged = Vec::new();

@@ -277,8 +277,8 @@ fn status_json_shows_bytes_read_and_fetched_moving() {
     assert!((0.0..=1.0).contains(&hit_ratio));
 }
 
-#[test]
-fn prometheus_counters_are_served_and_move_with_reads() {
+/// A mounted daemon serving its metrics on a free port of 127.0.0.1, and that port.
+fn mounted_with_metrics() -> (Folders, Daemon, u16) {
     let folders = Folders::new();
     let mut daemon = Daemon::start(
         &folders,
@@ -288,6 +288,12 @@ fn prometheus_counters_are_served_and_move_with_reads() {
     );
     daemon.wait_until_mounted(&folders);
     let port = logged_metrics_port(&folders.path("log"));
+    (folders, daemon, port)
+}
+
+#[test]
+fn prometheus_counters_are_served_and_move_with_reads() {
+    let (folders, _daemon, port) = mounted_with_metrics();
     std::fs::read(folders.mountpoint().join("hello.txt")).unwrap();
 
     let (status_line, first) = http_get(port, "/metrics");
@@ -323,15 +329,7 @@ fn prometheus_counters_are_served_and_move_with_reads() {
 /// histograms in seconds that count what happened, a high-water mark as a gauge.
 #[test]
 fn the_metrics_page_passes_promtool_with_durations_as_histograms() {
-    let folders = Folders::new();
-    let mut daemon = Daemon::start(
-        &folders,
-        &["--metrics-addr", "127.0.0.1:0"],
-        None,
-        &folders.path("log"),
-    );
-    daemon.wait_until_mounted(&folders);
-    let port = logged_metrics_port(&folders.path("log"));
+    let (folders, _daemon, port) = mounted_with_metrics();
     let data = std::fs::read(folders.mountpoint().join("sub/data.bin")).unwrap();
     assert!(data == data_bytes());
 
