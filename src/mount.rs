@@ -56,7 +56,8 @@ pub struct MountSettings {
     pub fuse_threads: usize,
     pub prefetch_lookahead_steps: usize,
     /// Every FUSE operation (a read, a lookup, a listing) is answered within this
-    /// bound, with EIO past it ([`crate::store::NetworkBounds`], [`FsCore`]'s deadline).
+    /// bound, with EIO past it ([`crate::store::NetworkBounds`], [`FsCore`]'s deadline);
+    /// the root's listing before the mount appears fails the mount past it.
     pub read_timeout: Duration,
     /// The most bytes the fetcher holds at once ([`crate::fetch::memory`]).
     pub fetch_memory: u64,
@@ -280,12 +281,28 @@ impl Mount {
             .map_err(MountError::Fuse)?;
         // Fail now, with the store's own words, rather than on the first `ls`; the
         // listing is then the root's first, so a reader's first lookup costs no round trip.
+        // Bounded as any listing is: a store that pages it without end or stalls would
+        // otherwise hang the mount before there is a mount to unmount.
+        let unreachable = |reason| MountError::StoreUnreachable {
+            location: settings.fs_name.clone(),
+            reason,
+        };
         let root_listing = runtime
-            .block_on(store.list_with_delimiter((!prefix.as_ref().is_empty()).then_some(&prefix)))
-            .map_err(|error| MountError::StoreUnreachable {
-                location: settings.fs_name.clone(),
-                reason: explain_store_error(&error),
-            })?;
+            .block_on(async {
+                // The timer is made inside the runtime, whose clock drives it.
+                tokio::time::timeout(
+                    settings.read_timeout,
+                    store.list_with_delimiter((!prefix.as_ref().is_empty()).then_some(&prefix)),
+                )
+                .await
+            })
+            .map_err(|_| {
+                unreachable(format!(
+                    "the listing did not end within --read-timeout {}",
+                    humantime::format_duration(settings.read_timeout)
+                ))
+            })?
+            .map_err(|error| unreachable(explain_store_error(&error)))?;
         let _entered = runtime.enter();
         let (core, observer) = assemble(store, prefix, settings, Some(root_listing))?;
         let core = Arc::new(core);

@@ -12,8 +12,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::cli_mount::CliMount;
+use common::cli_mount::{mount_command, CliMount};
 use common::faulty_mount::{bound_flags, SLACK};
+use common::process::{exit_of, is_mount_point, Cleanup};
 use common::proxy::{Fault, FaultProxy, Request};
 use common::s3::{moto, unique_bucket};
 use common::*;
@@ -135,5 +136,71 @@ fn listings_that_never_end_or_stall_fail_within_the_deadline_and_the_mount_answe
         .filter(|request| lists(request, "endless"))
         .count();
     println!("pages of the endless listing asked for: {pages}");
+    assert!(pages > 1, "the endless listing was paged: {pages} pages");
+}
+
+/// The mount lists its root before the mount appears; a root whose listing never ends
+/// fails `scdlfs mount` within `--read-timeout`, with one line saying so and a
+/// non-zero exit, rather than hanging before a mount exists to be unmounted.
+#[test]
+fn a_root_listing_that_never_ends_fails_the_mount_within_the_deadline() {
+    let moto = moto();
+    let bucket = unique_bucket("deadline-at-mount");
+    moto.create_bucket(&bucket);
+    let dir = tempfile::tempdir().unwrap();
+    write_files(dir.path(), &plain_files());
+    moto.upload(&bucket, "data", dir.path());
+    let proxy = FaultProxy::start(&moto.endpoint);
+    proxy.set_rule(|request| {
+        let lists_the_root = request.method == "GET"
+            && request.path.contains("list-type=2")
+            && request
+                .path
+                .split(['?', '&'])
+                .any(|p| p == "prefix=data%2F");
+        lists_the_root.then_some(Fault::EndlessListing)
+    });
+    let endpoint = proxy.endpoint();
+    let mut flags = vec!["--endpoint-url", &endpoint];
+    let bound_flags = bound_flags(&BOUNDS);
+    flags.extend(bound_flags.iter().map(String::as_str));
+    let key = OsString::from("test");
+    let env = [("AWS_ACCESS_KEY_ID", &key), ("AWS_SECRET_ACCESS_KEY", &key)];
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir(work.path().join("mnt")).unwrap();
+    let mut command = mount_command(&format!("s3://{bucket}/data"), work.path(), &flags, &env);
+    command.arg("--foreground");
+    let log = work.path().join("log");
+    command.stderr(std::fs::File::create(&log).unwrap());
+    let mut cleanup = Cleanup::unmounting(work.path().join("mnt"));
+    let started = Instant::now();
+    let status = exit_of(
+        cleanup.spawn(&mut command),
+        "the mount of an endless root listing to end",
+        Duration::from_secs(60),
+    );
+    let took = started.elapsed();
+    let said = std::fs::read_to_string(&log).unwrap();
+    println!("the mount failed after {took:?} ({status}):\n{said}");
+    assert!(!status.success(), "the mount succeeded: {said}");
+    assert!(
+        took <= BOUNDS.read_timeout + SLACK,
+        "failed after {took:?}, past the deadline {:?}",
+        BOUNDS.read_timeout
+    );
+    let lines: Vec<&str> = said
+        .lines()
+        .filter(|line| line.contains("cannot list"))
+        .collect();
+    assert!(
+        lines.iter().any(|line| line.contains("--read-timeout")),
+        "no line says the listing ran past --read-timeout: {said}"
+    );
+    assert!(!is_mount_point(&work.path().join("mnt")));
+    let pages = proxy
+        .seen()
+        .iter()
+        .filter(|request| request.path.contains("list-type=2"))
+        .count();
     assert!(pages > 1, "the endless listing was paged: {pages} pages");
 }
