@@ -9,6 +9,12 @@
 //! (which holds the block checksums) is written in front and the file is renamed
 //! into place ([`Spool::commit`]), as an insert of a whole part does.
 //!
+//! A read of written bytes that the file cannot give (our disk failed: an I/O error, a
+//! file truncated under the daemon, a block that fails its checksum) marks the spool
+//! failed ([`Spool::has_failed_a_read`]) and fails as a dropped part does, so that the
+//! reader asks again and the fetcher serves it from the store: our own disk never
+//! fails a read.
+//!
 //! A spool dropped before its commit (a failed download) returns its reservation and
 //! deletes its file. Its open file outlives an eviction of the committed part, so a
 //! reader that was handed the spool finishes its read.
@@ -17,7 +23,7 @@ use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -44,6 +50,8 @@ pub struct Spool {
     tmp: PathBuf,
     file: File,
     state: Mutex<SpoolState>,
+    /// A read of its written bytes failed: readers get them from the store instead.
+    failed_a_read: AtomicBool,
 }
 
 struct SpoolState {
@@ -140,6 +148,7 @@ impl DiskCache {
                 block_crc32c: Vec::with_capacity(data_len.div_ceil(BLOCK_LEN as u64) as usize),
                 reservation: Some(reservation),
             }),
+            failed_a_read: AtomicBool::new(false),
         })
     }
 }
@@ -174,8 +183,16 @@ impl Spool {
         Ok(())
     }
 
+    /// Whether a read of the written bytes failed: the part file cannot be trusted to
+    /// give them, and readers should ask the store.
+    pub fn has_failed_a_read(&self) -> bool {
+        self.failed_a_read.load(Ordering::Relaxed)
+    }
+
     /// Fills `buf` from `offset` within the part, which must be within the bytes
-    /// written; every block it touches is checked.
+    /// written; every block it touches is checked. A failure (logged once per spool)
+    /// is [`CacheError::Unreadable`] or [`CacheError::Corrupt`], which a reader answers
+    /// by asking again, and marks the spool failed.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<(), CacheError> {
         if buf.is_empty() {
             return Ok(());
@@ -195,13 +212,26 @@ impl Spool {
             block_len: BLOCK_LEN as u64,
             block_crc32c: &block_crc32c,
         };
-        read_checked(&blocks, buf, offset).map_err(|failure| match failure {
-            BlockReadFailure::Io(error) => CacheError::Io(error),
-            BlockReadFailure::BadBlock(block) => {
-                tracing::error!(part = ?self.key, block, "a part being written failed its checksum on reading back");
-                CacheError::Corrupt {
-                    part: self.key,
-                    block,
+        read_checked(&blocks, buf, offset).map_err(|failure| {
+            let first = !self.failed_a_read.swap(true, Ordering::Relaxed);
+            match failure {
+                BlockReadFailure::Io(error) => {
+                    if first {
+                        tracing::error!(path = %self.tmp.display(), part = ?self.key, %error, "a part file being written could not be read back: its readers get their bytes from the store");
+                    }
+                    CacheError::Unreadable {
+                        part: self.key,
+                        reason: error.to_string(),
+                    }
+                }
+                BlockReadFailure::BadBlock(block) => {
+                    if first {
+                        tracing::error!(path = %self.tmp.display(), part = ?self.key, block, "a part being written failed its checksum on reading back: its readers get their bytes from the store");
+                    }
+                    CacheError::Corrupt {
+                        part: self.key,
+                        block,
+                    }
                 }
             }
         })

@@ -85,6 +85,12 @@ impl Arriving {
         *self.received.borrow()
     }
 
+    /// Whether the body goes into a part file that failed a read of its written bytes
+    /// ([`Spool::has_failed_a_read`]): readers ask the store for theirs instead.
+    pub fn spool_failed_a_read(&self) -> bool {
+        matches!(&*self.body.lock(), Body::Spooled { spool, .. } if spool.has_failed_a_read())
+    }
+
     /// The body goes into `spool`, the part's cache file.
     pub fn spool_into(&self, spool: Arc<Spool>) {
         self.place(Body::Spooled {

@@ -1,12 +1,14 @@
 //! Direct and stray reads: a reader's own bytes asked for alone, when its part's
-//! download is queued or far short of them, or when nobody downloads the part and the
-//! cache could take it only by evicting what the plans need sooner.
+//! download is queued or far short of them, when nobody downloads the part and the
+//! cache could take it only by evicting what the plans need sooner, or when the part
+//! file the download writes failed to give back what was written.
 
 use std::ops::Range;
 
 use bytes::Bytes;
 
 use super::arriving::Arriving;
+use super::memory::Reservation;
 use super::{Fetcher, DIRECT_READ_LEAD, DIRECT_READ_MAX};
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
@@ -52,10 +54,38 @@ impl Fetcher {
         range: Range<u64>,
     ) -> Option<FsResult<Bytes>> {
         let _slot = self.direct_reads.try_acquire().ok()?;
-        let len = range.end - range.start;
-        let memory = self.memory.try_reserve(len)?;
+        let memory = self.memory.try_reserve(range.end - range.start)?;
         // Counted as sent: a reader answered by the download first drops this request.
         Metrics::add(&self.metrics.direct_reads, 1);
+        Some(self.get_range(object, range, memory).await)
+    }
+
+    /// Bytes `range` of the object in one request of their own, waiting for a
+    /// direct-read slot and the memory (within the caller's deadline): for a reader
+    /// whose bytes nothing else can give.
+    pub(super) async fn read_from_store(
+        &self,
+        object: &ObjectInfo,
+        range: Range<u64>,
+    ) -> FsResult<Bytes> {
+        let _slot = self
+            .direct_reads
+            .acquire()
+            .await
+            .expect("the direct-read slots are never closed");
+        let memory = self.memory.reserve(range.end - range.start).await;
+        self.get_range(object, range, memory).await
+    }
+
+    /// One ranged GET of the pinned object, within `read_timeout`, its bytes held
+    /// against `memory`.
+    async fn get_range(
+        &self,
+        object: &ObjectInfo,
+        range: Range<u64>,
+        memory: Reservation,
+    ) -> FsResult<Bytes> {
+        let len = range.end - range.start;
         let read = tokio::time::timeout(self.read_timeout, async {
             let result = pinned_get(self.store.as_ref(), object, Some(range)).await?;
             result
@@ -70,7 +100,7 @@ impl Fetcher {
                 after: self.read_timeout,
             })
         });
-        Some(match read {
+        match read {
             Ok(bytes) if bytes.len() as u64 == len => {
                 Metrics::add(&self.metrics.bytes_fetched, len);
                 Ok(memory.hold(bytes))
@@ -81,9 +111,9 @@ impl Fetcher {
                 got: bytes.len() as u64,
             }),
             Err(error) => {
-                tracing::debug!(object = %object.key, %error, "a direct read failed; waiting for the part");
+                tracing::debug!(object = %object.key, %error, "a direct read failed");
                 Err(error)
             }
-        })
+        }
     }
 }

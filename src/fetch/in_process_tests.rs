@@ -939,3 +939,103 @@ fn a_reader_does_not_wait_for_an_edge_whose_fetch_is_gone() {
         .expect("the reader is still waiting for the dead edge");
     assert_eq!(read.unwrap(), expected_within(2, 150..250));
 }
+
+/// The part file a download writes into, while it is being written.
+fn spool_file(cache_dir: &std::path::Path) -> std::path::PathBuf {
+    let parts = cache_dir
+        .join(crate::cache::adopt::layout_dir_name())
+        .join("parts");
+    let mut spooling = std::fs::read_dir(parts)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "tmp"));
+    let file = spooling.next().expect("a part file being written");
+    assert!(spooling.next().is_none(), "one download under way");
+    file
+}
+
+/// Our own disk never fails a read, even of a part still being written: bytes the
+/// download wrote that its part file can no longer give (truncated under it here)
+/// fail that read as a dropped part does, and the reader asking again gets them from
+/// the store, with a request of their own, while the download goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_a_part_file_being_written_cannot_give_are_read_from_the_store() {
+    let block = crate::cache::part_file::BLOCK_LEN as usize;
+    let part = 4 * block as u64;
+    let data: Vec<u8> = (0..2 * part).map(|i| (i * 13 % 251) as u8).collect();
+    let memory = Arc::new(InMemory::new());
+    let key = ObjectPath::from("data/big.bin");
+    let put = memory
+        .put(&key, PutPayload::from(data.clone()))
+        .await
+        .unwrap();
+    let trickle = Arc::new(HookedStore::new(memory, Trickle::new(block)));
+    let dir = tempfile::tempdir().unwrap();
+    let owner = crate::cache::CacheOwner {
+        source: "memory".into(),
+        endpoint: None,
+        reset: false,
+    };
+    let fetcher = Fetcher::new(
+        trickle.clone(),
+        Arc::new(DiskCache::open(dir.path(), &owner, 1 << 30, None).unwrap()),
+        FetchLimits {
+            part_size: part,
+            max_concurrent_requests: 4,
+            read_timeout: Duration::from_secs(5),
+            memory_cap: 16 * part,
+        },
+        Arc::new(Metrics::default()),
+        PlannerWake::default(),
+    );
+    let object = Arc::new(ObjectInfo {
+        id: ObjectId(0),
+        key,
+        size: 2 * part,
+        etag: put.e_tag,
+        mtime: SystemTime::UNIX_EPOCH,
+        group: None,
+    });
+    let within = 100..200;
+    let want = &data[within.start as usize..within.end as usize];
+    // Two blocks of the part written; the reader's bytes are in the first.
+    trickle.hook().pieces.add_permits(2);
+    let mut first = fetcher.bytes(&object, 0, within.clone()).await.unwrap();
+    // Until the block is on disk its bytes come from memory.
+    for _ in 0..500 {
+        if matches!(first, PartBytes::Spooled(_)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        first = fetcher.bytes(&object, 0, within.clone()).await.unwrap();
+    }
+    assert!(matches!(first, PartBytes::Spooled(_)), "read from the file");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(spool_file(dir.path()))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let mut out = vec![0; want.len()];
+    match first.copy_to(&mut out, within.start) {
+        Err(FsError::CacheCorrupt(_)) => {}
+        other => panic!("not a dropped part's error, which the read path reads again: {other:?}"),
+    }
+    let again = tokio::time::timeout(
+        Duration::from_secs(2),
+        fetcher.bytes(&object, 0, within.clone()),
+    )
+    .await
+    .expect("the reader waited for the download")
+    .unwrap();
+    again.copy_to(&mut out, within.start).unwrap();
+    assert!(out == want, "wrong bytes");
+    assert!(
+        trickle.hook().asked.lock().contains(&within),
+        "the bytes came from the store: {:?}",
+        trickle.hook().asked.lock()
+    );
+    assert_eq!(fetcher.metrics.snapshot().spool_failure_reads, 1);
+    trickle.hook().pieces.add_permits(1000);
+    settle(&fetcher).await;
+}

@@ -82,6 +82,16 @@ impl Fetcher {
             let Some((download, arriving)) = self.start(object, index, Urgency::demand()) else {
                 continue;
             };
+            if arriving.spool_failed_a_read() {
+                // Our disk failed under the download: the reader's bytes come from the
+                // store, however far the download is.
+                let bytes = self.read_from_store(object, own).await?;
+                Metrics::add(&self.metrics.spool_failure_reads, 1);
+                return Ok(PartBytes::InMemory {
+                    offset: within.start,
+                    bytes,
+                });
+            }
             let streamed = async {
                 tokio::select! {
                     biased;
