@@ -10,6 +10,11 @@
 //! that other users may write carries the sticky bit (as `/tmp` does: there nobody
 //! but its owner can rename or remove an entry). Group-writable directories above it
 //! are allowed: a user's own group is commonly such.
+//!
+//! [`prepare`] is the one gate: `mount::assemble` passes every mount's cache directory
+//! through it before the cache opens it (the CLI, the daemon's re-exec, Python's
+//! `scdlfs.mount` and the tests all mount through there), and the CLI once more before
+//! it writes its log file there.
 
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -18,6 +23,17 @@ use std::path::{Path, PathBuf};
 const GROUP_OR_OTHER_WRITE: u32 = 0o022;
 const OTHER_WRITE: u32 = 0o002;
 const STICKY: u32 = 0o1000;
+
+/// Makes `dir` (private to this user) if it does not exist, then [`check`]s it.
+pub fn prepare(dir: &Path) -> Result<(), UntrustedCacheDir> {
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(dir)
+        .map_err(|source| UntrustedCacheDir::CannotCreate {
+            dir: dir.to_owned(),
+            source,
+        })?;
+    check(dir)
+}
 
 /// Checks `dir` (which exists) and the directories above it; the refusal says why.
 pub fn check(dir: &Path) -> Result<(), UntrustedCacheDir> {
@@ -77,6 +93,8 @@ pub fn check(dir: &Path) -> Result<(), UntrustedCacheDir> {
 /// Why a cache directory is refused.
 #[derive(Debug, thiserror::Error)]
 pub enum UntrustedCacheDir {
+    #[error("cannot create cache directory {}: {source}", dir.display())]
+    CannotCreate { dir: PathBuf, source: io::Error },
     #[error("cannot inspect cache directory {}: {source}", dir.display())]
     CannotInspectDir { dir: PathBuf, source: io::Error },
     #[error("cannot inspect {}: {source}", path.display())]

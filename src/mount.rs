@@ -86,6 +86,8 @@ pub enum MountError {
     StoreUnreachable { location: String, reason: String },
     #[error("cache: {0}")]
     Cache(io::Error),
+    #[error(transparent)]
+    UntrustedCacheDir(#[from] crate::cache_dir_check::UntrustedCacheDir),
     #[error("FUSE mount failed: {0}")]
     Fuse(io::Error),
     #[error("the mount did not answer within {0:?}")]
@@ -126,13 +128,16 @@ pub fn check_mountpoint(mountpoint: &Path) -> Result<(), MountError> {
 }
 
 /// Builds the filesystem core of `store` (under `prefix`): cache → fetcher → read path
-/// → prefetcher → tree. Call it inside the runtime the mount will run on.
+/// → prefetcher → tree. Call it inside the runtime the mount will run on. The cache
+/// directory is made if missing and refused if another user could have planted it or
+/// could swap it away ([`crate::cache_dir_check`]).
 pub fn assemble(
     store: Arc<dyn ObjectStore>,
     prefix: ObjectPath,
     settings: &MountSettings,
     root_listing: Option<ListResult>,
 ) -> Result<(FsCore, Observer), MountError> {
+    crate::cache_dir_check::prepare(&settings.cache_dir)?;
     let owner = CacheOwner {
         source: settings.fs_name.clone(),
         endpoint: settings.endpoint.clone(),

@@ -22,10 +22,8 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         Some(dir) => dir.clone(),
         None => default_cache_dir(&args.mountpoint)?,
     };
-    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
-        .create(&cache_dir)
-        .with_context(|| format!("cannot create cache directory {}", cache_dir.display()))?;
-    crate::cache_dir_check::check(&cache_dir)?;
+    // Here too (`mount::assemble` checks every mount's), before the log file goes there.
+    crate::cache_dir_check::prepare(&cache_dir)?;
     if !args.foreground {
         // Obvious mistakes are reported here, before anything detaches.
         check_mountpoint(&args.mountpoint).map_err(anyhow::Error::msg)?;

@@ -3,7 +3,9 @@
 //! could swap away: an existing directory owned by someone else (`nobody` here) or
 //! writable by group or others, and one below a directory that others may write
 //! (not sticky) or that belongs to another user. A directory of its own below a
-//! sticky world-writable one (`/tmp`) is fine. Through the real `scdlfs mount`, as root.
+//! sticky world-writable one (`/tmp`) is fine. Through the real `scdlfs mount`, as root,
+//! and through the library's `Mount::start`, which every other way to mount (the
+//! daemon's re-exec, Python's `scdlfs.mount`, the tests) goes through.
 
 use crate::common;
 
@@ -11,7 +13,10 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use common::process::{is_mount_point, scdlfs_command, unmount, Cleanup};
-use common::write_source;
+use common::{settings, write_source};
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
+use scdlfs::mount::Mount;
 
 fn nobody() -> (u32, u32) {
     // SAFETY: getpwnam with a NUL-terminated name; the entry is read at once.
@@ -125,4 +130,46 @@ fn a_private_cache_directory_below_a_sticky_shared_one_is_used() {
     mount_with_cache(dir.path(), &shared.join("cache")).expect("a private cache was refused");
     let mode = std::fs::metadata(shared.join("cache")).unwrap().mode() & 0o777;
     assert_eq!(mode, 0o700);
+}
+
+/// `Mount::start` of a local folder with `cache` as its cache directory: Ok, or the
+/// error it gave. A mount it made is undone.
+fn mount_through_the_library(dir: &Path, cache: &Path) -> Result<(), String> {
+    let source = dir.join("source");
+    if !source.exists() {
+        write_source(&source);
+    }
+    let mountpoint = dir.join("mnt");
+    std::fs::create_dir_all(&mountpoint).unwrap();
+    let store = std::sync::Arc::new(LocalFileSystem::new_with_prefix(&source).unwrap());
+    let mount = Mount::start(store, ObjectPath::from(""), &mountpoint, &settings(cache));
+    let result = mount.map(drop).map_err(|error| error.to_string());
+    assert!(!is_mount_point(&mountpoint), "the mount outlived its drop");
+    result
+}
+
+#[test]
+fn every_way_to_mount_refuses_an_untrusted_cache_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let foreign = dir.path().join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    chmod(&foreign, 0o700);
+    chown(&foreign, nobody());
+    assert_refused(
+        mount_through_the_library(dir.path(), &foreign),
+        &[&foreign.display().to_string(), "owned by"],
+    );
+
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    chmod(&open, 0o777);
+    assert_refused(
+        mount_through_the_library(dir.path(), &open.join("cache")),
+        &[&open.display().to_string(), "writable"],
+    );
+
+    // A directory not made yet is made private, then used.
+    let fresh = dir.path().join("fresh").join("cache");
+    mount_through_the_library(dir.path(), &fresh).expect("a private cache was refused");
+    assert_eq!(std::fs::metadata(&fresh).unwrap().mode() & 0o777, 0o700);
 }
