@@ -219,6 +219,11 @@ impl FsCore {
         }
     }
 
+    #[cfg(test)]
+    pub(crate) fn prefetcher(&self) -> &Arc<Prefetcher> {
+        &self.prefetcher
+    }
+
     /// Opens a file as the mounting user (in-process callers, which have no request).
     pub fn open(&self, ino: u64) -> FsResult<Opened> {
         self.open_as(ino, self.mounting_uid)

@@ -126,6 +126,9 @@ pub struct Prefetcher {
     /// The plans changed since [`Advice::ranks`] was computed: [`drive`] computes them
     /// again, so that no read or hint write waits on it.
     ranks_stale: AtomicBool,
+    /// Called as the top-up issues each prefetch: a test holds it there.
+    #[cfg(test)]
+    issue_hook: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
 
 impl Prefetcher {
@@ -153,6 +156,8 @@ impl Prefetcher {
             row_offsets: KeptRowOffsets::default(),
             budget: HintBudget::default(),
             ranks_stale: AtomicBool::new(false),
+            #[cfg(test)]
+            issue_hook: Mutex::new(None),
         });
         tokio::spawn(drive(Arc::downgrade(&prefetcher), wake));
         prefetcher

@@ -72,11 +72,15 @@ impl Prefetcher {
                     Dataset::Monolithic(dataset) => self.monolithic_step_reads(dataset, &step),
                 };
                 // The reader may have moved on since the snapshot, and the eviction
-                // freed the steps it passed: those are not fetched again. Checked under
-                // the lock that moves positions, so no move slips in before the
-                // prefetches are issued.
-                let plans = self.plans.lock();
-                let upcoming = plans
+                // freed the steps it passed: those are not fetched again. Only this
+                // look needs the lock that moves positions; the prefetches are issued
+                // after it is released, since issuing one can wait (the fetcher's and
+                // the cache's locks, an earlier mount's part file claimed with a header
+                // read) and every read of a planned dataset and every status take it. A
+                // move that slips in between costs at most one step's prefetches.
+                let upcoming = self
+                    .plans
+                    .lock()
                     .get(&handle)
                     .is_some_and(|a| a.plan.is_upcoming(revision, first + offset));
                 if !upcoming {
@@ -108,6 +112,8 @@ impl Prefetcher {
                         }
                         let part = self.fetcher.part_range(object, index);
                         ahead_bytes += part.end - part.start;
+                        #[cfg(test)]
+                        self.before_issuing();
                         self.fetcher.prefetch(object, index);
                     }
                 }
@@ -117,7 +123,6 @@ impl Prefetcher {
                         self.fetcher.prefetch_edge(object, range.clone());
                     }
                 }
-                drop(plans);
                 if reads.complete {
                     resolved.push((handle, first + offset, step, parts));
                 }
@@ -134,6 +139,14 @@ impl Prefetcher {
         }
         if located() != located_before {
             self.after_plans_changed(&plans);
+        }
+    }
+
+    #[cfg(test)]
+    fn before_issuing(&self) {
+        let hook = self.issue_hook.lock().clone();
+        if let Some(hook) = hook {
+            hook();
         }
     }
 
@@ -261,5 +274,106 @@ impl Prefetcher {
                 reads.read_around.push((object.clone(), around));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+
+    use object_store::local::LocalFileSystem;
+    use object_store::path::Path as ObjectPath;
+    use object_store::ObjectStore;
+    use parking_lot::Mutex;
+
+    use crate::catalog::DirMode;
+    use crate::fs::{FsCore, Ownership};
+    use crate::mount::{assemble, MountSettings};
+    use crate::prefetch::Viewer;
+    use crate::synthetic::SyntheticDataset;
+
+    const ROOT: u64 = 1;
+
+    /// The core of a mount of a small chunked dataset `ds` in a local folder.
+    fn core_of_a_dataset(source: &std::path::Path, cache: &std::path::Path) -> FsCore {
+        SyntheticDataset {
+            rows: 2_500,
+            genes: 3_000,
+            chunk_rows: 300,
+            mean_values: 60,
+            seed: 11,
+        }
+        .write_chunked(&source.join("ds"))
+        .unwrap();
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(LocalFileSystem::new_with_prefix(source).unwrap());
+        let settings = MountSettings {
+            fs_name: "top-up-test".into(),
+            endpoint: None,
+            view: DirMode::Discover,
+            cache_dir: cache.to_owned(),
+            cache_reset: false,
+            cache_bytes: 256 << 20,
+            max_cached_chunks: None,
+            part_size: 64 << 10,
+            max_concurrent_requests: 8,
+            allow_other: false,
+            allow_root: false,
+            ownership: Ownership::of_mounting_user(),
+            fuse_threads: 1,
+            prefetch_lookahead_steps: 2,
+            read_timeout: Duration::from_secs(15),
+            fetch_memory: 64 << 20,
+            read_ahead: None,
+            cache_read_around: 0,
+            metadata_ttl: None,
+        };
+        let (core, _observer) =
+            tokio::task::block_in_place(|| assemble(store, ObjectPath::from(""), &settings, None))
+                .unwrap();
+        core
+    }
+
+    /// Issuing a prefetch can wait (starting a download takes the fetcher's and the
+    /// cache's locks, and claiming an earlier mount's part file reads its header from
+    /// disk): the top-up issues outside the plans' lock, which every read of a planned
+    /// dataset and every status takes, so none of them waits for it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_prefetch_being_issued_holds_no_lock_that_reads_or_status_take() {
+        let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let core = core_of_a_dataset(source.path(), cache.path());
+        let (issuing, issued) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        let released = Mutex::new(released);
+        *core.prefetcher().issue_hook.lock() = Some(Arc::new(move || {
+            let _ = issuing.send(());
+            // Until the test lets go (drops `release`); at most a while.
+            let _ = released.lock().recv_timeout(Duration::from_secs(30));
+        }));
+        let ds = core.lookup(ROOT, OsStr::new("ds")).await.unwrap();
+        let hints = core
+            .lookup(ds.attr.ino.0, OsStr::new(scdl_format::hint::HINT_FILE))
+            .await
+            .unwrap();
+        let handle = core.open(hints.attr.ino.0).unwrap().handle;
+        core.write(handle, b"scdlfs-hints 1\nplan 0\nwindow 1\nwindow 2\n")
+            .unwrap();
+        issued
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the plan's prefetches were issued");
+
+        let prefetcher = core.prefetcher().clone();
+        let (answer, answered) = mpsc::channel();
+        std::thread::spawn(move || answer.send(prefetcher.plan_status(Viewer::All).len()));
+        let plans = answered.recv_timeout(Duration::from_secs(5));
+        drop(release);
+        assert_eq!(
+            plans,
+            Ok(1),
+            "the status waited for the prefetch being issued"
+        );
+        core.release(handle);
     }
 }
