@@ -290,11 +290,9 @@ impl Tree {
     }
 }
 
-/// The most entries one listing may hold: a directory's objects and subdirectories, or
-/// the objects under a chunked dataset's prefix. The tree keeps a node per entry for
-/// the mount's life, so a store that lists without end, or lists more than any dataset
-/// holds (a chunked dataset of 300,000 chunks lists 900,000 objects), gets EIO.
-pub const MAX_LISTED_ENTRIES: usize = 1 << 20;
+/// The most entries one listing may hold (the store layer stops reading pages past it,
+/// where the store pages).
+pub use crate::store::paged_listings::MAX_LISTED_ENTRIES;
 
 /// The error of a listing of more than [`MAX_LISTED_ENTRIES`] entries, logged.
 fn too_long_a_listing(prefix: &ObjectPath) -> FsError {

@@ -13,7 +13,8 @@
 //! The tests use them; the daemon never does, but it uses the wrapper itself, for
 //! two hooks: the timing of its GETs (`mount::assemble`), and on every network store
 //! [`short_answers`]' hook, a ranged GET answered with less than its range asked
-//! again, which object_store's retry layer does not do.
+//! again, which object_store's retry layer does not do. S3 and GCS list a directory
+//! page by page ([`paged_listings`]), no further than the catalog's cap on entries.
 
 pub mod aws;
 pub mod bounds;
@@ -21,6 +22,7 @@ pub mod bounds;
 pub mod counting;
 #[cfg(any(test, feature = "test-support"))]
 pub mod faulty;
+pub mod paged_listings;
 pub mod redact;
 pub mod short_answers;
 #[cfg(any(test, feature = "test-support"))]
@@ -37,6 +39,7 @@ use object_store::http::HttpBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
+use paged_listings::PagedListings;
 
 pub use bounds::NetworkBounds;
 pub use redact::redact_urls;
@@ -241,7 +244,7 @@ impl Source {
                     builder = builder.with_credentials(Arc::new(aws::SdkCredentials::new(chain)));
                 }
                 Ok((
-                    asking_again_when_short(builder.build()?),
+                    asking_again_when_short(PagedListings::new(builder.build()?)),
                     ObjectPath::from(prefix.as_str()),
                 ))
             }
@@ -272,7 +275,7 @@ impl Source {
                     builder = builder.with_skip_signature(true);
                 }
                 Ok((
-                    asking_again_when_short(builder.build()?),
+                    asking_again_when_short(PagedListings::new(builder.build()?)),
                     ObjectPath::from(prefix.as_str()),
                 ))
             }

@@ -36,6 +36,10 @@ pub enum Fault {
     /// Answers a listing with an empty page that says more pages follow, whatever
     /// page was asked for: a listing that never ends.
     EndlessListing,
+    /// Answers a listing with a page of this many made-up subdirectories of the prefix
+    /// asked for, that says more pages follow: a listing without end that holds more
+    /// with every page.
+    FullListingPages(usize),
     /// Answers with the server's listing, every object's `<Size>` replaced by this: a
     /// store that lies about sizes.
     ListedSizes(u64),
@@ -208,6 +212,28 @@ async fn serve(state: Arc<State>, mut client: TcpStream) {
             let _ = client.write_all(answer.as_bytes()).await;
             return;
         }
+        Some(Fault::FullListingPages(entries)) => {
+            let prefix = info
+                .path
+                .split(['?', '&'])
+                .find_map(|p| p.strip_prefix("prefix="))
+                .unwrap_or_default()
+                .replace("%2F", "/");
+            let page = state.requests.load(Ordering::Relaxed);
+            let mut body = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult><IsTruncated>true</IsTruncated>");
+            for n in 0..entries {
+                body.push_str(&format!(
+                    "<CommonPrefixes><Prefix>{prefix}p{page}-{n}/</Prefix></CommonPrefixes>"
+                ));
+            }
+            body.push_str(&format!("<KeyCount>{entries}</KeyCount><NextContinuationToken>page-{page}</NextContinuationToken></ListBucketResult>"));
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = client.write_all(answer.as_bytes()).await;
+            return;
+        }
         Some(Fault::Status(status)) => {
             let answer = format!(
                 "HTTP/1.1 {status} Injected\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -260,7 +286,13 @@ async fn serve(state: Arc<State>, mut client: TcpStream) {
                 }
             }
         }
-        Some(Fault::Status(_) | Fault::Refuse | Fault::StallNoHeaders | Fault::EndlessListing) => {
+        Some(
+            Fault::Status(_)
+            | Fault::Refuse
+            | Fault::StallNoHeaders
+            | Fault::EndlessListing
+            | Fault::FullListingPages(_),
+        ) => {
             unreachable!()
         }
     }

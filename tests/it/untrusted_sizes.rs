@@ -274,3 +274,63 @@ async fn a_chunked_dataset_listed_without_end_is_read_no_further_than_the_most_e
         "{given} entries taken from a listing without end"
     );
 }
+
+/// A directory whose listing pages go on without end, each full of made-up
+/// subdirectories, is read no further than the most entries a listing may hold: `ls`
+/// is EIO once the cap is passed, not at the deadline, after no more pages than the
+/// cap takes, and the daemon held no more than those entries (object_store's delimited
+/// listing gathered every page until the deadline, growing all the while).
+#[test]
+fn a_listing_paged_without_end_is_read_no_further_than_the_most_entries() {
+    const PAGE: usize = 1000;
+    let read_timeout = Duration::from_secs(40);
+    let moto = moto();
+    let bucket = unique_bucket("paged-without-end");
+    moto.create_bucket(&bucket);
+    let dir = tempfile::tempdir().unwrap();
+    write_files(dir.path(), &plain_files());
+    std::fs::create_dir(dir.path().join("endless")).unwrap();
+    std::fs::write(dir.path().join("endless/inner.bin"), b"never listed").unwrap();
+    moto.upload(&bucket, "data", dir.path());
+    let lists_endless = |r: &Request| is_listing(r) && r.path.contains("prefix=data%2Fendless%2F");
+    let proxy = FaultProxy::start(&moto.endpoint);
+    proxy.set_rule(move |r| lists_endless(r).then_some(Fault::FullListingPages(PAGE)));
+    let endpoint = proxy.endpoint();
+    let key = OsString::from("test");
+    let timeout = humantime::format_duration(read_timeout).to_string();
+    let mount = CliMount::start(
+        &format!("s3://{bucket}/data"),
+        &["--endpoint-url", &endpoint, "--read-timeout", &timeout],
+        &[("AWS_ACCESS_KEY_ID", &key), ("AWS_SECRET_ACCESS_KEY", &key)],
+    );
+    let before = mount.status().memory;
+    let started = std::time::Instant::now();
+    let listed: std::io::Result<Vec<_>> =
+        std::fs::read_dir(mount.path().join("endless")).and_then(|entries| entries.collect());
+    let took = started.elapsed();
+    let pages = proxy.seen().iter().filter(|r| lists_endless(r)).count();
+    let after = mount.status().memory;
+    println!(
+        "ls: {:?} after {took:?}, {pages} pages; resident before {} MiB, peak after {} MiB",
+        listed.as_ref().map(Vec::len),
+        before.resident_bytes >> 20,
+        after.peak_resident_bytes >> 20
+    );
+    assert_eio(listed.map(|_| ()), "ls of a listing without end");
+    assert!(
+        pages <= MAX_LISTED_ENTRIES / PAGE + 2,
+        "{pages} pages of {PAGE} read, past the cap of {MAX_LISTED_ENTRIES} entries"
+    );
+    assert!(took < read_timeout, "EIO only at the deadline: {took:?}");
+    assert!(
+        after.peak_resident_bytes < before.resident_bytes + (512 << 20),
+        "the daemon grew from {} MiB to a peak of {} MiB",
+        before.resident_bytes >> 20,
+        after.peak_resident_bytes >> 20
+    );
+    assert!(
+        mount.log().contains("refusing the listing"),
+        "{}",
+        mount.log()
+    );
+}

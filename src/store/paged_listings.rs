@@ -1,0 +1,133 @@
+//! Delimited listings read a page at a time, no further than the catalog takes.
+//!
+//! object_store's `list_with_delimiter` gathers every page of a listing before it
+//! returns: a store that pages a listing without end, or lists millions of entries,
+//! grows the daemon by each page for as long as the operation's deadline lets it. Where
+//! the store lists a page at a time (`PaginatedListStore`: S3 and GCS), [`PagedListings`]
+//! walks the pages itself and stops once it holds more than [`MAX_LISTED_ENTRIES`]: a
+//! result longer than the cap, which the catalog refuses (EIO), so that no more than
+//! the cap and one page is ever held. A local folder and HTTP (WebDAV) list through
+//! object_store's gathering, bounded by the deadline only: object_store 0.14 pages
+//! neither.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
+use object_store::path::{Path, DELIMITER};
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+};
+
+/// The most entries one listing may hold: a directory's objects and subdirectories, or
+/// the objects under a chunked dataset's prefix. The catalog keeps a node per entry for
+/// the mount's life, so a store that lists without end, or lists more than any dataset
+/// holds (a chunked dataset of 300,000 chunks lists 900,000 objects), gets EIO.
+pub const MAX_LISTED_ENTRIES: usize = 1 << 20;
+
+/// A store whose delimited listings are walked page by page, up to just past
+/// [`MAX_LISTED_ENTRIES`]; everything else passes straight on.
+#[derive(Debug)]
+pub struct PagedListings<S> {
+    inner: Arc<S>,
+}
+
+impl<S> PagedListings<S> {
+    pub fn new(inner: S) -> Self {
+        PagedListings {
+            inner: Arc::new(inner),
+        }
+    }
+}
+
+impl<S: fmt::Display> fmt::Display for PagedListings<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+#[async_trait]
+impl<S: ObjectStore + PaginatedListStore> ObjectStore for PagedListings<S> {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.inner.list_with_offset(prefix, offset)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        // As object_store's own gathering asks: the prefix as a directory.
+        let prefix = prefix
+            .filter(|p| !p.as_ref().is_empty())
+            .map(|p| format!("{p}{DELIMITER}"));
+        let mut common_prefixes = BTreeSet::new();
+        let mut objects = Vec::new();
+        let mut extensions = http::Extensions::new();
+        let mut page_token = None;
+        loop {
+            let page = self
+                .inner
+                .list_paginated(
+                    prefix.as_deref(),
+                    PaginatedListOptions {
+                        delimiter: Some(DELIMITER.into()),
+                        page_token,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            common_prefixes.extend(page.result.common_prefixes);
+            objects.extend(page.result.objects);
+            extensions.extend(page.result.extensions);
+            page_token = page.page_token;
+            if page_token.is_none() || common_prefixes.len() + objects.len() > MAX_LISTED_ENTRIES {
+                return Ok(ListResult {
+                    common_prefixes: common_prefixes.into_iter().collect(),
+                    objects,
+                    extensions,
+                });
+            }
+        }
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
