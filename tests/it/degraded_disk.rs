@@ -17,7 +17,9 @@ fn read_all(mount: &TestMount, want: &BTreeMap<String, Vec<u8>>) {
     }
 }
 
-/// A tmpfs of `size` mounted on a new directory, unmounted when dropped.
+/// A tmpfs of `size` mounted on a new directory, unmounted when dropped. Private
+/// (`mode=700`), as a mount requires of its cache directory: a tmpfs's root is
+/// otherwise world-writable.
 struct SmallTmpfs {
     dir: tempfile::TempDir,
 }
@@ -26,7 +28,13 @@ impl SmallTmpfs {
     fn mount(size: &str) -> SmallTmpfs {
         let dir = tempfile::tempdir().unwrap();
         let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=700"),
+                "tmpfs",
+            ])
             .arg(dir.path())
             .status()
             .unwrap();
