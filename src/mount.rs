@@ -224,6 +224,9 @@ pub fn assemble(
         read_path.clone(),
         metrics.clone(),
     );
+    if read_around.reads_parts_ahead() {
+        cache.leave_read_ahead_to_read_around();
+    }
     let core = FsCore::new(
         tree,
         cache,

@@ -133,7 +133,7 @@ impl PinnedPart {
             block_crc32c: &file.block_crc32c,
         };
         let result = read_checked(&blocks, buf, offset);
-        if result.is_ok() {
+        if result.is_ok() && self.cache.advises_whole_parts.load(Ordering::Relaxed) {
             self.advise_whole_part(&handle);
         }
         result.map_err(|failure| match failure {

@@ -43,7 +43,7 @@ use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -87,7 +87,8 @@ struct ResidentFile {
 /// the page cache dropped it. Cheap when the pages are resident. Asked once the read
 /// has its own bytes: asked before, the read's pages queued behind the whole part's,
 /// and a warm windows epoch with the page cache dropped took 7% longer (1.44–1.49 s
-/// against 1.34–1.37 s on a 1.46 GB dataset).
+/// against 1.34–1.37 s on a 1.46 GB dataset). Not asked where the read-around reads
+/// ahead ([`DiskCache::leave_read_ahead_to_read_around`]).
 const ADVISE_AGAIN_AFTER: Duration = Duration::from_secs(1);
 
 /// Where a part's bytes came from: what its file's header records.
@@ -208,6 +209,9 @@ pub struct DiskCache {
     open_files: OpenFiles,
     /// The clock of the read-ahead advice ([`ADVISE_AGAIN_AFTER`]).
     opened: Instant,
+    /// Whether a read advises the kernel to read its whole part
+    /// ([`DiskCache::leave_read_ahead_to_read_around`]).
+    advises_whole_parts: AtomicBool,
     /// Held for the daemon's life: an exclusive lock on the cache directory.
     _lock: File,
     /// Lets a test act at the moments the directory grows or shrinks.
@@ -317,6 +321,7 @@ impl DiskCache {
             disk_retry_after: DISK_RETRY_AFTER,
             refused_for_disk: AtomicU64::new(0),
             opened: Instant::now(),
+            advises_whole_parts: AtomicBool::new(true),
             open_files: OpenFiles::new(open_files::bound_for_this_process()),
             _lock: lock,
             #[cfg(test)]
@@ -514,6 +519,17 @@ impl DiskCache {
             self.corrupt_dropped.fetch_add(1, Ordering::Relaxed);
             tracing::error!(path = %path.display(), part = ?key, block, "a cached part failed its checksum: dropped, and fetched again when read");
         }
+    }
+
+    /// Stops advising the kernel to read a whole part at its first read, for a mount
+    /// whose read-around reads the windows around reads (1 MiB or more) through the
+    /// part files in order, so that the cache disk's own read-ahead brings the parts in
+    /// as they are read. There the advice cost CPU and bought no speed: without it a
+    /// disk-cache warm windows epoch took 0.66 daemon CPU s per GB instead of 0.77, and
+    /// read no slower beside local disk (docs/architecture.md, where the CPU goes per
+    /// byte).
+    pub fn leave_read_ahead_to_read_around(&self) {
+        self.advises_whole_parts.store(false, Ordering::Relaxed);
     }
 
     /// Drops a part whose file could not be opened or read, as

@@ -84,3 +84,22 @@ fn a_read_after_advice_newer_than_its_clock_reads() {
     pinned.read_exact_at(&mut buf, 5).unwrap();
     assert_eq!(buf, data[5..105]);
 }
+
+/// A part's first read advises the kernel to read the whole part, unless the mount's
+/// read-around brings the parts in as it reads its windows through them.
+#[test]
+fn a_first_read_advises_its_whole_part_unless_the_read_around_reads_ahead() {
+    for read_around_reads_ahead in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (cache, data, _) = cache_with_one_part(dir.path());
+        if read_around_reads_ahead {
+            cache.leave_read_ahead_to_read_around();
+        }
+        let pinned = cache.get(key(1), Recency::Use).unwrap();
+        let mut buf = vec![0u8; 100];
+        pinned.read_exact_at(&mut buf, 5).unwrap();
+        assert_eq!(buf, data[5..105]);
+        let advised = pinned.file.advised_at_ms.load(Ordering::Relaxed) != 0;
+        assert_eq!(advised, !read_around_reads_ahead);
+    }
+}

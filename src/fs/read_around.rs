@@ -225,6 +225,12 @@ impl ReadAround {
         })
     }
 
+    /// Whether its windows are wide enough to bring the part files into the page cache
+    /// through the disk's read-ahead as it reads them: one push slice or more.
+    pub fn reads_parts_ahead(&self) -> bool {
+        self.window >= PUSH_SLICE
+    }
+
     /// Starts the pushers, which send windows to `page_cache` (once: the mount's kernel
     /// connection). They stop when the read-around is dropped.
     pub fn connect(&self, page_cache: Arc<dyn PageCache>) {
