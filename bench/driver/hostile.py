@@ -14,16 +14,19 @@ from `status`, and fails unless the writer was refused at least once: a writer t
 reached the mount measured nothing. Epochs stop after HOSTILE_TIME_LIMIT s (--quick: a
 dataset of fewer chunks, and the run's time limit)."""
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 from .config import (BUCKET, DROPPED, HOSTILE, HOSTILE_ALONE, HOSTILE_BESIDE, HOSTILE_CHUNK_ROWS, HOSTILE_CHUNKS,
                      HOSTILE_MEAN_VALUES, HOSTILE_TIME_LIMIT, QUICK_HOSTILE_CHUNKS, REPO)
 from .measure import Epoch, mount_and_read, read_epoch, scdlfs_status
-from .procs import clean_env, fresh_dir, log
+from .procs import clean_env, fresh_dir, log, unmount
 from .servers import gen
 from .tools import BIN
 
@@ -60,8 +63,13 @@ def hostile_ctx(ctx):
         if info["num_chunks"] < chunks:
             raise RuntimeError("%s has %d chunks, not the %d asked for" % (name, info["num_chunks"], chunks))
         # No link: the daemon's bytes fetched come from its own counters.
+        # The other user must reach the dataset through the mountpoint: under the system's
+        # temporary directory, not the work directory, which may sit in a home of mode 700.
+        mnt_parent = tempfile.mkdtemp(prefix="scdlfs-bench-hostile-")
+        os.chmod(mnt_parent, 0o755)
+        atexit.register(lambda: (unmount(os.path.join(mnt_parent, "scdlfs")), shutil.rmtree(mnt_parent, True)))
         ctx.hostile = ctx.but(name=name, info=info, digests=digests, proxy=None, stats=None,
-                              source=os.path.dirname(ds))
+                              source=os.path.dirname(ds), mnt_parent=mnt_parent)
     return ctx.hostile
 
 
@@ -74,7 +82,11 @@ def hostile_mount_cmd(h, mnt, cache):
 def start_hostile_writer(hints, rows, log_path):
     """tests/common/hostile_hints.sh as uid 65534 on `hints`, in a session of its own (its
     sleepers hold handles too, and stop with it)."""
-    return subprocess.Popen(["bash", HOSTILE_SCRIPT, hints, str(HOSTILE_MAX_S), str(rows)],
+    # The script's text, not its path: uid 65534 may not reach the repository (a home
+    # directory of mode 700), as it may not reach the work directory.
+    with open(HOSTILE_SCRIPT) as f:
+        script = f.read()
+    return subprocess.Popen(["bash", "-c", script, "hostile", hints, str(HOSTILE_MAX_S), str(rows)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log_path, "a"),
                             user=HOSTILE_UID, group=HOSTILE_UID, extra_groups=[], start_new_session=True)
 
@@ -121,10 +133,9 @@ def sys_hostile(ctx, order, run_i):
     results = []
     turns = [(HOSTILE_ALONE, False), (HOSTILE_BESIDE, True)]
     for label, beside in turns if run_i % 2 == 0 else reversed(turns):
-        mnt = fresh_dir(os.path.join(ctx.work, "mnt", "scdlfs"))
-        cache = fresh_dir(os.path.join(ctx.work, "cache", "scdlfs"))
-        # The other user must reach the dataset through the mountpoint.
+        mnt = fresh_dir(os.path.join(h.mnt_parent, "scdlfs"))
         os.chmod(mnt, 0o755)
+        cache = fresh_dir(os.path.join(ctx.work, "cache", "scdlfs"))
         reader = read_beside_hostile(mnt, h.info["rows"], log_path) if beside else read_epoch
         epoch = Epoch(label, "windows", 2 * run_i, DROPPED, True, limit)
         results += mount_and_read(h, "scdlfs", hostile_mount_cmd(h, mnt, cache), clean_env(), mnt,
