@@ -7,12 +7,13 @@ last. The dataset has many small chunks (HOSTILE_CHUNKS), so that a step over ev
 spans that many chunks; the mount reads it from a local folder (`file://`), with no
 link: a listing of its 30,000 objects takes minutes from moto_server or s3s-fs (2.9 s a
 page of 1,000 from s3s-fs, measured), past the lookup deadline that cancels it, and
-without a link the daemon's own work, which the writer attacks, bounds the epoch. A fresh mount and empty cache per epoch; the two epochs of a
-run in turns (alone first in even runs, second in odd ones), so that a drift of the
-machine's load falls on both. Each epoch with the writer records the writer's refusals
-from `status`, and fails unless the writer was refused at least once: a writer that never
-reached the mount measured nothing. Epochs stop after HOSTILE_TIME_LIMIT s (--quick: a
-dataset of fewer chunks, and the run's time limit)."""
+without a link the daemon's own work, which the writer attacks, bounds the epoch. A
+fresh mount and empty cache per epoch; the two epochs of a run in turns (alone first in
+even runs, second in odd ones), so that a drift of the machine's load falls on both.
+Each epoch with the writer records the writer's refusals from `status`, and fails unless
+the writer was refused at least once: a writer that never reached the mount measured
+nothing. Epochs stop after HOSTILE_TIME_LIMIT s (--quick: a dataset of fewer chunks, and
+the run's time limit)."""
 
 import atexit
 import json
