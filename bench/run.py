@@ -31,6 +31,13 @@ the SCDL reader (bionemo-scdl through a DataLoader with 2 workers, the scdlfs pa
 sampler with rank and world size). Run alone (`--systems node`), its results are kept
 beside the page (docs/benchmarks-node.json) and the page is rendered again with them.
 
+The `hostile` system (issue 30), read only when named and by --quick: on mounts with
+`--allow-other`, another user's cold windows epoch with hints alone and beside the tests'
+hostile hint writer (tests/common/hostile_hints.sh, as uid 65534), in turns, on a dataset
+of 10,000 small chunks (256 with --quick, time-bounded). Run alone (`--systems
+hostile`), its results are kept beside the page (docs/benchmarks-hostile.json), and only
+its section, its row of the targets and the reduced variant's paragraph are replaced.
+
 The `ceiling` system reads scdlfs's windows epochs with no link (the daemon straight to
 the S3 server, whose ceiling the run measures) beside local disk: GB/s served and per
 daemon core. The `large` system reads a dataset of 8 chunks of 180 MB in windows of 2

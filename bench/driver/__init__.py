@@ -14,6 +14,7 @@ Its modules, from the bottom up:
                  (scdlfs-bench ranks, and ranks of the SCDL reader through a DataLoader)
   ceiling        the daemon with no link: its own ceiling beside local disk
   large          large chunks (8 of 180 MB, windows of 2) behind a link of their own
+  hostile        another user's cold epoch alone and beside the tests' hostile hint writer
   node_targets   the targets table of issue 29, every row from the results
   registry       which system reads in which order, in the order a run reads them
   report         docs/benchmarks.md, README's summary block and the PNG

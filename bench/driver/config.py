@@ -29,7 +29,7 @@ STARTUP_PARTS, QUICK_STARTUP_PARTS = 100_000, 10_000  # parts in the cache of th
 SYSTEM_NAMES = ["local", "scdlfs", "halfcache", "s3fs", "rclone", "python", "torch", "restart", "ceiling", "large"]
 # Read only when named (or by --quick): `--systems node` alone updates its own section;
 # `halfcache-aware` is the half-cache case with its next epoch in the cache-aware order.
-OPT_IN_SYSTEMS = ["node", "halfcache-aware"]
+OPT_IN_SYSTEMS = ["node", "halfcache-aware", "hostile"]
 NODE = "scdlfs node"
 NODE_BEGIN, NODE_END = "<!-- node section: begin -->", "<!-- node section: end -->"
 NODE_RANKS, QUICK_NODE_RANKS = [1, 2, 4, 8], [1, 2]
@@ -43,3 +43,13 @@ LARGE = "large chunks"
 LARGE_CHUNKS, LARGE_CHUNK_ROWS, QUICK_LARGE_CHUNK_ROWS = 8, 30_000, 1000
 LARGE_CHUNKS_PER_WINDOW = 2
 LARGE_RATE_MBPS, LARGE_LATENCY_MS = 250.0, 20.0
+# A hostile hint writer beside another user's cold epoch (issue 30, driver/hostile.py): a
+# dataset of HOSTILE_CHUNKS chunks of HOSTILE_CHUNK_ROWS short rows (--quick: fewer).
+HOSTILE = "hostile hint writer"
+HOSTILE_ALONE, HOSTILE_BESIDE = HOSTILE + ", victim alone", HOSTILE + ", victim beside it"
+HOSTILE_BEGIN, HOSTILE_END = "<!-- hostile section: begin -->", "<!-- hostile section: end -->"
+HOSTILE_CHUNKS, QUICK_HOSTILE_CHUNKS = 10_000, 256
+HOSTILE_CHUNK_ROWS, HOSTILE_MEAN_VALUES = 4, 1000
+# Epochs stop after this many seconds, a bound on a slow server (--quick: the run's --time-limit).
+HOSTILE_TIME_LIMIT = 120.0
+HOSTILE_RATIO_TARGET = 1.2  # the victim's cold epoch beside the writer ÷ alone, at most

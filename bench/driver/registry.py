@@ -4,6 +4,7 @@ without), the orders it reads, and where its results go."""
 
 from .ceiling import sys_ceiling
 from .config import OPT_IN_SYSTEMS, SYSTEM_NAMES, TORCH_ORDERS
+from .hostile import sys_hostile
 from .large import sys_large
 from .node import sys_node
 from .restart import sys_restart, sys_startup
@@ -56,4 +57,7 @@ REGISTRY = [
     System("ceiling", windows_only, sys_ceiling),
     # Its own dataset and link; reads the windows and random orders of it once per run.
     System("large", windows_only, sys_large),
+    # Its own dataset of many small chunks; the victim's cold epoch alone and beside the
+    # hostile hint writer, in turns.
+    System("hostile", windows_only, sys_hostile),
 ]

@@ -6,11 +6,13 @@ import json
 import os
 import tempfile
 
-from .config import (CEILING, DROPPED, HALF, LARGE, LARGE_CHUNKS_PER_WINDOW, LARGE_LATENCY_MS, LARGE_RATE_MBPS,
-                     NODE, NODE_BEGIN, NODE_END, NODE_RANKS, NODE_SCDL, NODE_TORCH_WORKERS, ORDERS,
-                     PYTHON_LOADER_CHUNKS,
-                     QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN, RESTART_END, RESTART_FIRST, RESTART_LONG,
-                     STARTUP_PART_SIZE, STARTUP_PARTS, TORCH, TORCH_BEGIN, TORCH_END, TORCH_ORDERS, WARM)
+from .config import (CEILING, DROPPED, HALF, HOSTILE, HOSTILE_BEGIN, HOSTILE_CHUNKS, HOSTILE_CHUNK_ROWS, HOSTILE_END,
+                     HOSTILE_MEAN_VALUES, HOSTILE_RATIO_TARGET, LARGE, LARGE_CHUNKS_PER_WINDOW, LARGE_LATENCY_MS,
+                     LARGE_RATE_MBPS, NODE, NODE_BEGIN, NODE_END, NODE_RANKS, NODE_SCDL, NODE_TORCH_WORKERS, ORDERS,
+                     PYTHON_LOADER_CHUNKS, QUICK_HOSTILE_CHUNKS, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN,
+                     RESTART_END, RESTART_FIRST, RESTART_LONG, STARTUP_PARTS, STARTUP_PART_SIZE, TORCH, TORCH_BEGIN,
+                     TORCH_END, TORCH_ORDERS, WARM)
+from .hostile import HOSTILE_HEAD_START_S, HOSTILE_UID, epoch_seconds, hostile_runs
 from .measure import CACHE_SAMPLE_S
 from .node import node_label
 from .node_targets import targets as node_targets
@@ -186,6 +188,14 @@ def write_report(saved, path_md, path_png, font, readme):
     if any(r["system"].startswith(NODE) for r in node_saved["results"]):
         lines.extend(node_section(node_rep, node_results))
         w("")
+    hostile_saved, hostile_results = saved, results
+    if not any(k[0].startswith(HOSTILE) for k in summary) and os.path.exists(side_results(path_md, "hostile")):
+        # A run of the hostile system alone keeps its results beside the page.
+        hostile_results = side_results(path_md, "hostile")
+        hostile_saved = json.load(open(hostile_results))
+    if any(r["system"].startswith(HOSTILE) for r in hostile_saved["results"]):
+        lines.extend(hostile_section(hostile_saved, hostile_results))
+        w("")
     if any(k[0].startswith(CEILING) for k in summary):
         lines.extend(ceiling_section(rep))
         w("")
@@ -194,12 +204,13 @@ def write_report(saved, path_md, path_png, font, readme):
         w("")
     w("## Against the targets of issue 29")
     w("")
-    w("One GPU node, many ranks, a fast link. Each row reads its figures from the results of this page (the node "
-      "rows from `%s`); *before*: the figures the issue was filed with." % os.path.relpath(node_results, REPO))
+    w("One GPU node, many ranks, a fast link; and, last, issue 30's shared node. Each row reads its figures from "
+      "the results of this page (the node rows from `%s`, the hostile writer's from `%s`); *before*: the figures "
+      "the issue was filed with." % (os.path.relpath(node_results, REPO), os.path.relpath(hostile_results, REPO)))
     w("")
     w("| case | before | target | measured | | what bounds a miss, as this run measured it |")
     w("| --- | --- | --- | --- | --- | --- |")
-    for row in node_targets(rep, node_rep):
+    for row in node_targets(rep, node_rep) + [hostile_target(hostile_saved)]:
         w("| %s | %s | %s | %s | %s | %s |" % row)
     w("")
     w("## Against the targets")
@@ -211,14 +222,7 @@ def write_report(saved, path_md, path_png, font, readme):
     w("")
     w("## Reduced variant (CI)")
     w("")
-    w("`bench/run.py --quick` (run by `scripts/test-all`): a %d MB dataset, moto_server as the S3 server, "
-      "the test suite's binaries (cargo profile ci), a cache smaller than the dataset, one run of each system and "
-      "order, time-bounded, the node scenario with 1 and 2 ranks of each reader, and large chunks of about 6 MB; "
-      "it renders this page "
-      "into its work directory and fails unless every epoch read at least %d rows (or the whole epoch), each "
-      "checked against the generator, and on every scdlfs mount the cache budget bound (parts evicted or refused "
-      "for lack of room) and held: the bytes of the files in the cache directory, sampled every %.2f s while the "
-      "mount lives, never exceeded `--cache-size`." % (QUICK_SIZE_MB, QUICK_MIN_ROWS, CACHE_SAMPLE_S))
+    w(reduced_variant_text())
     w("")
     w("Raw results: `%s` (per epoch; written by the run with this page)." % results_rel)
     with open(path_md, "w") as f:
@@ -527,3 +531,131 @@ def node_section(rep, results):
     w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
     w(NODE_END)
     return lines
+
+
+def hostile_figures(saved):
+    """The hostile writer's runs and the median of their ratios (None: not measured)."""
+    runs = hostile_runs(saved["results"])
+    return runs, med([r["ratio"] for r in runs])
+
+
+def hostile_target(saved):
+    """Issue 30's row of the targets table: the victim's cold epoch beside the hostile
+    writer ÷ alone."""
+    runs, ratio = hostile_figures(saved)
+    if ratio is None:
+        return ("hostile hint writer (issue 30): victim's cold epoch ÷ alone", "not measured",
+                "≤ %.1f" % HOSTILE_RATIO_TARGET, "not measured", "not measured", "")
+    met = ratio <= HOSTILE_RATIO_TARGET
+    busy = med([r["beside"].get("cpu_busy_share") for r in runs])
+    bound = "" if met else ("the daemon's CPU during the epoch beside the writer: %s s (alone: %s s), with the "
+                            "machine's cores busy %s of it" % (
+                                fmt(med([r["beside"]["daemon_cpu_s"] for r in runs]), ".1f"),
+                                fmt(med([r["alone"]["daemon_cpu_s"] for r in runs]), ".1f"),
+                                "—" if busy is None else "%.0f%%" % (100 * busy)))
+    return ("hostile hint writer (issue 30): victim's cold epoch ÷ alone", "not measured",
+            "≤ %.1f" % HOSTILE_RATIO_TARGET, "%.2f×" % ratio, "**met**" if met else "**missed**", bound)
+
+
+def hostile_section(saved, results):
+    """The hostile hint writer's section (issue 30, driver/hostile.py): per run, the
+    victim's cold epoch alone and beside the writer."""
+    args, info = saved["args"], saved["info"]
+    runs, ratio = hostile_figures(saved)
+    rs = [r for r in saved["results"] if r["system"].startswith(HOSTILE)]
+    loads = [r["load_1m"] for r in rs]
+    ds = rs[0]
+    lines = [HOSTILE_BEGIN, "## A hostile hint writer beside another user's cold epoch", ""]
+    w = lines.append
+    w("Issue 30's shared node: a mount with `--allow-other`, and on it two users. The victim (root) reads the cold "
+      "windows epoch 2r of `scdlfs-bench read` with hints, every row checked; the hostile writer, uid %d, runs "
+      "tests/common/hostile_hints.sh (the tests' writer: 7 hint handles plus 200 more held by sleepers, plans of "
+      "100 steps of 16 `rows` ranges over every row and of 40 steps of one range over every row, restarted as fast "
+      "as bash writes) on the same dataset's hint file, from %.0f s before the victim's reader starts to its end. "
+      "The dataset: %d chunks of %d rows (%d values per row on average, %.1f MB), so that a step over every row "
+      "spans %d chunks. Each epoch on a fresh mount of the dataset's local folder (`file://`, no link: from "
+      "moto_server or s3s-fs the listing of %d chunks' objects alone outlasts the lookup deadline) with an empty cache "
+      "(%s), the page cache dropped; in each run both epochs, in turns (alone first in even runs). *÷ alone*: the "
+      "epoch beside the writer ÷ the epoch alone in the same run; *refused*: the writer's refused hint writes, "
+      "from `status`; *slowest read*: the victim's slowest row (a page fault of its map; the first row, where it "
+      "is no slower, pays for the flat view of every chunk). Measured %s on %s (%d "
+      "cores; 1-minute load average at the epochs' ends: %s, other jobs sharing the machine), cargo profile "
+      "`%s`." % (
+          HOSTILE_UID, HOSTILE_HEAD_START_S, ds["dataset_chunks"], HOSTILE_CHUNK_ROWS, HOSTILE_MEAN_VALUES,
+          ds["dataset_bytes"] / 1e6, ds["dataset_chunks"], HOSTILE_CHUNKS, saved["cache_size"],
+          saved["date"], saved["host"], saved["cores"],
+          "median %.1f, max %.1f" % (med(loads), max(loads)) if loads else "—", args.get("profile", "release")))
+    w("")
+    w("| run | first | epoch s alone | epoch s beside | ÷ alone | refused | slowest read s alone / beside "
+      "| first row s alone / beside | daemon CPU s alone / beside | load |")
+    w("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in runs:
+        a, b = r["alone"], r["beside"]
+        w("| %d | %s | %s%.1f | %s%.1f | %.2f | %d | %s / %s | %.2f / %.2f | %.1f / %.1f | %.1f |" % (
+            r["run"], "alone" if r["alone_first"] else "beside", "" if a["completed"] else "~", epoch_seconds(a),
+            "" if b["completed"] else "~", epoch_seconds(b), r["ratio"], b["hostile_refused"],
+            fmt(a.get("slowest_row_s"), ".3f"), fmt(b.get("slowest_row_s"), ".3f"), a["first_row_s"],
+            b["first_row_s"], a["daemon_cpu_s"], b["daemon_cpu_s"], b["load_1m"]))
+    w("")
+    w("Target of issue 30: the victim's cold epoch beside the writer ÷ alone ≤ %.1f, median of %d run(s): %s." % (
+        HOSTILE_RATIO_TARGET, len(runs), "not measured" if ratio is None else "%.2f, %s" % (
+            ratio, "**met**" if ratio <= HOSTILE_RATIO_TARGET else "**missed**")))
+    w("")
+    w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
+    w(HOSTILE_END)
+    return lines
+
+
+def reduced_variant_text():
+    """The paragraph of the page on the reduced variant (`--quick`)."""
+    return ("`bench/run.py --quick` (run by `scripts/test-all`): a %d MB dataset, moto_server as the S3 server, "
+            "the test suite's binaries (cargo profile ci), a cache smaller than the dataset, one run of each system "
+            "and order, time-bounded, the node scenario with 1 and 2 ranks of each reader, large chunks of about "
+            "6 MB, and the hostile hint writer beside another user's epoch on %d chunks (which fails on a wrong row "
+            "or an EIO, as every reader does, or if the writer never reached the mount); it renders this page into "
+            "its work directory and fails unless every epoch read at least %d rows (or the whole epoch), each "
+            "checked against the generator, and on every scdlfs mount the cache budget bound (parts evicted or "
+            "refused for lack of room) and held: the bytes of the files in the cache directory, sampled every "
+            "%.2f s while the mount lives, never exceeded `--cache-size`."
+            % (QUICK_SIZE_MB, QUICK_HOSTILE_CHUNKS, QUICK_MIN_ROWS, CACHE_SAMPLE_S))
+
+
+HOSTILE_TARGET_PREFIX = "| hostile hint writer (issue 30)"
+# The first targets heading of the page: issue 29's table (or, on a page of an older
+# report, issue 12's).
+TARGETS = "## Against the targets"
+
+
+def splice_hostile(path_md, saved, results):
+    """A run of the hostile system alone: its section (before the targets, where the page
+    has none yet), its row of the targets table and the reduced variant's paragraph, the
+    rest of the page as it was."""
+    text = open(path_md).read()
+    section = "\n".join(hostile_section(saved, results))
+    if HOSTILE_BEGIN in text and HOSTILE_END in text:
+        head, rest = text.split(HOSTILE_BEGIN, 1)
+        text = head + section + rest.split(HOSTILE_END, 1)[1]
+    else:
+        text = text.replace(TARGETS, section + "\n\n" + TARGETS, 1)
+    lines = text.split("\n")
+    table = next(i for i, line in enumerate(lines) if line.startswith(TARGETS)) + 1
+    while not lines[table].startswith("|"):
+        table += 1
+    case, before, target, measured, verdict, bound = hostile_target(saved)
+    if lines[table].count("|") == 7:
+        row = "| %s | %s | %s | %s | %s | %s |" % (case, before, target, measured, verdict, bound)
+    else:
+        # Issue 12's table: target, measured, verdict, what bounds a miss.
+        row = "| %s %s | %s | %s | %s |" % (case, target, measured, verdict, bound)
+    at = next((i for i, line in enumerate(lines) if line.startswith(HOSTILE_TARGET_PREFIX)), None)
+    if at is None:
+        # After the last row of the first targets table.
+        at = table
+        while lines[at].startswith("|"):
+            at += 1
+        lines.insert(at, row)
+    else:
+        lines[at] = row
+    lines = [reduced_variant_text() if line.startswith("`bench/run.py --quick`") else line for line in lines]
+    with open(path_md, "w") as f:
+        f.write("\n".join(lines))

@@ -19,7 +19,8 @@ from .measure import SERVER_FILES, disk_read_ahead_kib
 from .procs import cleanup, log
 from .quick import quick_checks
 from .registry import REGISTRY
-from .report import restart_section, results_copy, side_results, splice, torch_section, write_report
+from .report import (restart_section, results_copy, side_results, splice, splice_hostile, torch_section,
+                     write_report)
 from .servers import generate, probe, start_proxy, start_server
 from .summary import Report, fmt
 from .systems import Ctx, sys_scdlfs
@@ -42,8 +43,8 @@ def configure(args):
         args.report = os.path.join(args.work, "benchmarks.md")
         args.readme = os.path.join(args.work, "README.md")
         if args.systems == ",".join(SYSTEM_NAMES):
-            # The node scenario's short variant (R = 1 and 2).
-            args.systems += ",node"
+            # The node scenario's short variant (R = 1 and 2), and the hostile writer's.
+            args.systems += ",node,hostile"
 
 
 def main(args, command):
@@ -120,6 +121,15 @@ def main(args, command):
             json.dump(saved, f, indent=1)
         write_report(json.load(open(results_copy(args.report))), args.report, png, args.font, args.readme)
         log("updated the node section of %s in %.0f s" % (args.report, time.time() - started))
+        return
+    if systems == ["hostile"]:
+        # Run alone, the hostile system keeps its results beside the page and replaces only
+        # its own section, row of the targets and the reduced variant's paragraph.
+        results = side_results(args.report, "hostile")
+        with open(results, "w") as f:
+            json.dump(saved, f, indent=1)
+        splice_hostile(args.report, saved, results)
+        log("updated the hostile section of %s in %.0f s" % (args.report, time.time() - started))
         return
     for alone, begin, end, section in (("torch", TORCH_BEGIN, TORCH_END, torch_section),
                                        ("restart", RESTART_BEGIN, RESTART_END, restart_section)):

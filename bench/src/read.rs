@@ -115,6 +115,8 @@ struct EpochFigures {
     rows_per_s: f64,
     first_row_s: f64,
     stall_s: f64,
+    /// The slowest row read, in seconds.
+    slowest_row_s: f64,
     bytes_read: u64,
     hints: bool,
     view: String,
@@ -262,7 +264,8 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
     let hints = sampler.hints_active();
     let limit = args.time_limit.map(Duration::from_secs_f64);
     let stall_threshold = Duration::from_secs_f64(args.stall_ms / 1000.0);
-    let (mut rows, mut bytes, mut stall) = (0u64, 0u64, Duration::ZERO);
+    let (mut rows, mut bytes, mut stall, mut slowest) =
+        (0u64, 0u64, Duration::ZERO, Duration::ZERO);
     let mut first_row = None;
     let mut out_of_time = false;
     let mut iter = sampler.epoch(args.epoch.epoch);
@@ -278,6 +281,7 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
                 ));
             }
             let took = t0.elapsed();
+            slowest = slowest.max(took);
             if took > stall_threshold {
                 stall += took;
             }
@@ -306,6 +310,7 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
         rows_per_s: rows as f64 / seconds,
         first_row_s: first_row.map_or(seconds, |d| d.as_secs_f64()),
         stall_s: stall.as_secs_f64(),
+        slowest_row_s: slowest.as_secs_f64(),
         bytes_read: bytes,
         hints,
         view: layout.kind.to_string(),
