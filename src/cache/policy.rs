@@ -44,8 +44,8 @@ pub enum Admission {
     /// A reader waits for the part: any unit that is not pinned or being read may go.
     Demand,
     /// Read-ahead: units no plan needs again this epoch ([`NextUse::Done`], or no rank
-    /// at all); and, for a part the plans need within [`NEAR_STEPS`], also the units
-    /// they need after it. Evicting a unit needed sooner than the one fetched costs a
+    /// at all); and, for a part the plans need within [`NEAR_STEPS`], also the step
+    /// just left and the units they need after it. Evicting a unit needed sooner than the one fetched costs a
     /// download without saving one: the prefetched part waits in the cache while the
     /// evicted one is fetched again before it is read. And a part needed further ahead
     /// waits for the room the steps being read free: evicting for it now gives up a
@@ -73,6 +73,13 @@ pub enum Recency {
 pub enum NextUse {
     /// Needed now, by the step being read: never evicted.
     Current,
+    /// Read by the step just left, whose last rows a reader may still have in hand
+    /// when the position moves on. Kept from everything but the room the step being
+    /// read and the next one need, which it gives before any unit the plans read later:
+    /// with steps as large as half the cache, the step just left and the current one
+    /// fill it, and protecting both left the current step's own parts no room (each
+    /// downloaded into memory, dropped and downloaded again) and the next step none.
+    JustLeft,
     /// Needed this many steps ahead.
     Ahead(u64),
     /// Read this epoch by a plan that reads each row once an epoch, and not needed by
@@ -117,7 +124,7 @@ impl<'a> Room<'a> {
         let planned_from = match admission {
             Admission::Demand => Some(0),
             Admission::Prefetch => match advisor.and_then(|a| a.next_use(keep)) {
-                Some(NextUse::Current) => Some(1),
+                Some(NextUse::Current | NextUse::JustLeft) => Some(1),
                 Some(NextUse::Ahead(steps)) if steps <= NEAR_STEPS => Some(steps + 1),
                 Some(NextUse::Ahead(_) | NextUse::Done) | None => None,
             },
@@ -331,6 +338,7 @@ impl Policy {
             matches!(unit, Unit::Group(group) if self.incoming_groups.contains_key(&group));
         let needed = match room.advisor.and_then(|a| a.next_use(unit)) {
             Some(NextUse::Current) => true,
+            Some(NextUse::JustLeft) => room.planned_from.is_none(),
             Some(NextUse::Ahead(steps)) => room.planned_from.is_none_or(|from| steps < from),
             Some(NextUse::Done) | None => false,
         };
@@ -475,12 +483,13 @@ impl Policy {
         };
         // What the plans are done with this epoch, in LRU order; then groups no plan
         // needs, in LRU order; then lone parts no plan needs, in LRU order; then the
-        // units needed furthest ahead.
+        // step just left, in LRU order; then the units needed furthest ahead.
         candidates
             .enumerate()
             .min_by_key(|(position, unit)| match (advisor.next_use(*unit), unit) {
                 (Some(NextUse::Done), _) => (0, *position as u64),
-                (Some(NextUse::Ahead(steps)), _) => (3, u64::MAX - steps),
+                (Some(NextUse::JustLeft), _) => (3, *position as u64),
+                (Some(NextUse::Ahead(steps)), _) => (4, u64::MAX - steps),
                 (_, Unit::Group(_)) => (1, *position as u64),
                 (_, Unit::Part(_)) => (2, *position as u64),
             })

@@ -294,12 +294,7 @@ impl Prefetcher {
             .collect();
         let mut ranks: HashMap<Unit, NextUse> = HashMap::new();
         for (dataset, horizon) in &horizons {
-            for (chunk, distance) in horizon.chunks_ahead(&dataset.geometry()) {
-                let rank = if distance == 0 {
-                    NextUse::Current
-                } else {
-                    NextUse::Ahead(distance)
-                };
+            for (chunk, rank) in horizon.chunks_ahead(&dataset.geometry()) {
                 for unit in self.units_of_chunk(dataset, chunk) {
                     let entry = ranks.entry(unit).or_insert(rank);
                     *entry = (*entry).min(rank);

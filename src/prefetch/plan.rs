@@ -5,6 +5,7 @@
 //! A plan knows the dataset only by how its rows fall into chunks ([`ChunkGeometry`]):
 //! the chunks of a chunked dataset, or the virtual chunks of a monolithic one.
 
+use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
@@ -12,6 +13,7 @@ use scdl_format::hint::HintLine;
 use scdl_format::ChunkGeometry;
 
 use super::budget::MAX_STEP_WORK;
+use crate::cache::NextUse;
 use crate::error::PlanRefused;
 use crate::parts::PartKey;
 
@@ -240,7 +242,8 @@ impl Plan {
                 limit: MAX_PLAN_STEPS,
             });
         }
-        // The step just left stays (still protected from eviction); those before it go.
+        // The step just left stays (ranked, kept from all but the nearest steps); those
+        // before it go.
         let retired = if replaced {
             self.steps.len()
         } else {
@@ -303,7 +306,7 @@ impl Plan {
     }
 
     /// Whether step `index`, as of `revision`, is not behind the reader (the step just
-    /// left counts as current, as in [`Plan::chunks_ahead`]). A top-up computed on an
+    /// left counts, as in [`Plan::chunks_ahead`]). A top-up computed on an
     /// older position or plan must not fetch what the reader has passed and the
     /// eviction has freed, nor what a new epoch needs only at its end.
     pub fn is_upcoming(&self, revision: u64, index: usize) -> bool {
@@ -394,7 +397,7 @@ impl Plan {
 
     /// See [`Horizon::chunks_ahead`].
     #[cfg(test)]
-    pub fn chunks_ahead(&self, layout: &ChunkGeometry) -> HashMap<usize, u64> {
+    pub fn chunks_ahead(&self, layout: &ChunkGeometry) -> HashMap<usize, NextUse> {
         self.horizon().chunks_ahead(layout)
     }
 }
@@ -408,16 +411,22 @@ pub struct Horizon {
 }
 
 impl Horizon {
-    /// For each chunk the plan still needs, how many steps ahead of the current step
-    /// it is first needed (0: the current step). The step before the current one
-    /// counts as current too: its last rows may still be in a reader's hands when the
-    /// position moves on.
-    pub fn chunks_ahead(&self, layout: &ChunkGeometry) -> HashMap<usize, u64> {
-        let mut ahead = HashMap::new();
+    /// For each chunk the plan still needs, when: [`NextUse::Current`] for the step
+    /// being read; [`NextUse::JustLeft`] for the step before it, whose last rows may
+    /// still be in a reader's hands when the position moves on; else how many steps
+    /// ahead of the current one it is first needed. A chunk of several steps takes the
+    /// soonest.
+    pub fn chunks_ahead(&self, layout: &ChunkGeometry) -> HashMap<usize, NextUse> {
+        let mut ahead: HashMap<usize, NextUse> = HashMap::new();
         for (index, step) in self.steps.iter().enumerate() {
-            let distance = index.saturating_sub(self.current) as u64;
+            let rank = match index.cmp(&self.current) {
+                Ordering::Less => NextUse::JustLeft,
+                Ordering::Equal => NextUse::Current,
+                Ordering::Greater => NextUse::Ahead((index - self.current) as u64),
+            };
             for chunk in step.chunks(layout) {
-                ahead.entry(chunk).or_insert(distance);
+                let soonest = ahead.entry(chunk).or_insert(rank);
+                *soonest = (*soonest).min(rank);
             }
         }
         ahead

@@ -62,6 +62,9 @@ impl Prefetcher {
         let located = || -> usize { monolithic.iter().map(|d| d.known_boundaries()).sum() };
         let located_before = located();
         let max_in_flight = 2 * self.fetcher.max_concurrent_requests();
+        // Bytes of the steps after the current one: the step being read is needed now,
+        // whatever the share. Counted in, a step of half the cache took the whole share
+        // and the next one was fetched only once the reader came to it.
         let mut ahead_bytes = 0u64;
         let mut seen = HashSet::new();
         let mut resolved = Vec::new();
@@ -110,8 +113,10 @@ impl Prefetcher {
                         {
                             continue;
                         }
-                        let part = self.fetcher.part_range(object, index);
-                        ahead_bytes += part.end - part.start;
+                        if offset > 0 {
+                            let part = self.fetcher.part_range(object, index);
+                            ahead_bytes += part.end - part.start;
+                        }
                         #[cfg(test)]
                         self.before_issuing();
                         self.fetcher.prefetch(object, index);
@@ -119,7 +124,9 @@ impl Prefetcher {
                 }
                 for (object, range) in edges {
                     if ahead_bytes < self.config.max_ahead_bytes {
-                        ahead_bytes += range.end - range.start;
+                        if offset > 0 {
+                            ahead_bytes += range.end - range.start;
+                        }
                         self.fetcher.prefetch_edge(object, range.clone());
                     }
                 }

@@ -203,6 +203,41 @@ fn a_prefetch_for_the_next_step_evicts_only_what_no_plan_needs_sooner() {
     );
 }
 
+/// Steps of half the cache: the step just left (groups 1 and 2) and the current one
+/// (3 and 4) fill it. The current step's last part and the next step (5) take the
+/// room of the step just left, before any unit a plan reads later (6); a prefetch
+/// further ahead (7) does not.
+#[test]
+fn the_step_just_left_gives_its_room_to_the_current_and_next_steps_only() {
+    let mut p = Policy::new(500, None);
+    for group in [6, 1, 2, 3, 4] {
+        fill(&mut p, part(group, 0), Some(GroupId(group)), 100);
+    }
+    let plan = Plan(HashMap::from([
+        (Unit::Group(GroupId(1)), NextUse::JustLeft),
+        (Unit::Group(GroupId(2)), NextUse::JustLeft),
+        (Unit::Group(GroupId(3)), NextUse::Current),
+        (Unit::Group(GroupId(4)), NextUse::Current),
+        (Unit::Group(GroupId(5)), NextUse::Ahead(1)),
+        (Unit::Group(GroupId(6)), NextUse::Ahead(3)),
+        (Unit::Group(GroupId(7)), NextUse::Ahead(2)),
+    ]));
+    let group = |g| Unit::Group(GroupId(g));
+    assert!(
+        !p.has_room(100, group(7), Some(&plan), Admission::Prefetch),
+        "a prefetch two steps ahead waits"
+    );
+    let (r, evicted) = p.reserve(100, group(4), Some(&plan), Admission::Prefetch);
+    assert!(p.commit(r.expect("room"), part(4, 1), Some(GroupId(4))));
+    assert_eq!(evicted, vec![part(1, 0)], "for the current step");
+    let (r, evicted) = p.reserve(100, group(5), Some(&plan), Admission::Prefetch);
+    assert!(p.commit(r.expect("room"), part(5, 0), Some(GroupId(5))));
+    assert_eq!(evicted, vec![part(2, 0)], "for the next step");
+    let (r, evicted) = p.reserve(100, group(3), Some(&plan), Admission::Demand);
+    assert!(p.commit(r.expect("room"), part(3, 1), Some(GroupId(3))));
+    assert_eq!(evicted, vec![part(6, 0)], "then what is needed later");
+}
+
 #[test]
 fn lone_parts_a_plan_ranks_go_after_those_it_does_not_and_the_current_ones_stay() {
     let mut p = Policy::new(400, None);

@@ -265,14 +265,14 @@ fn reads_move_the_position_forward_and_back() {
     );
     assert_eq!(plan.position, 0);
     let ahead = plan.chunks_ahead(&l);
-    assert_eq!(ahead[&3], 0);
-    assert_eq!(ahead[&5], 1);
-    assert_eq!(ahead[&4], 2);
+    assert_eq!(ahead[&3], NextUse::Current);
+    assert_eq!(ahead[&5], NextUse::Ahead(1));
+    assert_eq!(ahead[&4], NextUse::Ahead(2));
     while !plan.observe(&chunks(&[5]), &l) {}
     assert_eq!(
         plan.chunks_ahead(&l)[&3],
-        0,
-        "the step just left still counts as current"
+        NextUse::JustLeft,
+        "the step just left is still ranked"
     );
 }
 
@@ -422,7 +422,7 @@ fn passed_steps_are_retired_when_steps_are_appended() {
         ]
     );
     assert_eq!(plan.position, 1);
-    assert_eq!(plan.chunks_ahead(&l)[&1], 0);
+    assert_eq!(plan.chunks_ahead(&l)[&1], NextUse::JustLeft);
 }
 
 #[test]
