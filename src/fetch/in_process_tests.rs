@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
-use object_store::{GetOptions, GetRange, ObjectStoreExt, PutPayload};
+use object_store::{GetRange, ObjectStoreExt, PutPayload};
 
 use super::*;
 use crate::cache::{EvictionAdvisor, NextUse, Unit};
@@ -209,15 +209,13 @@ impl Default for Gate {
 impl crate::store::wrapper::GetHook for Gate {
     async fn get(
         &self,
-        inner: &dyn ObjectStore,
-        location: &object_store::path::Path,
-        options: GetOptions,
+        request: crate::store::wrapper::GetRequest<'_>,
     ) -> object_store::Result<object_store::GetResult> {
-        if let Some(GetRange::Bounded(range)) = &options.range {
+        if let Some(GetRange::Bounded(range)) = &request.options.range {
             self.order.lock().push(range.start / PART);
         }
         self.open.acquire().await.unwrap().forget();
-        inner.get_opts(location, options).await
+        request.send().await
     }
 }
 
@@ -494,16 +492,13 @@ impl Trickle {
 impl crate::store::wrapper::GetHook for Trickle {
     async fn get(
         &self,
-        inner: &dyn ObjectStore,
-        location: &object_store::path::Path,
-        options: GetOptions,
+        request: crate::store::wrapper::GetRequest<'_>,
     ) -> object_store::Result<object_store::GetResult> {
-        let Some(GetRange::Bounded(range)) = options.range.clone() else {
-            return inner.get_opts(location, options).await;
+        let Some(GetRange::Bounded(range)) = request.options.range.clone() else {
+            return request.send().await;
         };
         self.asked.lock().push(range.clone());
-        let (body, head) =
-            crate::store::wrapper::buffer_body(inner.get_opts(location, options).await?).await?;
+        let (body, head) = crate::store::wrapper::buffer_body(request.send().await?).await?;
         if range.end - range.start < PART {
             return Ok(crate::store::wrapper::with_body(head, body));
         }
