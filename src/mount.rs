@@ -18,7 +18,7 @@ use crate::catalog::{DirMode, ObjectRegistry, Tree};
 use crate::fetch::{listed_object, FetchLimits, Fetcher};
 use crate::fs::fuse::KernelPageCache;
 use crate::fs::read_around::ReadAround;
-use crate::fs::{read_ahead, FsCore, Ownership, ScdlFs};
+use crate::fs::{read_ahead, CoreComponents, FsCore, Ownership, ScdlFs};
 use crate::metrics::Metrics;
 use crate::object::ObjectInfo;
 use crate::planner_wake::PlannerWake;
@@ -218,18 +218,17 @@ pub fn assemble(
         read_path.clone(),
         metrics.clone(),
     );
-    let core = FsCore::new(
+    let components = CoreComponents {
         tree,
         cache,
         read_path,
         read_around,
         prefetcher,
         metrics,
-        observer.clone(),
+        observer: observer.clone(),
         warmer,
-        settings.ownership,
-        settings.read_timeout,
-    );
+    };
+    let core = FsCore::new(components, settings.ownership, settings.read_timeout);
     Ok((core, observer))
 }
 
