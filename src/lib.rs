@@ -1,28 +1,35 @@
 //! scdlfs: a remote chunked SCDL dataset as an ordinary local directory.
 //!
-//! The layers, top to bottom (see `docs/architecture.md`). Every module imports only
-//! modules on its own line's right or on lines below it; none imports upward:
-//! - [`cli`], [`mount`], [`metrics_http`]: the command line, the composition root
-//!   ([`mount::assemble`], which hands each component exactly what it uses), and the
-//!   metrics endpoint.
-//! - [`fs`], [`status`]: the FUSE glue (answers from memory or the disk cache, or from a
-//!   task; errno values are made in [`fs::errno`] alone) and what `scdlfs status` shows.
-//! - [`prefetch`], [`read`], [`warm`]: plans from hint files and read-ahead; a planned
-//!   read becomes bytes; warm jobs. None imports another.
-//! - [`row_offset_check`]: each flat chunk's row offsets checked once per mount.
-//! - [`view`]: which object bytes a file's bytes are (raw objects, flat arrays).
+//! The layers, top to bottom (see `docs/architecture.md`), as the imports make them:
+//! a module imports only modules on lines below its own, none on its own line, and
+//! sits one line above the highest it imports (`tests/it/layers.rs` holds this list
+//! to the code):
+//! - [`cli`]: the command line.
+//! - [`mount`]: the composition root ([`mount::assemble`], which hands each component
+//!   exactly what it uses).
+//! - [`fs`], [`metrics_http`]: the FUSE glue (answers from memory or the disk cache, or
+//!   from a task; errno values are made in [`fs::errno`] alone) and the metrics
+//!   endpoint.
+//! - [`status`]: what `scdlfs status` and the metrics endpoint show.
+//! - [`read`], [`prefetch`]: a planned read becomes bytes; plans from hint files and
+//!   read-ahead.
+//! - [`view`], [`row_offset_check`], [`warm`]: which object bytes a file's bytes are
+//!   (raw objects, flat arrays); each flat chunk's row offsets checked once per mount;
+//!   warm jobs.
 //! - [`catalog`], [`fetch`]: the inode tree from store listings, dataset discovery and
 //!   checks; one download per part, demand before prefetch, hard deadlines.
-//! - [`cache`]: parts on local disk under a byte budget.
-//! - The bottom, which every layer may use: [`object`] (an object as pinned, and the
-//!   one pinned GET), [`error`], [`parts`] (part ids and geometry), [`planner_wake`]
-//!   (the bell the layers below ring for the prefetcher), [`metrics`], and [`store`]
-//!   (the object client for S3, GCS, HTTP and local folders).
+//! - [`object`], [`cache`]: an object as pinned, and the one pinned GET; parts on local
+//!   disk under a byte budget.
+//! - [`error`]: the error type, its payloads neutral (no layer's own types).
+//! - [`store`], [`parts`], [`planner_wake`], [`metrics`]: the object client for S3,
+//!   GCS, HTTP and local folders; part ids and geometry; the bell the layers below ring
+//!   for the prefetcher; the mount's counters and timings.
 //!
-//! Beside the stack: [`chunker`] is `scdlfs chunk`, which writes chunked datasets into
-//! any store; [`synthetic`] makes the datasets of `scdlfs demo` (which the tests and
-//! the benchmarks use too); [`units`], [`progress`], [`process_memory`] and [`unmount`]
-//! are small helpers of the command line.
+//! Beside the stack, importing nothing of it (any layer may use them): [`chunker`] is
+//! `scdlfs chunk`, which writes chunked datasets into any store; [`synthetic`] makes
+//! the datasets of `scdlfs demo` (which the tests and the benchmarks use too);
+//! [`units`], [`progress`], [`process_memory`], [`unmount`] and [`cache_dir_check`] are
+//! small helpers of the command line and the mount.
 
 pub mod cache;
 pub mod cache_dir_check;

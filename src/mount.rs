@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use object_store::path::Path as ObjectPath;
-use object_store::{GetOptions, GetResult, ListResult, ObjectStore};
+use object_store::{GetResult, ListResult, ObjectStore};
 
 use crate::cache::{CacheOwner, DiskCache};
 use crate::catalog::{DirMode, ObjectRegistry, Tree};
 use crate::fetch::{listed_object, FetchLimits, Fetcher};
 use crate::fs::fuse::KernelPageCache;
 use crate::fs::read_around::ReadAround;
-use crate::fs::{read_ahead, FsCore, Ownership, ScdlFs};
+use crate::fs::{read_ahead, CoreComponents, FsCore, Ownership, ScdlFs};
 use crate::metrics::Metrics;
 use crate::object::ObjectInfo;
 use crate::planner_wake::PlannerWake;
@@ -26,7 +26,7 @@ use crate::prefetch::{PrefetchConfig, Prefetcher};
 use crate::read::ReadPath;
 use crate::row_offset_check::RowOffsetCheck;
 use crate::status::{Observer, Status};
-use crate::store::wrapper::{GetHook, HookedStore};
+use crate::store::wrapper::{GetHook, GetRequest, HookedStore};
 use crate::warm::Warmer;
 
 /// The read-ahead the kernel gives a FUSE mount unless told otherwise.
@@ -227,18 +227,17 @@ pub fn assemble(
     if read_around.reads_parts_ahead() {
         cache.leave_read_ahead_to_read_around();
     }
-    let core = FsCore::new(
+    let components = CoreComponents {
         tree,
         cache,
         read_path,
         read_around,
         prefetcher,
         metrics,
-        observer.clone(),
+        observer: observer.clone(),
         warmer,
-        settings.ownership,
-        settings.read_timeout,
-    );
+    };
+    let core = FsCore::new(components, settings.ownership, settings.read_timeout);
     Ok((core, observer))
 }
 
@@ -258,14 +257,9 @@ impl std::fmt::Debug for TimeStoreGets {
 
 #[async_trait]
 impl GetHook for TimeStoreGets {
-    async fn get(
-        &self,
-        inner: &dyn ObjectStore,
-        location: &object_store::path::Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
+    async fn get(&self, request: GetRequest<'_>) -> object_store::Result<GetResult> {
         let started = Instant::now();
-        let answer = inner.get_opts(location, options).await;
+        let answer = request.send().await;
         self.0.store_get_seconds.record(started.elapsed());
         answer
     }

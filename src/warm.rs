@@ -443,6 +443,21 @@ fn clamp(range: &Range<u64>, end: u64) -> Range<u64> {
     range.start.min(end)..range.end.min(end)
 }
 
+/// `range` clamped to `end`, then converted (rows to chunks, or back), unless the clamp
+/// leaves it empty: an empty selection stays empty.
+fn clamp_and_convert(
+    range: &Range<u64>,
+    end: u64,
+    convert: impl FnOnce(Range<u64>) -> Range<u64>,
+) -> Range<u64> {
+    let clamped = clamp(range, end);
+    if clamped.is_empty() {
+        0..0
+    } else {
+        convert(clamped)
+    }
+}
+
 /// The byte ranges of objects a selection names, in the dataset's order.
 async fn byte_ranges(
     fetcher: &Arc<Fetcher>,
@@ -462,15 +477,10 @@ async fn byte_ranges(
             let chunk_range = match selection {
                 Selection::All => 0..chunks,
                 Selection::Chunks(c) => clamp(c, chunks),
-                Selection::Rows(r) => {
-                    let r = clamp(r, rows);
-                    if r.is_empty() {
-                        0..0
-                    } else {
-                        let c = flat.layout.chunks_of_rows(r);
-                        c.start as u64..c.end as u64
-                    }
-                }
+                Selection::Rows(r) => clamp_and_convert(r, rows, |r| {
+                    let c = flat.layout.chunks_of_rows(r);
+                    c.start as u64..c.end as u64
+                }),
             };
             if chunk_range.is_empty() {
                 return Err(empty("chunks"));
@@ -491,14 +501,9 @@ async fn byte_ranges(
                     return Ok(mono.arrays.iter().map(|a| (a.clone(), 0..a.size)).collect())
                 }
                 Selection::Rows(r) => clamp(r, rows),
-                Selection::Chunks(c) => {
-                    let c = clamp(c, chunks);
-                    if c.is_empty() {
-                        0..0
-                    } else {
-                        geometry.chunk_rows(c.start).start..geometry.chunk_rows(c.end - 1).end
-                    }
-                }
+                Selection::Chunks(c) => clamp_and_convert(c, chunks, |c| {
+                    geometry.chunk_rows(c.start).start..geometry.chunk_rows(c.end - 1).end
+                }),
             };
             if rows.is_empty() {
                 return Err(empty("rows"));

@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
-use object_store::{GetOptions, GetRange, ObjectStoreExt, PutPayload};
+use object_store::{GetRange, ObjectStoreExt, PutPayload};
 
 use super::*;
 use crate::cache::{EvictionAdvisor, NextUse, Unit};
@@ -209,15 +209,13 @@ impl Default for Gate {
 impl crate::store::wrapper::GetHook for Gate {
     async fn get(
         &self,
-        inner: &dyn ObjectStore,
-        location: &object_store::path::Path,
-        options: GetOptions,
+        request: crate::store::wrapper::GetRequest<'_>,
     ) -> object_store::Result<object_store::GetResult> {
-        if let Some(GetRange::Bounded(range)) = &options.range {
+        if let Some(GetRange::Bounded(range)) = &request.options.range {
             self.order.lock().push(range.start / PART);
         }
         self.open.acquire().await.unwrap().forget();
-        inner.get_opts(location, options).await
+        request.send().await
     }
 }
 
@@ -494,16 +492,13 @@ impl Trickle {
 impl crate::store::wrapper::GetHook for Trickle {
     async fn get(
         &self,
-        inner: &dyn ObjectStore,
-        location: &object_store::path::Path,
-        options: GetOptions,
+        request: crate::store::wrapper::GetRequest<'_>,
     ) -> object_store::Result<object_store::GetResult> {
-        let Some(GetRange::Bounded(range)) = options.range.clone() else {
-            return inner.get_opts(location, options).await;
+        let Some(GetRange::Bounded(range)) = request.options.range.clone() else {
+            return request.send().await;
         };
         self.asked.lock().push(range.clone());
-        let (body, head) =
-            crate::store::wrapper::buffer_body(inner.get_opts(location, options).await?).await?;
+        let (body, head) = crate::store::wrapper::buffer_body(request.send().await?).await?;
         if range.end - range.start < PART {
             return Ok(crate::store::wrapper::with_body(head, body));
         }
@@ -578,6 +573,12 @@ async fn a_reader_is_answered_once_the_body_has_passed_its_bytes() {
     );
 }
 
+/// Four slots over a store whose bodies arrive 100 bytes per permit of its `pieces`.
+async fn trickling_bench() -> (Arc<Bench>, Arc<HookedStore<Trickle>>) {
+    let (bench, trickle) = bench(4, |s| Arc::new(HookedStore::new(s, Trickle::new(100)))).await;
+    (Arc::new(bench), trickle)
+}
+
 /// Fills every slot of a four-slot fetcher with downloads whose bodies wait for the
 /// trickle's pieces: prefetches of parts 0, 1 and 2 (all prefetches may take) and a
 /// reader of the whole part 3, returned once all four requests have reached the store.
@@ -600,8 +601,7 @@ async fn fill_the_slots(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_whose_part_waits_for_a_slot_asks_for_its_own_bytes() {
-    let (bench, trickle) = bench(4, |s| Arc::new(HookedStore::new(s, Trickle::new(100)))).await;
-    let bench = Arc::new(bench);
+    let (bench, trickle) = trickling_bench().await;
     let blocked = fill_the_slots(&bench, &trickle).await;
     let read = tokio::time::timeout(Duration::from_secs(5), read_within(&bench, 4, 100..200)).await;
     assert_eq!(read.unwrap().unwrap(), expected_within(4, 100..200));
@@ -626,8 +626,7 @@ async fn a_reader_whose_part_waits_for_a_slot_asks_for_its_own_bytes() {
 /// not fetch the part a second time, piece by piece, beside its download.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_download_waiting_for_a_slot_has_one_direct_read_beside_it() {
-    let (bench, trickle) = bench(4, |s| Arc::new(HookedStore::new(s, Trickle::new(100)))).await;
-    let bench = Arc::new(bench);
+    let (bench, trickle) = trickling_bench().await;
     let blocked = fill_the_slots(&bench, &trickle).await;
     let first = tokio::time::timeout(Duration::from_secs(5), read_within(&bench, 4, 0..100)).await;
     assert_eq!(first.unwrap().unwrap(), expected_within(4, 0..100));
@@ -659,8 +658,7 @@ async fn a_download_waiting_for_a_slot_has_one_direct_read_beside_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_whose_part_is_on_the_wire_waits_for_its_body_alone() {
-    let (bench, trickle) = bench(4, |s| Arc::new(HookedStore::new(s, Trickle::new(100)))).await;
-    let bench = Arc::new(bench);
+    let (bench, trickle) = trickling_bench().await;
     let reader = spawn_read_within(&bench, 2, 100..200);
     trickle.hook().pieces.add_permits(1000);
     assert_eq!(reader.await.unwrap().unwrap(), expected_within(2, 100..200));
@@ -670,8 +668,7 @@ async fn a_reader_whose_part_is_on_the_wire_waits_for_its_body_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_direct_read_of_a_changed_object_is_refused_not_mixed() {
-    let (bench, trickle) = bench(4, |s| Arc::new(HookedStore::new(s, Trickle::new(100)))).await;
-    let bench = Arc::new(bench);
+    let (bench, trickle) = trickling_bench().await;
     let blocked = fill_the_slots(&bench, &trickle).await;
     let replaced: Vec<u8> = content().iter().map(|b| !b).collect();
     trickle

@@ -85,16 +85,21 @@ pub struct Capacity {
     pub free_blocks: u64,
 }
 
+/// The core's components, each built once by `mount::assemble`, its one caller.
+pub struct CoreComponents {
+    pub tree: Arc<Tree>,
+    pub cache: Arc<DiskCache>,
+    pub read_path: Arc<ReadPath>,
+    pub read_around: Arc<ReadAround>,
+    pub prefetcher: Arc<Prefetcher>,
+    pub metrics: Arc<Metrics>,
+    pub observer: Observer,
+    pub warmer: Arc<Warmer>,
+}
+
 pub struct FsCore {
-    tree: Arc<Tree>,
-    cache: Arc<DiskCache>,
-    read_path: Arc<ReadPath>,
-    read_around: Arc<ReadAround>,
-    prefetcher: Arc<Prefetcher>,
-    metrics: Arc<Metrics>,
+    components: CoreComponents,
     handles: HandleTable,
-    observer: Observer,
-    warmer: Arc<Warmer>,
     ownership: Ownership,
     /// The longest any operation waits ([`FsCore::within_deadline`]).
     deadline: Duration,
@@ -134,30 +139,10 @@ impl Ownership {
 }
 
 impl FsCore {
-    // The core's parts, each built once by `mount::assemble`, its one caller.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        tree: Arc<Tree>,
-        cache: Arc<DiskCache>,
-        read_path: Arc<ReadPath>,
-        read_around: Arc<ReadAround>,
-        prefetcher: Arc<Prefetcher>,
-        metrics: Arc<Metrics>,
-        observer: Observer,
-        warmer: Arc<Warmer>,
-        ownership: Ownership,
-        deadline: Duration,
-    ) -> FsCore {
+    pub fn new(components: CoreComponents, ownership: Ownership, deadline: Duration) -> FsCore {
         FsCore {
-            tree,
-            cache,
-            read_path,
-            read_around,
-            prefetcher,
-            metrics,
+            components,
             handles: HandleTable::default(),
-            observer,
-            warmer,
             ownership,
             deadline,
             mounting_uid: rustix::process::getuid().as_raw(),
@@ -185,7 +170,7 @@ impl FsCore {
 
     pub async fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
         let lookup = async {
-            let listing = self.tree.listing(parent).await?;
+            let listing = self.components.tree.listing(parent).await?;
             let name = name.to_str().ok_or(FsError::NotFound)?;
             let ino = listing.get(name).ok_or(FsError::NotFound)?;
             Ok(Entry {
@@ -199,17 +184,17 @@ impl FsCore {
 
     /// The read-around from the disk cache, to connect to the kernel's page cache.
     pub fn read_around(&self) -> &Arc<ReadAround> {
-        &self.read_around
+        &self.components.read_around
     }
 
     pub fn getattr(&self, ino: u64) -> FsResult<FileAttr> {
-        Ok(self.attr(&*self.tree.node(ino)?))
+        Ok(self.attr(&*self.components.tree.node(ino)?))
     }
 
     /// Attribute changes: only truncating a hint file to its size, 0, succeeds (opening
     /// it with O_TRUNC does that); everything else is refused.
     pub fn setattr(&self, ino: u64, size: Option<u64>, more_than_size: bool) -> FsResult<FileAttr> {
-        let node = self.tree.node(ino)?;
+        let node = self.components.tree.node(ino)?;
         let is_hints =
             matches!(&node.kind, NodeKind::File(f) if matches!(f.content, FileContent::Hints(..)));
         if is_hints && !more_than_size && size.unwrap_or(0) == 0 {
@@ -221,7 +206,7 @@ impl FsCore {
 
     #[cfg(test)]
     pub(crate) fn prefetcher(&self) -> &Arc<Prefetcher> {
-        &self.prefetcher
+        &self.components.prefetcher
     }
 
     /// Opens a file as the mounting user (in-process callers, which have no request).
@@ -232,10 +217,11 @@ impl FsCore {
     /// Opens a file for user `uid`; a hint handle counts against the hint handles one
     /// user may hold (EMFILE beyond them).
     pub fn open_as(&self, ino: u64, uid: u32) -> FsResult<Opened> {
-        let node = self.tree.node(ino)?;
+        let node = self.components.tree.node(ino)?;
         Ok(match &file_of(&node)?.content {
             FileContent::Hints(dataset, _) => {
-                self.prefetcher
+                self.components
+                    .prefetcher
                     .budget()
                     .open_handle(uid, Instant::now())
                     .inspect_err(|refused| {
@@ -275,7 +261,7 @@ impl FsCore {
         offset: u64,
         size: u32,
     ) -> FsResult<Vec<u8>> {
-        let node = self.tree.node(ino)?;
+        let node = self.components.tree.node(ino)?;
         let file = file_of(&node)?;
         // Hint files are read past the page cache (direct I/O): nothing to read around.
         if let FileContent::Hints(dataset, _) = &file.content {
@@ -283,7 +269,9 @@ impl FsCore {
         }
         let plan = plan_read(&file.content, file.size, offset, size as u64);
         let asked = offset.min(file.size)..offset.saturating_add(size as u64).min(file.size);
-        self.read_around.note_asked(ino, file.size, &asked);
+        self.components
+            .read_around
+            .note_asked(ino, file.size, &asked);
         let jumped = {
             let state = self.handles.get(handle);
             let mut state = state.as_ref().map(|s| s.lock());
@@ -291,7 +279,7 @@ impl FsCore {
                 Some(HandleState::Data(window)) => Some(window),
                 _ => None,
             };
-            self.prefetcher.observe_read(
+            self.components.prefetcher.observe_read(
                 window.as_deref_mut(),
                 &file.content,
                 file.size,
@@ -301,29 +289,32 @@ impl FsCore {
             );
             window.is_some_and(|w| w.last_read_jumped())
         };
-        let result = match self.read_path.read_cached(&plan) {
+        let result = match self.components.read_path.read_cached(&plan) {
             Some(result) => {
                 if let Ok(bytes) = &result {
                     let read = offset..offset + bytes.len() as u64;
-                    self.read_around.offer(ino, &node, read);
+                    self.components.read_around.offer(ino, &node, read);
                 }
                 result
             }
             None => {
                 if jumped {
-                    self.prefetcher
+                    self.components
+                        .prefetcher
                         .fetch_companion(&file.content, offset, size as u64);
                 }
-                self.read_path.read(plan).await
+                self.components.read_path.read(plan).await
             }
         };
         match &result {
             Ok(bytes) => {
-                self.prefetcher.observe_served(&file.content, offset, bytes);
-                Metrics::add(&self.metrics.reads, 1);
-                Metrics::add(&self.metrics.bytes_read, bytes.len() as u64);
+                self.components
+                    .prefetcher
+                    .observe_served(&file.content, offset, bytes);
+                Metrics::add(&self.components.metrics.reads, 1);
+                Metrics::add(&self.components.metrics.bytes_read, bytes.len() as u64);
             }
-            Err(_) => Metrics::add(&self.metrics.read_errors, 1),
+            Err(_) => Metrics::add(&self.components.metrics.read_errors, 1),
         }
         result
     }
@@ -332,7 +323,13 @@ impl FsCore {
     /// (see [`announce`]). A hint file's reads bypass the page cache, so the kernel
     /// asks past the size the file shows, which is that of an empty cache.
     fn read_announcement(&self, handle: u64, dataset: &Dataset, offset: u64, size: u32) -> Vec<u8> {
-        let make = || announce::announce(dataset, &self.cache, self.read_path.part_size());
+        let make = || {
+            announce::announce(
+                dataset,
+                &self.components.cache,
+                self.components.read_path.part_size(),
+            )
+        };
         let announced = match self.handles.get(handle) {
             Some(state) => match &mut *state.lock() {
                 HandleState::Hints { announced, .. } => announced.get_or_insert_with(make).clone(),
@@ -342,8 +339,8 @@ impl FsCore {
         };
         let start = (offset as usize).min(announced.len());
         let end = start.saturating_add(size as usize).min(announced.len());
-        Metrics::add(&self.metrics.reads, 1);
-        Metrics::add(&self.metrics.bytes_read, (end - start) as u64);
+        Metrics::add(&self.components.metrics.reads, 1);
+        Metrics::add(&self.components.metrics.bytes_read, (end - start) as u64);
         announced[start..end].to_vec()
     }
 
@@ -365,11 +362,12 @@ impl FsCore {
         let lines: Vec<HintLine> = trial
             .feed(data)
             .map_err(|e| self.refuse_hint(*uid, dataset, e.into()))?;
-        self.prefetcher
+        self.components
+            .prefetcher
             .apply(handle, *uid, dataset, &lines)
             .map_err(|e| self.refuse_hint(*uid, dataset, e.into()))?;
         *decoder = trial;
-        Metrics::add(&self.metrics.hint_writes, 1);
+        Metrics::add(&self.components.metrics.hint_writes, 1);
         Ok(data.len() as u32)
     }
 
@@ -377,8 +375,8 @@ impl FsCore {
     pub fn release(&self, handle: u64) {
         if let Some(state) = self.handles.close(handle) {
             if let HandleState::Hints { uid, .. } = &*state.lock() {
-                self.prefetcher.drop_plan(handle);
-                self.prefetcher.budget().close_handle(*uid);
+                self.components.prefetcher.drop_plan(handle);
+                self.components.prefetcher.budget().close_handle(*uid);
             }
         }
     }
@@ -386,7 +384,8 @@ impl FsCore {
     /// A directory's listing; [`FsCore::dir_entries`] walks it.
     pub async fn readdir(&self, ino: u64) -> FsResult<Arc<Listing>> {
         let what = || format!("listing of directory inode {ino}");
-        self.within_deadline(what, self.tree.listing(ino)).await
+        self.within_deadline(what, self.components.tree.listing(ino))
+            .await
     }
 
     /// The entries of a listing from `offset` on, `.` and `..` first.
@@ -396,7 +395,12 @@ impl FsCore {
         offset: u64,
         listing: &'a Listing,
     ) -> impl Iterator<Item = DirEntry> + 'a {
-        let parent = self.tree.node(ino).map(|n| n.parent).unwrap_or(ino);
+        let parent = self
+            .components
+            .tree
+            .node(ino)
+            .map(|n| n.parent)
+            .unwrap_or(ino);
         let dots = [(".".to_owned(), ino), ("..".to_owned(), parent)];
         dots.into_iter()
             .chain(listing.entries.iter().cloned())
@@ -406,6 +410,7 @@ impl FsCore {
                 ino: child,
                 next_offset: i as u64 + 1,
                 kind: match self
+                    .components
                     .tree
                     .node(child)
                     .map(|n| matches!(n.kind, NodeKind::Dir(_)))
@@ -418,7 +423,7 @@ impl FsCore {
     }
 
     pub fn statfs(&self) -> Capacity {
-        let stats = self.cache.stats();
+        let stats = self.components.cache.stats();
         let block = BLOCK_SIZE as u64;
         Capacity {
             blocks: stats.budget_bytes / block,
@@ -436,13 +441,13 @@ impl FsCore {
             } else {
                 Viewer::User(uid)
             };
-            let status = self.observer.status_seen_by(viewer);
+            let status = self.components.observer.status_seen_by(viewer);
             return Ok(serde_json::to_vec(&status).expect("status serializes"));
         }
         if name == WARM_XATTR {
             let what = || format!("warm progress of directory inode {ino}");
             let dataset = self.within_deadline(what, self.dataset_of_dir(ino)).await?;
-            return self.warmer.progress(&dataset);
+            return self.components.warmer.progress(&dataset);
         }
         Err(FsError::NoSuchAttribute)
     }
@@ -455,16 +460,16 @@ impl FsCore {
         }
         let what = || format!("warm request of directory inode {ino}");
         let dataset = self.within_deadline(what, self.dataset_of_dir(ino)).await?;
-        self.warmer.request(&dataset, value)
+        self.components.warmer.request(&dataset, value)
     }
 
     /// The dataset a directory holds, found as the content of its hint file.
     async fn dataset_of_dir(&self, ino: u64) -> FsResult<Dataset> {
-        let listing = self.tree.listing(ino).await?;
+        let listing = self.components.tree.listing(ino).await?;
         let hints = listing
             .get(scdl_format::hint::HINT_FILE)
             .ok_or(FsError::NoSuchAttribute)?;
-        match &file_of(&*self.tree.node(hints)?)?.content {
+        match &file_of(&*self.components.tree.node(hints)?)?.content {
             FileContent::Hints(dataset, _) => Ok(dataset.clone()),
             _ => Err(FsError::NoSuchAttribute),
         }
@@ -484,7 +489,7 @@ impl FsCore {
             NodeKind::Dir(_) => (
                 FileType::Directory,
                 0,
-                self.tree.mount_time(),
+                self.components.tree.mount_time(),
                 self.ownership.dir_mode,
                 2,
             ),
@@ -539,7 +544,7 @@ impl FsCore {
         what: &'static str,
     ) {
         let reason = reason.to_string();
-        let budget = self.prefetcher.budget();
+        let budget = self.components.prefetcher.budget();
         if let Some(unlogged) = budget.note_refusal(uid, &reason, Instant::now()) {
             tracing::warn!(
                 dataset = %dataset.prefix(),

@@ -5,11 +5,10 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use async_trait::async_trait;
-use object_store::path::Path;
-use object_store::{GetOptions, GetRange, GetResult, ObjectStore, Result};
+use object_store::{GetRange, GetResult, Result};
 use parking_lot::Mutex;
 
-use super::wrapper::GetHook;
+use super::wrapper::{GetHook, GetRequest};
 
 /// An object key and the byte range asked for (`None`: the whole object).
 pub type ReadKey = (String, Option<Range<u64>>);
@@ -33,21 +32,16 @@ impl CountReads {
 
 #[async_trait]
 impl GetHook for CountReads {
-    async fn get(
-        &self,
-        inner: &dyn ObjectStore,
-        location: &Path,
-        options: GetOptions,
-    ) -> Result<GetResult> {
-        let range = match &options.range {
+    async fn get(&self, request: GetRequest<'_>) -> Result<GetResult> {
+        let range = match &request.options.range {
             Some(GetRange::Bounded(r)) => Some(r.clone()),
             _ => None,
         };
         *self
             .counts
             .lock()
-            .entry((location.to_string(), range))
+            .entry((request.location.to_string(), range))
             .or_default() += 1;
-        inner.get_opts(location, options).await
+        request.send().await
     }
 }

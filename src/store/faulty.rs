@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use object_store::path::Path;
-use object_store::{GetOptions, GetResult, ObjectStore, Result};
+use object_store::{GetOptions, GetResult, Result};
 
-use super::wrapper::{buffer_body, with_body, GetHook};
+use super::wrapper::{buffer_body, with_body, GetHook, GetRequest};
 
 /// What happens to one read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,19 +47,15 @@ impl fmt::Debug for InjectFaults {
 
 #[async_trait]
 impl GetHook for InjectFaults {
-    async fn get(
-        &self,
-        inner: &dyn ObjectStore,
-        location: &Path,
-        options: GetOptions,
-    ) -> Result<GetResult> {
-        let fault = (self.rule)(location, &options);
+    async fn get(&self, request: GetRequest<'_>) -> Result<GetResult> {
+        let location = request.location;
+        let fault = (self.rule)(location, &request.options);
         match fault {
             Some(Fault::Stall) => return futures::future::pending().await,
             Some(Fault::Panic) => panic!("injected panic reading {location}"),
             _ => {}
         }
-        let result = inner.get_opts(location, options).await?;
+        let result = request.send().await?;
         let Some(fault) = fault else {
             return Ok(result);
         };

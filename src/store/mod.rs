@@ -358,46 +358,32 @@ mod tests {
 
     #[test]
     fn sources_parse_by_scheme() {
-        assert_eq!(
-            Source::parse("s3://bucket/a/b/").unwrap(),
-            Source::S3 {
-                bucket: "bucket".into(),
-                prefix: "a/b".into()
-            }
-        );
-        assert_eq!(
-            Source::parse("gs://b").unwrap(),
-            Source::Gcs {
-                bucket: "b".into(),
-                prefix: "".into()
-            }
-        );
-        assert_eq!(
-            Source::parse("http://127.0.0.1:8080/team/run%201/").unwrap(),
-            Source::Http {
-                origin: "http://127.0.0.1:8080".into(),
-                prefix: "team/run%201".into()
-            }
-        );
-        assert_eq!(
-            Source::parse("https://host").unwrap(),
-            Source::Http {
-                origin: "https://host".into(),
-                prefix: "".into()
-            }
-        );
-        assert_eq!(
-            Source::parse("file:///data/x").unwrap(),
-            Source::Local {
-                root: "/data/x".into()
-            }
-        );
-        assert_eq!(
-            Source::parse("./rel").unwrap(),
-            Source::Local {
-                root: "./rel".into()
-            }
-        );
+        let s3 = |bucket: &str, prefix: &str| Source::S3 {
+            bucket: bucket.into(),
+            prefix: prefix.into(),
+        };
+        let gcs = |bucket: &str, prefix: &str| Source::Gcs {
+            bucket: bucket.into(),
+            prefix: prefix.into(),
+        };
+        let http = |origin: &str, prefix: &str| Source::Http {
+            origin: origin.into(),
+            prefix: prefix.into(),
+        };
+        let local = |root: &str| Source::Local { root: root.into() };
+        for (text, source) in [
+            ("s3://bucket/a/b/", s3("bucket", "a/b")),
+            ("gs://b", gcs("b", "")),
+            (
+                "http://127.0.0.1:8080/team/run%201/",
+                http("http://127.0.0.1:8080", "team/run%201"),
+            ),
+            ("https://host", http("https://host", "")),
+            ("file:///data/x", local("/data/x")),
+            ("./rel", local("./rel")),
+        ] {
+            assert_eq!(Source::parse(text).unwrap(), source, "{text}");
+        }
         assert!(matches!(
             Source::parse("s3:///x"),
             Err(SourceError::NoBucket(_))

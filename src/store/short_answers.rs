@@ -18,10 +18,9 @@ use std::fmt;
 use std::ops::Range;
 
 use async_trait::async_trait;
-use object_store::path::Path;
-use object_store::{GetOptions, GetResult, ObjectStore, Result};
+use object_store::{GetResult, Result};
 
-use super::wrapper::GetHook;
+use super::wrapper::{GetHook, GetRequest};
 
 /// Requests of one range, the first included, while the store answers them short.
 pub const SHORT_ANSWER_TRIES: u32 = 10;
@@ -39,18 +38,14 @@ impl fmt::Debug for AskAgainWhenShort {
 
 #[async_trait]
 impl GetHook for AskAgainWhenShort {
-    async fn get(
-        &self,
-        inner: &dyn ObjectStore,
-        location: &Path,
-        options: GetOptions,
-    ) -> Result<GetResult> {
+    async fn get(&self, request: GetRequest<'_>) -> Result<GetResult> {
         let mut tries = 1;
         loop {
-            match inner.get_opts(location, options.clone()).await {
+            let options = request.options.clone();
+            match request.inner.get_opts(request.location, options).await {
                 Err(error) if tries < self.tries => match short_answer(&error) {
                     Some(ShortAnswer { asked, got }) => {
-                        tracing::info!(object = %location, ?asked, ?got, "the store answered with fewer bytes than asked; asking again");
+                        tracing::info!(object = %request.location, ?asked, ?got, "the store answered with fewer bytes than asked; asking again");
                         tries += 1;
                     }
                     None => return Err(error),
@@ -93,7 +88,8 @@ mod tests {
 
     use bytes::Bytes;
     use object_store::memory::InMemory;
-    use object_store::{GetRange, ObjectStoreExt, PutPayload};
+    use object_store::path::Path;
+    use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload};
 
     use super::*;
     use crate::store::wrapper::HookedStore;
@@ -139,16 +135,11 @@ mod tests {
 
     #[async_trait]
     impl GetHook for ShortFirst {
-        async fn get(
-            &self,
-            inner: &dyn ObjectStore,
-            location: &Path,
-            options: GetOptions,
-        ) -> Result<GetResult> {
+        async fn get(&self, request: GetRequest<'_>) -> Result<GetResult> {
             if self.seen.fetch_add(1, Ordering::Relaxed) < self.short {
                 return Err(generic("Requested 0..4, got 0..2"));
             }
-            inner.get_opts(location, options).await
+            request.send().await
         }
     }
 

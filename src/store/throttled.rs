@@ -9,11 +9,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
-use object_store::path::Path;
-use object_store::{GetOptions, GetResult, GetResultPayload, ObjectStore, Result};
+use object_store::{GetResult, GetResultPayload, Result};
 use parking_lot::Mutex;
 
-use super::wrapper::{buffer_body, GetHook};
+use super::wrapper::{buffer_body, GetHook, GetRequest};
 
 /// The size of the pieces a body is released in: several per part of the tests' 64 KiB
 /// parts, so a part arrives partway as it would over the network.
@@ -52,14 +51,9 @@ impl Throttle {
 
 #[async_trait]
 impl GetHook for Throttle {
-    async fn get(
-        &self,
-        inner: &dyn ObjectStore,
-        location: &Path,
-        options: GetOptions,
-    ) -> Result<GetResult> {
+    async fn get(&self, request: GetRequest<'_>) -> Result<GetResult> {
         tokio::time::sleep(self.latency).await;
-        let (body, head) = buffer_body(inner.get_opts(location, options).await?).await?;
+        let (body, head) = buffer_body(request.send().await?).await?;
         let start = self.book(body.len());
         // Each piece is due when the link has carried it and everything before it.
         let pieces: Vec<(Instant, Bytes)> = (0..body.len())
@@ -86,6 +80,7 @@ mod tests {
 
     use futures::StreamExt;
     use object_store::memory::InMemory;
+    use object_store::path::Path;
     use object_store::{GetResultPayload, ObjectStoreExt};
 
     use super::*;

@@ -16,16 +16,26 @@ use object_store::{
     ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
-/// What a test double does to reads.
+/// What a test double (or one of the daemon's hooks) does to reads.
 #[async_trait]
 pub trait GetHook: Send + Sync + fmt::Debug + 'static {
-    /// Runs the read through `inner`, observing or altering it.
-    async fn get(
-        &self,
-        inner: &dyn ObjectStore,
-        location: &Path,
-        options: GetOptions,
-    ) -> Result<GetResult>;
+    /// Sends `request` on (or answers it itself), observing or altering it.
+    async fn get(&self, request: GetRequest<'_>) -> Result<GetResult>;
+}
+
+/// One read on its way through a [`HookedStore`] to the store it wraps. A hook may
+/// change `options` before it sends the read on, or send it more than once.
+pub struct GetRequest<'a> {
+    pub inner: &'a dyn ObjectStore,
+    pub location: &'a Path,
+    pub options: GetOptions,
+}
+
+impl GetRequest<'_> {
+    /// Sends the read on to the wrapped store, as it now stands.
+    pub async fn send(self) -> Result<GetResult> {
+        self.inner.get_opts(self.location, self.options).await
+    }
 }
 
 /// An `ObjectStore` that sends reads through a [`GetHook`] and everything else straight on.
@@ -71,7 +81,12 @@ impl<H: GetHook> ObjectStore for HookedStore<H> {
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        self.hook.get(self.inner.as_ref(), location, options).await
+        let request = GetRequest {
+            inner: self.inner.as_ref(),
+            location,
+            options,
+        };
+        self.hook.get(request).await
     }
 
     fn delete_stream(

@@ -16,10 +16,10 @@ use common::s3::{moto, unique_bucket};
 use common::{local_store, write_monolithic};
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{GetOptions, GetResult, ObjectStore, ObjectStoreExt};
+use object_store::{GetResult, ObjectStore, ObjectStoreExt};
 use scdlfs::chunker::{relative_key, ChunkError, ChunkJob, ChunkOptions, ChunkReport, Location};
 use scdlfs::store::faulty::{Fault, InjectFaults};
-use scdlfs::store::wrapper::{GetHook, HookedStore};
+use scdlfs::store::wrapper::{GetHook, GetRequest, HookedStore};
 use scdlfs::synthetic::SyntheticDataset;
 use tokio_util::sync::CancellationToken;
 
@@ -147,18 +147,13 @@ struct RewrittenMidway {
 
 #[async_trait]
 impl GetHook for RewrittenMidway {
-    async fn get(
-        &self,
-        inner: &dyn ObjectStore,
-        location: &ObjectPath,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        if location.as_ref().ends_with("data.npy")
+    async fn get(&self, request: GetRequest<'_>) -> object_store::Result<GetResult> {
+        if request.location.as_ref().ends_with("data.npy")
             && self.reads.fetch_add(1, Ordering::SeqCst) + 1 == self.at
         {
             rewrite_values(&self.folder);
         }
-        inner.get_opts(location, options).await
+        request.send().await
     }
 }
 
@@ -195,17 +190,9 @@ struct IgnoresIfMatch;
 
 #[async_trait]
 impl GetHook for IgnoresIfMatch {
-    async fn get(
-        &self,
-        inner: &dyn ObjectStore,
-        location: &ObjectPath,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        let options = GetOptions {
-            if_match: None,
-            ..options
-        };
-        inner.get_opts(location, options).await
+    async fn get(&self, mut request: GetRequest<'_>) -> object_store::Result<GetResult> {
+        request.options.if_match = None;
+        request.send().await
     }
 }
 
@@ -247,13 +234,9 @@ struct MeetAtTheRecord(tokio::sync::Barrier);
 
 #[async_trait]
 impl GetHook for MeetAtTheRecord {
-    async fn get(
-        &self,
-        inner: &dyn ObjectStore,
-        location: &ObjectPath,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        let result = inner.get_opts(location, options).await;
+    async fn get(&self, request: GetRequest<'_>) -> object_store::Result<GetResult> {
+        let location = request.location;
+        let result = request.send().await;
         if location.as_ref().ends_with(".scdlfs-chunk/job.json") {
             tokio::time::timeout(std::time::Duration::from_secs(5), self.0.wait())
                 .await

@@ -1699,9 +1699,9 @@ mod hint_budgets {
 /// rank its next step or its first row.
 mod plans_sharing_a_mount {
     use super::*;
-    use object_store::{GetOptions, GetResult};
+    use object_store::GetResult;
     use scdlfs::store::throttled::Throttle;
-    use scdlfs::store::wrapper::GetHook;
+    use scdlfs::store::wrapper::{GetHook, GetRequest};
 
     /// The keys read, in the order their requests reached the store.
     #[derive(Debug, Default)]
@@ -1709,14 +1709,9 @@ mod plans_sharing_a_mount {
 
     #[async_trait::async_trait]
     impl GetHook for Arrivals {
-        async fn get(
-            &self,
-            inner: &dyn ObjectStore,
-            location: &ObjectPath,
-            options: GetOptions,
-        ) -> object_store::Result<GetResult> {
-            self.0.lock().push(location.to_string());
-            inner.get_opts(location, options).await
+        async fn get(&self, request: GetRequest<'_>) -> object_store::Result<GetResult> {
+            self.0.lock().push(request.location.to_string());
+            request.send().await
         }
     }
 

@@ -23,6 +23,7 @@ mod faults;
 mod fs_core; // not `core`, which would shadow the core crate
 mod fuse_panics;
 mod hostile_hints;
+mod layers;
 mod metadata_ttl;
 mod monolithic;
 mod open_semantics;
