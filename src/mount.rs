@@ -26,7 +26,7 @@ use crate::prefetch::{PrefetchConfig, Prefetcher};
 use crate::read::ReadPath;
 use crate::row_offset_check::RowOffsetCheck;
 use crate::status::{Observer, Status};
-use crate::store::wrapper::{GetHook, GetRequest, HookedStore};
+use crate::store::wrapper::{GetRequest, HookedStore, StoreHook};
 use crate::warm::Warmer;
 
 /// The read-ahead the kernel gives a FUSE mount unless told otherwise.
@@ -256,7 +256,7 @@ impl std::fmt::Debug for TimeStoreGets {
 }
 
 #[async_trait]
-impl GetHook for TimeStoreGets {
+impl StoreHook for TimeStoreGets {
     async fn get(&self, request: GetRequest<'_>) -> object_store::Result<GetResult> {
         let started = Instant::now();
         let answer = request.send().await;

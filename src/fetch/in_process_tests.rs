@@ -206,7 +206,7 @@ impl Default for Gate {
 }
 
 #[async_trait::async_trait]
-impl crate::store::wrapper::GetHook for Gate {
+impl crate::store::wrapper::StoreHook for Gate {
     async fn get(
         &self,
         request: crate::store::wrapper::GetRequest<'_>,
@@ -489,7 +489,7 @@ impl Trickle {
 }
 
 #[async_trait::async_trait]
-impl crate::store::wrapper::GetHook for Trickle {
+impl crate::store::wrapper::StoreHook for Trickle {
     async fn get(
         &self,
         request: crate::store::wrapper::GetRequest<'_>,

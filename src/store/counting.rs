@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use object_store::{GetRange, GetResult, Result};
 use parking_lot::Mutex;
 
-use super::wrapper::{GetHook, GetRequest};
+use super::wrapper::{GetRequest, StoreHook};
 
 /// An object key and the byte range asked for (`None`: the whole object).
 pub type ReadKey = (String, Option<Range<u64>>);
@@ -31,7 +31,7 @@ impl CountReads {
 }
 
 #[async_trait]
-impl GetHook for CountReads {
+impl StoreHook for CountReads {
     async fn get(&self, request: GetRequest<'_>) -> Result<GetResult> {
         let range = match &request.options.range {
             Some(GetRange::Bounded(r)) => Some(r.clone()),

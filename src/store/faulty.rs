@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use object_store::path::Path;
 use object_store::{GetOptions, GetResult, Result};
 
-use super::wrapper::{buffer_body, with_body, GetHook, GetRequest};
+use super::wrapper::{buffer_body, with_body, GetRequest, StoreHook};
 
 /// What happens to one read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,7 +46,7 @@ impl fmt::Debug for InjectFaults {
 }
 
 #[async_trait]
-impl GetHook for InjectFaults {
+impl StoreHook for InjectFaults {
     async fn get(&self, request: GetRequest<'_>) -> Result<GetResult> {
         let location = request.location;
         let fault = (self.rule)(location, &request.options);

@@ -36,6 +36,7 @@ use http::{HeaderMap, HeaderValue};
 use object_store::aws::AmazonS3Builder;
 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::http::HttpBuilder;
+use object_store::list::PaginatedListStore;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
@@ -244,7 +245,7 @@ impl Source {
                     builder = builder.with_credentials(Arc::new(aws::SdkCredentials::new(chain)));
                 }
                 Ok((
-                    asking_again_when_short(PagedListings::new(builder.build()?)),
+                    asking_again_when_short(listed_a_page_at_a_time(builder.build()?)),
                     ObjectPath::from(prefix.as_str()),
                 ))
             }
@@ -275,7 +276,7 @@ impl Source {
                     builder = builder.with_skip_signature(true);
                 }
                 Ok((
-                    asking_again_when_short(PagedListings::new(builder.build()?)),
+                    asking_again_when_short(listed_a_page_at_a_time(builder.build()?)),
                     ObjectPath::from(prefix.as_str()),
                 ))
             }
@@ -305,6 +306,15 @@ impl Source {
             }
         }
     }
+}
+
+/// A store that lists a page at a time, its delimited listings walked by
+/// [`PagedListings`] so that no listing holds more than the catalog takes.
+fn listed_a_page_at_a_time(
+    store: impl ObjectStore + PaginatedListStore,
+) -> HookedStore<PagedListings> {
+    let store = Arc::new(store);
+    HookedStore::new(store.clone(), PagedListings::new(store))
 }
 
 /// A network store behind the one hook of the retry layer that object_store lacks:

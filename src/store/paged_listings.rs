@@ -3,10 +3,10 @@
 //! object_store's `list_with_delimiter` gathers every page of a listing before it
 //! returns: a store that pages a listing without end, or lists millions of entries,
 //! grows the daemon by each page for as long as the operation's deadline lets it. Where
-//! the store lists a page at a time (`PaginatedListStore`: S3 and GCS), [`PagedListings`]
-//! walks the pages itself and stops once it holds more than [`MAX_LISTED_ENTRIES`]: a
-//! result longer than the cap, which the catalog refuses (EIO), so that no more than
-//! the cap and one page is ever held. A local folder and HTTP (WebDAV) list through
+//! the store lists a page at a time (`PaginatedListStore`: S3 and GCS), the hook
+//! [`PagedListings`] walks the pages itself and stops once it holds more than
+//! [`MAX_LISTED_ENTRIES`]: a result longer than the cap, which the catalog refuses
+//! (EIO), so that no more than the cap and one page is ever held. A local folder and HTTP (WebDAV) list through
 //! object_store's gathering, bounded by the deadline only: object_store 0.14 pages
 //! neither.
 
@@ -15,13 +15,11 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use futures::stream::BoxStream;
 use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::{Path, DELIMITER};
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
-};
+use object_store::{ListResult, ObjectStore, Result};
+
+use super::wrapper::StoreHook;
 
 /// The most entries one listing may hold: a directory's objects and subdirectories, or
 /// the objects under a chunked dataset's prefix. The catalog keeps a node per entry for
@@ -29,70 +27,32 @@ use object_store::{
 /// holds (a chunked dataset of 300,000 chunks lists 900,000 objects), gets EIO.
 pub const MAX_LISTED_ENTRIES: usize = 1 << 20;
 
-/// A store whose delimited listings are walked page by page, up to just past
-/// [`MAX_LISTED_ENTRIES`]; everything else passes straight on.
-#[derive(Debug)]
-pub struct PagedListings<S> {
-    inner: Arc<S>,
+/// The hook that walks a store's delimited listings page by page, up to just past
+/// [`MAX_LISTED_ENTRIES`], through the store's own `PaginatedListStore`.
+pub struct PagedListings {
+    pages: Arc<dyn PaginatedListStore>,
 }
 
-impl<S> PagedListings<S> {
-    pub fn new(inner: S) -> Self {
-        PagedListings {
-            inner: Arc::new(inner),
-        }
+impl PagedListings {
+    pub fn new(pages: Arc<dyn PaginatedListStore>) -> Self {
+        PagedListings { pages }
     }
 }
 
-impl<S: fmt::Display> fmt::Display for PagedListings<S> {
+impl fmt::Debug for PagedListings {
+    // The store's name in messages, not the client's configuration.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.inner.fmt(f)
+        f.write_str("Paged")
     }
 }
 
 #[async_trait]
-impl<S: ObjectStore + PaginatedListStore> ObjectStore for PagedListings<S> {
-    async fn put_opts(
+impl StoreHook for PagedListings {
+    async fn list_with_delimiter(
         &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> Result<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, Result<Path>>,
-    ) -> BoxStream<'static, Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    fn list_with_offset(
-        &self,
+        _inner: &dyn ObjectStore,
         prefix: Option<&Path>,
-        offset: &Path,
-    ) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner.list_with_offset(prefix, offset)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+    ) -> Result<ListResult> {
         // As object_store's own gathering asks: the prefix as a directory.
         let prefix = prefix
             .filter(|p| !p.as_ref().is_empty())
@@ -103,7 +63,7 @@ impl<S: ObjectStore + PaginatedListStore> ObjectStore for PagedListings<S> {
         let mut page_token = None;
         loop {
             let page = self
-                .inner
+                .pages
                 .list_paginated(
                     prefix.as_deref(),
                     PaginatedListOptions {
@@ -125,9 +85,5 @@ impl<S: ObjectStore + PaginatedListStore> ObjectStore for PagedListings<S> {
                 });
             }
         }
-    }
-
-    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
-        self.inner.copy_opts(from, to, options).await
     }
 }

@@ -20,7 +20,7 @@ use std::ops::Range;
 use async_trait::async_trait;
 use object_store::{GetResult, Result};
 
-use super::wrapper::{GetHook, GetRequest};
+use super::wrapper::{GetRequest, StoreHook};
 
 /// Requests of one range, the first included, while the store answers them short.
 pub const SHORT_ANSWER_TRIES: u32 = 10;
@@ -37,7 +37,7 @@ impl fmt::Debug for AskAgainWhenShort {
 }
 
 #[async_trait]
-impl GetHook for AskAgainWhenShort {
+impl StoreHook for AskAgainWhenShort {
     async fn get(&self, request: GetRequest<'_>) -> Result<GetResult> {
         let mut tries = 1;
         loop {
@@ -134,7 +134,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl GetHook for ShortFirst {
+    impl StoreHook for ShortFirst {
         async fn get(&self, request: GetRequest<'_>) -> Result<GetResult> {
             if self.seen.fetch_add(1, Ordering::Relaxed) < self.short {
                 return Err(generic("Requested 0..4, got 0..2"));

@@ -12,7 +12,7 @@ use futures::StreamExt;
 use object_store::{GetResult, GetResultPayload, Result};
 use parking_lot::Mutex;
 
-use super::wrapper::{buffer_body, GetHook, GetRequest};
+use super::wrapper::{buffer_body, GetRequest, StoreHook};
 
 /// The size of the pieces a body is released in: several per part of the tests' 64 KiB
 /// parts, so a part arrives partway as it would over the network.
@@ -50,7 +50,7 @@ impl Throttle {
 }
 
 #[async_trait]
-impl GetHook for Throttle {
+impl StoreHook for Throttle {
     async fn get(&self, request: GetRequest<'_>) -> Result<GetResult> {
         tokio::time::sleep(self.latency).await;
         let (body, head) = buffer_body(request.send().await?).await?;

@@ -1,8 +1,8 @@
 //! One delegating `ObjectStore` wrapper for all the test doubles, and for the daemon's
-//! hooks (the timing of GETs in `mount::assemble`, [`super::short_answers`]): each is a
-//! [`GetHook`] that sees (and may change)
-//! reads, while every other call passes through. scdlfs only reads and lists, so reads
-//! are where they differ.
+//! hooks (the timing of GETs in `mount::assemble`, [`super::short_answers`],
+//! [`super::paged_listings`]): each is a [`StoreHook`] that sees (and may change) reads
+//! and delimited listings, while every other call passes through. scdlfs only reads and
+//! lists, so those are where they differ.
 
 use std::fmt;
 use std::sync::Arc;
@@ -16,11 +16,33 @@ use object_store::{
     ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
-/// What a test double (or one of the daemon's hooks) does to reads.
+/// What a test double (or one of the daemon's hooks) does to reads and listings; what
+/// it leaves alone is sent on unchanged.
 #[async_trait]
-pub trait GetHook: Send + Sync + fmt::Debug + 'static {
+pub trait StoreHook: Send + Sync + fmt::Debug + 'static {
     /// Sends `request` on (or answers it itself), observing or altering it.
-    async fn get(&self, request: GetRequest<'_>) -> Result<GetResult>;
+    async fn get(&self, request: GetRequest<'_>) -> Result<GetResult> {
+        request.send().await
+    }
+
+    /// Lists every object of `inner` under `prefix`, as [`ObjectStore::list`].
+    fn list(
+        &self,
+        inner: &dyn ObjectStore,
+        prefix: Option<&Path>,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        inner.list(prefix)
+    }
+
+    /// Lists one directory level of `inner` under `prefix`, as
+    /// [`ObjectStore::list_with_delimiter`].
+    async fn list_with_delimiter(
+        &self,
+        inner: &dyn ObjectStore,
+        prefix: Option<&Path>,
+    ) -> Result<ListResult> {
+        inner.list_with_delimiter(prefix).await
+    }
 }
 
 /// One read on its way through a [`HookedStore`] to the store it wraps. A hook may
@@ -38,14 +60,14 @@ impl GetRequest<'_> {
     }
 }
 
-/// An `ObjectStore` that sends reads through a [`GetHook`] and everything else straight on.
+/// An `ObjectStore` that sends reads through a [`StoreHook`] and everything else straight on.
 #[derive(Debug)]
 pub struct HookedStore<H> {
     inner: Arc<dyn ObjectStore>,
     hook: H,
 }
 
-impl<H: GetHook> HookedStore<H> {
+impl<H: StoreHook> HookedStore<H> {
     pub fn new(inner: Arc<dyn ObjectStore>, hook: H) -> Self {
         HookedStore { inner, hook }
     }
@@ -55,14 +77,14 @@ impl<H: GetHook> HookedStore<H> {
     }
 }
 
-impl<H: GetHook> fmt::Display for HookedStore<H> {
+impl<H: StoreHook> fmt::Display for HookedStore<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}({})", self.hook, self.inner)
     }
 }
 
 #[async_trait]
-impl<H: GetHook> ObjectStore for HookedStore<H> {
+impl<H: StoreHook> ObjectStore for HookedStore<H> {
     async fn put_opts(
         &self,
         location: &Path,
@@ -97,11 +119,13 @@ impl<H: GetHook> ObjectStore for HookedStore<H> {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner.list(prefix)
+        self.hook.list(self.inner.as_ref(), prefix)
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
+        self.hook
+            .list_with_delimiter(self.inner.as_ref(), prefix)
+            .await
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {

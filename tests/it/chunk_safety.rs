@@ -19,7 +19,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetResult, ObjectStore, ObjectStoreExt};
 use scdlfs::chunker::{relative_key, ChunkError, ChunkJob, ChunkOptions, ChunkReport, Location};
 use scdlfs::store::faulty::{Fault, InjectFaults};
-use scdlfs::store::wrapper::{GetHook, GetRequest, HookedStore};
+use scdlfs::store::wrapper::{GetRequest, HookedStore, StoreHook};
 use scdlfs::synthetic::SyntheticDataset;
 use tokio_util::sync::CancellationToken;
 
@@ -146,7 +146,7 @@ struct RewrittenMidway {
 }
 
 #[async_trait]
-impl GetHook for RewrittenMidway {
+impl StoreHook for RewrittenMidway {
     async fn get(&self, request: GetRequest<'_>) -> object_store::Result<GetResult> {
         if request.location.as_ref().ends_with("data.npy")
             && self.reads.fetch_add(1, Ordering::SeqCst) + 1 == self.at
@@ -189,7 +189,7 @@ async fn a_source_rewritten_during_a_run_stops_it_with_a_clear_error() {
 struct IgnoresIfMatch;
 
 #[async_trait]
-impl GetHook for IgnoresIfMatch {
+impl StoreHook for IgnoresIfMatch {
     async fn get(&self, mut request: GetRequest<'_>) -> object_store::Result<GetResult> {
         request.options.if_match = None;
         request.send().await
@@ -233,7 +233,7 @@ async fn row_offsets_below_their_chunks_start_are_an_error_not_a_wrapped_subtrac
 struct MeetAtTheRecord(tokio::sync::Barrier);
 
 #[async_trait]
-impl GetHook for MeetAtTheRecord {
+impl StoreHook for MeetAtTheRecord {
     async fn get(&self, request: GetRequest<'_>) -> object_store::Result<GetResult> {
         let location = request.location;
         let result = request.send().await;

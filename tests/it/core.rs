@@ -1701,14 +1701,14 @@ mod plans_sharing_a_mount {
     use super::*;
     use object_store::GetResult;
     use scdlfs::store::throttled::Throttle;
-    use scdlfs::store::wrapper::{GetHook, GetRequest};
+    use scdlfs::store::wrapper::{GetRequest, StoreHook};
 
     /// The keys read, in the order their requests reached the store.
     #[derive(Debug, Default)]
     struct Arrivals(parking_lot::Mutex<Vec<String>>);
 
     #[async_trait::async_trait]
-    impl GetHook for Arrivals {
+    impl StoreHook for Arrivals {
         async fn get(&self, request: GetRequest<'_>) -> object_store::Result<GetResult> {
             self.0.lock().push(request.location.to_string());
             request.send().await

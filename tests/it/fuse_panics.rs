@@ -12,12 +12,9 @@ use std::process::Command;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use futures::stream::BoxStream;
 use object_store::path::Path as ObjectPath;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
-};
+use object_store::{ListResult, ObjectStore, Result};
+use scdlfs::store::wrapper::{HookedStore, StoreHook};
 
 use common::*;
 
@@ -26,71 +23,26 @@ use common::*;
 const FUSE_THREADS: usize = 2;
 const PANICS: usize = 3 * FUSE_THREADS;
 
-/// A store whose listing of `at_once/` panics when first polled and whose listing of
-/// `after_a_wait/` panics once it has waited; everything else passes through.
+/// A store hook whose listing of `at_once/` panics when first polled and whose listing
+/// of `after_a_wait/` panics once it has waited; everything else passes through.
 #[derive(Debug)]
-struct PanickingListings {
-    inner: Arc<dyn ObjectStore>,
-}
-
-impl std::fmt::Display for PanickingListings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PanickingListings({})", self.inner)
-    }
-}
+struct PanickingListings;
 
 #[async_trait]
-impl ObjectStore for PanickingListings {
-    async fn put_opts(
+impl StoreHook for PanickingListings {
+    async fn list_with_delimiter(
         &self,
-        location: &ObjectPath,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> Result<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &ObjectPath,
-        opts: PutMultipartOptions,
-    ) -> Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(&self, location: &ObjectPath, options: GetOptions) -> Result<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, Result<ObjectPath>>,
-    ) -> BoxStream<'static, Result<ObjectPath>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&ObjectPath>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&ObjectPath>) -> Result<ListResult> {
+        inner: &dyn ObjectStore,
+        prefix: Option<&ObjectPath>,
+    ) -> Result<ListResult> {
         match prefix.map(|p| p.as_ref()) {
             Some("at_once") => panic!("injected panic listing at_once/"),
             Some("after_a_wait") => {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 panic!("injected panic listing after_a_wait/")
             }
-            _ => self.inner.list_with_delimiter(prefix).await,
+            _ => inner.list_with_delimiter(prefix).await,
         }
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &ObjectPath,
-        to: &ObjectPath,
-        options: CopyOptions,
-    ) -> Result<()> {
-        self.inner.copy_opts(from, to, options).await
     }
 }
 
@@ -127,9 +79,7 @@ fn a_panicking_operation_answers_eio_and_every_fuse_thread_serves_on() {
         std::fs::create_dir(src.path().join(dir)).unwrap();
         std::fs::write(src.path().join(dir).join("inner.bin"), b"never listed").unwrap();
     }
-    let store = Arc::new(PanickingListings {
-        inner: local_store(src.path()),
-    });
+    let store = Arc::new(HookedStore::new(local_store(src.path()), PanickingListings));
     let mount = TestMount::start(store, "", |s| s.fuse_threads = FUSE_THREADS);
     for round in 0..PANICS {
         for dir in ["at_once", "after_a_wait"] {

@@ -23,13 +23,11 @@ use common::*;
 use futures::stream::{self, BoxStream, StreamExt};
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
+use object_store::{ListResult, ObjectMeta, ObjectStore, ObjectStoreExt, PutPayload};
 use scdlfs::catalog::tree::MAX_LISTED_ENTRIES;
 use scdlfs::error::FsError;
 use scdlfs::mount::assemble;
+use scdlfs::store::wrapper::{HookedStore, StoreHook};
 
 const ROOT: u64 = 1;
 
@@ -134,10 +132,10 @@ async fn a_directory_listed_with_more_than_the_most_entries_is_eio() {
     }
 }
 
-/// A store whose recursive listings under `endless` go on after the real objects, with
-/// made-up chunk objects, up to a hard stop far past any cap: it counts what it gave.
+/// A store hook whose recursive listings under `endless` go on after the real objects,
+/// with made-up chunk objects, up to a hard stop far past any cap: it counts what it
+/// gave.
 struct EndlessListing {
-    inner: InMemory,
     endless: ObjectPath,
     /// A real object's metadata, which the made-up ones copy.
     template: ObjectMeta,
@@ -147,12 +145,6 @@ struct EndlessListing {
 /// Where a listing without end stops, so that a daemon without a cap still ends.
 const HARD_STOP: usize = 3 * MAX_LISTED_ENTRIES;
 
-impl fmt::Display for EndlessListing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("EndlessListing")
-    }
-}
-
 impl fmt::Debug for EndlessListing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("EndlessListing")
@@ -160,44 +152,13 @@ impl fmt::Debug for EndlessListing {
 }
 
 #[async_trait]
-impl ObjectStore for EndlessListing {
-    async fn put_opts(
-        &self,
-        location: &ObjectPath,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &ObjectPath,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &ObjectPath,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<ObjectPath>>,
-    ) -> BoxStream<'static, object_store::Result<ObjectPath>> {
-        self.inner.delete_stream(locations)
-    }
-
+impl StoreHook for EndlessListing {
     fn list(
         &self,
+        inner: &dyn ObjectStore,
         prefix: Option<&ObjectPath>,
     ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        let real = self.inner.list(prefix);
+        let real = inner.list(prefix);
         if prefix != Some(&self.endless) {
             return real;
         }
@@ -215,22 +176,6 @@ impl ObjectStore for EndlessListing {
                 given.fetch_add(1, Ordering::Relaxed);
             })
             .boxed()
-    }
-
-    async fn list_with_delimiter(
-        &self,
-        prefix: Option<&ObjectPath>,
-    ) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &ObjectPath,
-        to: &ObjectPath,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
     }
 }
 
@@ -250,12 +195,14 @@ async fn a_chunked_dataset_listed_without_end_is_read_no_further_than_the_most_e
         .head(&ObjectPath::from("ds/header.sch"))
         .await
         .unwrap();
-    let store: Arc<dyn ObjectStore> = Arc::new(EndlessListing {
-        inner,
-        endless: ObjectPath::from("ds"),
-        template,
-        given: given.clone(),
-    });
+    let store: Arc<dyn ObjectStore> = Arc::new(HookedStore::new(
+        Arc::new(inner),
+        EndlessListing {
+            endless: ObjectPath::from("ds"),
+            template,
+            given: given.clone(),
+        },
+    ));
     let cache = tempfile::tempdir().unwrap();
     let (core, _observer) = tokio::task::block_in_place(|| {
         assemble(store, ObjectPath::from(""), &settings(cache.path()), None)
