@@ -18,7 +18,7 @@ use crate::parts::ObjectId;
 use crate::planner_wake::PlannerWake;
 use crate::store::counting::CountReads;
 use crate::store::faulty::{Fault, InjectFaults};
-use crate::store::wrapper::HookedStore;
+use crate::store::wrapper::{HookedStore, StoreHook};
 
 const PART: u64 = 1000;
 const OBJECT_LEN: u64 = 4500;
@@ -32,7 +32,7 @@ fn content() -> Vec<u8> {
 struct Bench {
     fetcher: Arc<Fetcher>,
     object: Arc<ObjectInfo>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 /// A fetcher over `wrap(InMemory holding one object)`, its ETag pinned as listed.
@@ -66,7 +66,7 @@ async fn bench_with_cache<S: ObjectStore>(
         Bench {
             fetcher,
             object,
-            _dir: dir,
+            dir,
         },
         store,
     )
@@ -157,7 +157,7 @@ async fn reads_after_a_remount_claim_their_parts_files_before_adoption() {
     let Bench {
         fetcher,
         object,
-        _dir: dir,
+        dir,
     } = bench;
     drop(fetcher);
     let fetcher = fetcher_on(counts.clone(), dir.path(), 1 << 20, 4);
@@ -173,7 +173,7 @@ async fn reads_after_a_remount_claim_their_parts_files_before_adoption() {
     let bench = Bench {
         fetcher,
         object,
-        _dir: dir,
+        dir,
     };
     assert!(bench.fetcher.cache.claims_pending());
     for index in 0..4 {
@@ -206,7 +206,7 @@ impl Default for Gate {
 }
 
 #[async_trait::async_trait]
-impl crate::store::wrapper::StoreHook for Gate {
+impl StoreHook for Gate {
     async fn get(
         &self,
         request: crate::store::wrapper::GetRequest<'_>,
@@ -400,43 +400,12 @@ async fn a_download_into_the_cache_holds_a_block_of_its_body_not_the_part() {
     let part = 8 * crate::cache::part_file::BLOCK_LEN as u64;
     let object_len = 4 * part + 1000;
     let data: Vec<u8> = (0..object_len).map(|i| (i * 13 % 251) as u8).collect();
-    let memory = Arc::new(InMemory::new());
-    let key = ObjectPath::from("data/big.bin");
-    let put = memory
-        .put(&key, PutPayload::from(data.clone()))
-        .await
-        .unwrap();
     let trickle = Trickle::new(crate::cache::part_file::BLOCK_LEN as usize / 4);
     trickle.pieces.add_permits(1 << 20);
-    let store = Arc::new(HookedStore::new(memory, trickle));
-    let dir = tempfile::tempdir().unwrap();
-    let owner = crate::cache::CacheOwner {
-        source: "memory".into(),
-        endpoint: None,
-        reset: false,
-    };
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner, 1 << 30, None).unwrap());
     let slots = 4;
-    let fetcher = Fetcher::new(
-        store,
-        cache.clone(),
-        FetchLimits {
-            part_size: part,
-            max_concurrent_requests: slots,
-            read_timeout: Duration::from_secs(5),
-            memory_cap: 64 * part,
-        },
-        Arc::new(Metrics::default()),
-        PlannerWake::default(),
-    );
-    let object = Arc::new(ObjectInfo {
-        id: ObjectId(0),
-        key,
-        size: object_len,
-        etag: put.e_tag,
-        mtime: SystemTime::UNIX_EPOCH,
-        group: None,
-    });
+    let (bench, _store) = big_object_bench(&data, part, slots, 64 * part, trickle).await;
+    let (fetcher, object) = (bench.fetcher.clone(), bench.object.clone());
+    let cache = fetcher.cache.clone();
     let reads = (0..5).map(|index| {
         let (fetcher, object) = (fetcher.clone(), object.clone());
         tokio::spawn(async move {
@@ -489,7 +458,7 @@ impl Trickle {
 }
 
 #[async_trait::async_trait]
-impl crate::store::wrapper::StoreHook for Trickle {
+impl StoreHook for Trickle {
     async fn get(
         &self,
         request: crate::store::wrapper::GetRequest<'_>,
@@ -571,6 +540,56 @@ async fn a_reader_is_answered_once_the_body_has_passed_its_bytes() {
         vec![1000..2000],
         "one request"
     );
+}
+
+/// A fetcher of `part`-byte parts over `data`, one object of an in-memory store behind
+/// `hook`, with `slots` and `memory_cap` as asked and a cache of its own.
+async fn big_object_bench<H: StoreHook>(
+    data: &[u8],
+    part: u64,
+    slots: usize,
+    memory_cap: u64,
+    hook: H,
+) -> (Bench, Arc<HookedStore<H>>) {
+    let memory = Arc::new(InMemory::new());
+    let key = ObjectPath::from("data/big.bin");
+    let put = memory
+        .put(&key, PutPayload::from(data.to_vec()))
+        .await
+        .unwrap();
+    let store = Arc::new(HookedStore::new(memory, hook));
+    let dir = tempfile::tempdir().unwrap();
+    let owner = crate::cache::CacheOwner {
+        source: "memory".into(),
+        endpoint: None,
+        reset: false,
+    };
+    let fetcher = Fetcher::new(
+        store.clone(),
+        Arc::new(DiskCache::open(dir.path(), &owner, 1 << 30, None).unwrap()),
+        FetchLimits {
+            part_size: part,
+            max_concurrent_requests: slots,
+            read_timeout: Duration::from_secs(5),
+            memory_cap,
+        },
+        Arc::new(Metrics::default()),
+        PlannerWake::default(),
+    );
+    let object = Arc::new(ObjectInfo {
+        id: ObjectId(0),
+        key,
+        size: data.len() as u64,
+        etag: put.e_tag,
+        mtime: SystemTime::UNIX_EPOCH,
+        group: None,
+    });
+    let bench = Bench {
+        fetcher,
+        object,
+        dir,
+    };
+    (bench, store)
 }
 
 /// Four slots over a store whose bodies arrive 100 bytes per permit of its `pieces`.
@@ -960,39 +979,8 @@ async fn bytes_a_part_file_being_written_cannot_give_are_read_from_the_store() {
     let block = crate::cache::part_file::BLOCK_LEN as usize;
     let part = 4 * block as u64;
     let data: Vec<u8> = (0..2 * part).map(|i| (i * 13 % 251) as u8).collect();
-    let memory = Arc::new(InMemory::new());
-    let key = ObjectPath::from("data/big.bin");
-    let put = memory
-        .put(&key, PutPayload::from(data.clone()))
-        .await
-        .unwrap();
-    let trickle = Arc::new(HookedStore::new(memory, Trickle::new(block)));
-    let dir = tempfile::tempdir().unwrap();
-    let owner = crate::cache::CacheOwner {
-        source: "memory".into(),
-        endpoint: None,
-        reset: false,
-    };
-    let fetcher = Fetcher::new(
-        trickle.clone(),
-        Arc::new(DiskCache::open(dir.path(), &owner, 1 << 30, None).unwrap()),
-        FetchLimits {
-            part_size: part,
-            max_concurrent_requests: 4,
-            read_timeout: Duration::from_secs(5),
-            memory_cap: 16 * part,
-        },
-        Arc::new(Metrics::default()),
-        PlannerWake::default(),
-    );
-    let object = Arc::new(ObjectInfo {
-        id: ObjectId(0),
-        key,
-        size: 2 * part,
-        etag: put.e_tag,
-        mtime: SystemTime::UNIX_EPOCH,
-        group: None,
-    });
+    let (bench, trickle) = big_object_bench(&data, part, 4, 16 * part, Trickle::new(block)).await;
+    let (fetcher, object) = (bench.fetcher.clone(), bench.object.clone());
     let within = 100..200;
     let want = &data[within.start as usize..within.end as usize];
     // Two blocks of the part written; the reader's bytes are in the first.
@@ -1009,7 +997,7 @@ async fn bytes_a_part_file_being_written_cannot_give_are_read_from_the_store() {
     assert!(matches!(first, PartBytes::Spooled(_)), "read from the file");
     std::fs::OpenOptions::new()
         .write(true)
-        .open(spool_file(dir.path()))
+        .open(spool_file(bench.dir.path()))
         .unwrap()
         .set_len(0)
         .unwrap();
