@@ -56,7 +56,7 @@ use budget::{
 use plan::{Plan, Room, MAX_PLANNED_ENTRIES};
 use row_offsets::KeptRowOffsets;
 use scatter::ScatterDetector;
-use top_up::StepReads;
+use top_up::{StepReads, ToppedUp};
 
 /// How the prefetcher is bounded.
 #[derive(Clone, Copy, Debug)]
@@ -78,6 +78,8 @@ struct ActivePlan {
     plan: Plan,
     /// Who opened the hint handle: whose budget the plan spends.
     uid: u32,
+    /// The plan's last top-up that left nothing to issue: see [`ToppedUp`].
+    topped_up: Option<ToppedUp>,
 }
 
 /// Whose plans a status shows.
@@ -129,6 +131,9 @@ pub struct Prefetcher {
     /// Called as the top-up issues each prefetch: a test holds it there.
     #[cfg(test)]
     issue_hook: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+    /// Steps the top-ups expanded to the byte ranges they read: a test counts them.
+    #[cfg(test)]
+    step_expansions: std::sync::atomic::AtomicU64,
 }
 
 impl Prefetcher {
@@ -158,6 +163,8 @@ impl Prefetcher {
             ranks_stale: AtomicBool::new(false),
             #[cfg(test)]
             issue_hook: Mutex::new(None),
+            #[cfg(test)]
+            step_expansions: Default::default(),
         });
         tokio::spawn(drive(Arc::downgrade(&prefetcher), wake));
         prefetcher
@@ -224,7 +231,15 @@ impl Prefetcher {
                     }
                 }
                 let dataset = dataset.clone();
-                plans.insert(handle, ActivePlan { dataset, plan, uid });
+                plans.insert(
+                    handle,
+                    ActivePlan {
+                        dataset,
+                        plan,
+                        uid,
+                        topped_up: None,
+                    },
+                );
                 Some(0)
             }
         };
