@@ -495,4 +495,39 @@ mod tests {
         );
         core.release(handle);
     }
+
+    /// The eviction ranks of a plan that neither moved nor changed are not computed
+    /// again when another plan's change makes the ranks stale: a writer's plan of steps
+    /// over every row costs each move of another reader no walk of its steps.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plan_that_has_not_moved_is_not_ranked_again() {
+        let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let core = core_of_a_dataset(source.path(), cache.path());
+        let ds = core.lookup(ROOT, OsStr::new("ds")).await.unwrap();
+        let hints = core
+            .lookup(ds.attr.ino.0, OsStr::new(scdl_format::hint::HINT_FILE))
+            .await
+            .unwrap();
+        let handle = core.open(hints.attr.ino.0).unwrap().handle;
+        let every_row = "rows 0 2500\n".repeat(4);
+        core.write(
+            handle,
+            format!("scdlfs-hints 1\nplan 0\n{every_row}").as_bytes(),
+        )
+        .unwrap();
+        let prefetcher = core.prefetcher().clone();
+        let ranked = || prefetcher.horizons_ranked.load(Ordering::Relaxed);
+        prefetcher.rank_plans();
+        let once = ranked();
+        assert!(once >= 1, "the plan was never ranked");
+        for _ in 0..5 {
+            prefetcher.rank_plans();
+        }
+        assert_eq!(ranked(), once, "the plan's steps were ranked again");
+
+        core.write(handle, b"rows 0 300\n").unwrap();
+        prefetcher.rank_plans();
+        assert!(ranked() > once, "a plan that changed kept its old ranks");
+        core.release(handle);
+    }
 }
