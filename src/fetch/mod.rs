@@ -285,7 +285,7 @@ impl Fetcher {
     }
 
     /// Whether the part is being downloaded now.
-    fn is_in_flight(&self, key: PartKey) -> bool {
+    pub(crate) fn is_in_flight(&self, key: PartKey) -> bool {
         self.in_flight.lock().contains_key(&key)
     }
 }

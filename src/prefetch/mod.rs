@@ -56,7 +56,7 @@ use budget::{
 use plan::{Plan, Room, MAX_PLANNED_ENTRIES};
 use row_offsets::KeptRowOffsets;
 use scatter::ScatterDetector;
-use top_up::StepReads;
+use top_up::{StepReads, ToppedUp};
 
 /// How the prefetcher is bounded.
 #[derive(Clone, Copy, Debug)]
@@ -78,6 +78,36 @@ struct ActivePlan {
     plan: Plan,
     /// Who opened the hint handle: whose budget the plan spends.
     uid: u32,
+    /// The plan's last top-up that left nothing to issue: see [`ToppedUp`].
+    topped_up: Option<ToppedUp>,
+    /// The ranks the plan gave when last ranked, if its dataset is chunked.
+    ranked: Option<RankedPlan>,
+}
+
+/// The eviction ranks one plan gave at a revision and position: until either changes,
+/// its steps rank the same units the same.
+struct RankedPlan {
+    revision: u64,
+    position: usize,
+    ranks: Arc<HashMap<Unit, NextUse>>,
+}
+
+impl RankedPlan {
+    fn is_at(&self, plan: &Plan) -> bool {
+        self.revision == plan.revision() && self.position == plan.position
+    }
+}
+
+/// A plan as [`Prefetcher::rank_plans`] takes it from under the plans' lock: its ranks
+/// as last computed, or the steps to rank.
+enum PlanRanks {
+    Ranked(Arc<HashMap<Unit, NextUse>>),
+    ToRank {
+        dataset: Dataset,
+        revision: u64,
+        position: usize,
+        horizon: plan::Horizon,
+    },
 }
 
 /// Whose plans a status shows.
@@ -129,6 +159,12 @@ pub struct Prefetcher {
     /// Called as the top-up issues each prefetch: a test holds it there.
     #[cfg(test)]
     issue_hook: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+    /// Steps the top-ups expanded to the byte ranges they read: a test counts them.
+    #[cfg(test)]
+    step_expansions: std::sync::atomic::AtomicU64,
+    /// Plans' horizons ranked: a test counts them.
+    #[cfg(test)]
+    horizons_ranked: std::sync::atomic::AtomicU64,
 }
 
 impl Prefetcher {
@@ -158,6 +194,10 @@ impl Prefetcher {
             ranks_stale: AtomicBool::new(false),
             #[cfg(test)]
             issue_hook: Mutex::new(None),
+            #[cfg(test)]
+            step_expansions: Default::default(),
+            #[cfg(test)]
+            horizons_ranked: Default::default(),
         });
         tokio::spawn(drive(Arc::downgrade(&prefetcher), wake));
         prefetcher
@@ -224,7 +264,16 @@ impl Prefetcher {
                     }
                 }
                 let dataset = dataset.clone();
-                plans.insert(handle, ActivePlan { dataset, plan, uid });
+                plans.insert(
+                    handle,
+                    ActivePlan {
+                        dataset,
+                        plan,
+                        uid,
+                        topped_up: None,
+                        ranked: None,
+                    },
+                );
                 Some(0)
             }
         };
@@ -284,30 +333,91 @@ impl Prefetcher {
 
     /// Computes the eviction ranks of the plans, from a snapshot of the steps they rank
     /// taken under the plans' lock (a copy of at most [`plan::RANK_HORIZON`] steps each,
-    /// bounded by the budgets), and publishes them.
+    /// bounded by the budgets), and publishes them. A chunked dataset's plan that has
+    /// neither moved nor changed since it was last ranked gives the ranks it gave then
+    /// ([`RankedPlan`]): a writer's plan of steps over every row that never reads is
+    /// ranked once, not on every move of another reader.
     fn rank_plans(&self) {
-        let horizons: Vec<(Dataset, plan::Horizon)> = self
+        let snapshot: Vec<(u64, PlanRanks)> = self
             .plans
             .lock()
-            .values()
-            .map(|active| (active.dataset.clone(), active.plan.horizon()))
+            .iter()
+            .map(|(handle, active)| {
+                let ranks = match &active.ranked {
+                    Some(ranked) if ranked.is_at(&active.plan) => {
+                        PlanRanks::Ranked(ranked.ranks.clone())
+                    }
+                    _ => PlanRanks::ToRank {
+                        dataset: active.dataset.clone(),
+                        revision: active.plan.revision(),
+                        position: active.plan.position,
+                        horizon: active.plan.horizon(),
+                    },
+                };
+                (*handle, ranks)
+            })
             .collect();
         let mut ranks: HashMap<Unit, NextUse> = HashMap::new();
-        for (dataset, horizon) in &horizons {
-            for (chunk, rank) in horizon.chunks_ahead(&dataset.geometry()) {
-                for unit in self.units_of_chunk(dataset, chunk) {
-                    let entry = ranks.entry(unit).or_insert(rank);
-                    *entry = (*entry).min(rank);
+        let mut newly_ranked = Vec::new();
+        for (handle, plan_ranks) in &snapshot {
+            let of_plan = match plan_ranks {
+                PlanRanks::Ranked(of_plan) => of_plan.clone(),
+                PlanRanks::ToRank {
+                    dataset,
+                    revision,
+                    position,
+                    horizon,
+                } => {
+                    let of_plan = Arc::new(self.rank_horizon(dataset, horizon));
+                    // A monolithic dataset's parts rank as the row offsets read so far
+                    // locate them, which moves no position: ranked anew each time.
+                    if matches!(dataset, Dataset::Chunked(_)) {
+                        newly_ranked.push((
+                            *handle,
+                            RankedPlan {
+                                revision: *revision,
+                                position: *position,
+                                ranks: of_plan.clone(),
+                            },
+                        ));
+                    }
+                    of_plan
+                }
+            };
+            for (unit, rank) in of_plan.iter() {
+                let entry = ranks.entry(*unit).or_insert(*rank);
+                *entry = (*entry).min(*rank);
+            }
+        }
+        if !newly_ranked.is_empty() {
+            let mut plans = self.plans.lock();
+            for (handle, ranked) in newly_ranked {
+                if let Some(active) = plans.get_mut(&handle) {
+                    active.ranked = Some(ranked);
                 }
             }
         }
         *self.advice.ranks.write() = ranks;
-        let advisor: Option<Arc<dyn EvictionAdvisor>> = if horizons.is_empty() {
+        let advisor: Option<Arc<dyn EvictionAdvisor>> = if snapshot.is_empty() {
             None
         } else {
             Some(self.advice.clone())
         };
         self.cache.set_advisor(advisor);
+    }
+
+    /// The ranks one plan's horizon gives the cache's units.
+    fn rank_horizon(&self, dataset: &Dataset, horizon: &plan::Horizon) -> HashMap<Unit, NextUse> {
+        #[cfg(test)]
+        self.horizons_ranked.fetch_add(1, Ordering::Relaxed);
+        let mut ranks = HashMap::new();
+        for (chunk, rank) in horizon.chunks_ahead(&dataset.geometry()) {
+            for unit in self.units_of_chunk(dataset, chunk) {
+                let entry = ranks.entry(unit).or_insert(rank);
+                *entry = (*entry).min(rank);
+            }
+        }
+        ranks
     }
 
     /// Records the chunks of a chunked dataset that the plan on `handle` has finished

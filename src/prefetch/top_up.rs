@@ -27,6 +27,27 @@ pub(super) struct StepReads {
     pub(super) complete: bool,
 }
 
+/// A plan's last top-up that issued all its lookahead: every step resolved, every
+/// part cached, downloading or started. Until the plan's revision or position changes a
+/// pass has nothing to add for it. (A part it issued that fails, or is evicted before
+/// its step is read, is fetched again when the reader moves, or by the read itself.)
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ToppedUp {
+    revision: u64,
+    position: usize,
+    /// What the plan's prefetches counted against [`PrefetchConfig::max_ahead_bytes`].
+    ///
+    /// [`PrefetchConfig::max_ahead_bytes`]: super::PrefetchConfig::max_ahead_bytes
+    ahead_bytes: u64,
+}
+
+impl ToppedUp {
+    /// Whether the plan is where this top-up left it.
+    fn is_at(&self, plan: &super::plan::Plan) -> bool {
+        self.revision == plan.revision() && self.position == plan.position.min(plan.steps.len())
+    }
+}
+
 /// Bytes added to each side of an edge: the page the kernel rounds its read-around to,
 /// and the `.npy` header before a chunk's first value.
 const EDGE_SLACK: u64 = 8 << 10;
@@ -35,20 +56,33 @@ impl Prefetcher {
     /// Issues prefetches for every plan's next steps, within the bounds, and records
     /// the parts of each step it could resolve for matching reads to steps.
     pub(super) fn top_up(&self) {
+        // A plan whose last pass issued all its lookahead at this revision and position
+        // has nothing to issue until one of them changes: it is skipped, so that a plan
+        // of wide steps that does not move (a writer that never reads) is not walked
+        // again on every move of other readers and every download's end. Its bytes
+        // ahead still count against the bound. Those are the bytes of the steps after
+        // the current one: the step being read is needed now, whatever the share.
+        // Counted in, a step of half the cache took the whole share and the next one
+        // was fetched only once the reader came to it.
+        let mut ahead_bytes = 0u64;
         let snapshot: Vec<(u64, u64, Dataset, usize, Vec<Step>)> = self
             .plans
             .lock()
             .iter()
-            .map(|(handle, a)| {
+            .filter_map(|(handle, a)| {
                 let start = a.plan.position.min(a.plan.steps.len());
+                if let Some(done) = a.topped_up.filter(|t| t.is_at(&a.plan)) {
+                    ahead_bytes += done.ahead_bytes;
+                    return None;
+                }
                 let end = (start + 1 + self.config.lookahead_steps).min(a.plan.steps.len());
-                (
+                Some((
                     *handle,
                     a.plan.revision(),
                     a.dataset.clone(),
                     start,
                     a.plan.steps[start..end].to_vec(),
-                )
+                ))
             })
             .collect();
         // Resolving a monolithic step locates its virtual chunks, which ranks its parts.
@@ -62,14 +96,18 @@ impl Prefetcher {
         let located = || -> usize { monolithic.iter().map(|d| d.known_boundaries()).sum() };
         let located_before = located();
         let max_in_flight = 2 * self.fetcher.max_concurrent_requests();
-        // Bytes of the steps after the current one: the step being read is needed now,
-        // whatever the share. Counted in, a step of half the cache took the whole share
-        // and the next one was fetched only once the reader came to it.
-        let mut ahead_bytes = 0u64;
         let mut seen = HashSet::new();
         let mut resolved = Vec::new();
+        let mut topped_up = Vec::new();
         'plans: for (handle, revision, dataset, first, steps) in snapshot {
+            let plan_bytes_before = ahead_bytes;
+            // Whether every step of the lookahead was resolved and all its parts are
+            // cached, downloading or started: then the next pass may skip the plan.
+            let mut all_issued = true;
             for (offset, step) in steps.into_iter().enumerate() {
+                #[cfg(test)]
+                self.step_expansions
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let reads = match &dataset {
                     Dataset::Chunked(dataset) => self.step_reads(dataset, &step),
                     Dataset::Monolithic(dataset) => self.monolithic_step_reads(dataset, &step),
@@ -87,6 +125,7 @@ impl Prefetcher {
                     .get(&handle)
                     .is_some_and(|a| a.plan.is_upcoming(revision, first + offset));
                 if !upcoming {
+                    all_issued = false;
                     continue;
                 }
                 let mut parts = HashSet::new();
@@ -107,10 +146,13 @@ impl Prefetcher {
                         if of_the_step {
                             parts.insert(key);
                         }
-                        if !seen.insert(key)
-                            || ahead_bytes >= self.config.max_ahead_bytes
+                        if !seen.insert(key) {
+                            continue;
+                        }
+                        if ahead_bytes >= self.config.max_ahead_bytes
                             || self.fetcher.in_flight_count() >= max_in_flight
                         {
+                            all_issued = false;
                             continue;
                         }
                         if offset > 0 {
@@ -119,7 +161,14 @@ impl Prefetcher {
                         }
                         #[cfg(test)]
                         self.before_issuing();
-                        self.fetcher.prefetch(object, index);
+                        // Not started, and neither cached nor downloading: it waits for
+                        // room in the cache, and a later pass issues it again.
+                        if !self.fetcher.prefetch(object, index)
+                            && !self.cache.contains(key)
+                            && !self.fetcher.is_in_flight(key)
+                        {
+                            all_issued = false;
+                        }
                     }
                 }
                 for (object, range) in edges {
@@ -128,20 +177,36 @@ impl Prefetcher {
                             ahead_bytes += range.end - range.start;
                         }
                         self.fetcher.prefetch_edge(object, range.clone());
+                    } else {
+                        all_issued = false;
                     }
                 }
                 if reads.complete {
                     resolved.push((handle, first + offset, step, parts));
+                } else {
+                    all_issued = false;
                 }
                 if ahead_bytes >= self.config.max_ahead_bytes {
                     break 'plans;
                 }
+            }
+            if all_issued {
+                topped_up.push((handle, revision, first, ahead_bytes - plan_bytes_before));
             }
         }
         let mut plans = self.plans.lock();
         for (handle, index, step, parts) in resolved {
             if let Some(active) = plans.get_mut(&handle) {
                 active.plan.resolve(index, &step, parts);
+            }
+        }
+        for (handle, revision, position, ahead_bytes) in topped_up {
+            if let Some(active) = plans.get_mut(&handle) {
+                active.topped_up = Some(ToppedUp {
+                    revision,
+                    position,
+                    ahead_bytes,
+                });
             }
         }
         if located() != located_before {
@@ -287,8 +352,9 @@ impl Prefetcher {
 #[cfg(test)]
 mod tests {
     use std::ffi::OsStr;
+    use std::sync::atomic::Ordering;
     use std::sync::{mpsc, Arc};
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use object_store::local::LocalFileSystem;
     use object_store::path::Path as ObjectPath;
@@ -381,6 +447,94 @@ mod tests {
             Ok(1),
             "the status waited for the prefetch being issued"
         );
+        core.release(handle);
+    }
+
+    /// A plan that neither moved nor changed costs a later pass no work once its
+    /// lookahead is all issued: a writer's plan of steps over every row, which never
+    /// reads, is not walked again on every move of other readers or every download's
+    /// end (issue 30: it doubled the daemon's CPU beside another user's epoch).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plan_that_has_not_moved_costs_a_later_top_up_no_work() {
+        let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let core = core_of_a_dataset(source.path(), cache.path());
+        let ds = core.lookup(ROOT, OsStr::new("ds")).await.unwrap();
+        let hints = core
+            .lookup(ds.attr.ino.0, OsStr::new(scdl_format::hint::HINT_FILE))
+            .await
+            .unwrap();
+        let handle = core.open(hints.attr.ino.0).unwrap().handle;
+        let every_row = "rows 0 2500\n".repeat(4);
+        core.write(
+            handle,
+            format!("scdlfs-hints 1\nplan 0\n{every_row}").as_bytes(),
+        )
+        .unwrap();
+
+        let prefetcher = core.prefetcher().clone();
+        let expansions = || prefetcher.step_expansions.load(Ordering::Relaxed);
+        // Its parts download and its row offsets arrive: passes expand its steps until
+        // all are resolved and issued.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let idle_pass = loop {
+            let before = expansions();
+            prefetcher.top_up();
+            if expansions() == before {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            idle_pass,
+            "every top-up pass expanded the steps of a plan that had not moved"
+        );
+        let before = expansions();
+        for _ in 0..10 {
+            prefetcher.top_up();
+        }
+        assert_eq!(
+            expansions(),
+            before,
+            "later passes expanded its steps again"
+        );
+        core.release(handle);
+    }
+
+    /// The eviction ranks of a plan that neither moved nor changed are not computed
+    /// again when another plan's change makes the ranks stale: a writer's plan of steps
+    /// over every row costs each move of another reader no walk of its steps.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plan_that_has_not_moved_is_not_ranked_again() {
+        let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let core = core_of_a_dataset(source.path(), cache.path());
+        let ds = core.lookup(ROOT, OsStr::new("ds")).await.unwrap();
+        let hints = core
+            .lookup(ds.attr.ino.0, OsStr::new(scdl_format::hint::HINT_FILE))
+            .await
+            .unwrap();
+        let handle = core.open(hints.attr.ino.0).unwrap().handle;
+        let every_row = "rows 0 2500\n".repeat(4);
+        core.write(
+            handle,
+            format!("scdlfs-hints 1\nplan 0\n{every_row}").as_bytes(),
+        )
+        .unwrap();
+        let prefetcher = core.prefetcher().clone();
+        let ranked = || prefetcher.horizons_ranked.load(Ordering::Relaxed);
+        prefetcher.rank_plans();
+        let once = ranked();
+        assert!(once >= 1, "the plan was never ranked");
+        for _ in 0..5 {
+            prefetcher.rank_plans();
+        }
+        assert_eq!(ranked(), once, "the plan's steps were ranked again");
+
+        core.write(handle, b"rows 0 300\n").unwrap();
+        prefetcher.rank_plans();
+        assert!(ranked() > once, "a plan that changed kept its old ranks");
         core.release(handle);
     }
 }
