@@ -14,7 +14,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetResult, ListResult, ObjectStore};
 
 use crate::cache::{CacheOwner, DiskCache};
-use crate::catalog::{DirMode, ObjectRegistry, Tree};
+use crate::catalog::{DirMode, ListingTimes, ObjectRegistry, Tree, LISTING_DEADLINES};
 use crate::fetch::{listed_object, FetchLimits, Fetcher};
 use crate::fs::fuse::KernelPageCache;
 use crate::fs::read_around::ReadAround;
@@ -207,7 +207,10 @@ pub fn assemble(
         prefix,
         settings.view,
         registry,
-        settings.metadata_ttl,
+        ListingTimes {
+            metadata_ttl: settings.metadata_ttl,
+            listing_timeout: settings.read_timeout * LISTING_DEADLINES,
+        },
         metrics.clone(),
         root_listing,
     ));
