@@ -2,7 +2,8 @@
 //! first `ls` gets EIO at the deadline, but the listing goes on without it, and a
 //! later `ls` finds the dataset, listed by the store once, not once per attempt. A
 //! listing that never ends is still given up, after [`LISTING_DEADLINES`] deadlines,
-//! and the next `ls` lists again. The slowness comes from below, where a slow store
+//! and the next `ls` lists again. A root slower to list than the deadline still
+//! mounts. The slowness comes from below, where a slow store
 //! puts it: a store whose listings of the dataset's prefix (its directory, and its
 //! chunks' objects) answer late, and whose listing of one directory never answers.
 
@@ -33,28 +34,31 @@ const LISTING_DELAY: Duration = Duration::from_millis(1_500);
 const SLOW_PREFIX: &str = "ds";
 const NEVER_LISTED: &str = "never";
 
-/// A store whose listings of [`SLOW_PREFIX`] answer [`LISTING_DELAY`] late and whose
-/// listing of [`NEVER_LISTED`] never answers, counted; everything else passes through.
+/// A store whose listings of one prefix (`slow`: [`SLOW_PREFIX`], or `""` for the
+/// root) answer [`LISTING_DELAY`] late and whose listing of [`NEVER_LISTED`] never
+/// answers, counted; everything else passes through.
 #[derive(Debug)]
 struct SlowListings {
     inner: Arc<dyn ObjectStore>,
+    slow: &'static str,
     delimited: AtomicUsize,
     recursive: AtomicUsize,
     never_answered: AtomicUsize,
 }
 
 impl SlowListings {
-    fn over(inner: Arc<dyn ObjectStore>) -> SlowListings {
+    fn over(inner: Arc<dyn ObjectStore>, slow: &'static str) -> SlowListings {
         SlowListings {
             inner,
+            slow,
             delimited: AtomicUsize::new(0),
             recursive: AtomicUsize::new(0),
             never_answered: AtomicUsize::new(0),
         }
     }
 
-    fn is_slow(prefix: Option<&ObjectPath>) -> bool {
-        prefix.is_some_and(|p| p.as_ref() == SLOW_PREFIX)
+    fn is_slow(&self, prefix: Option<&ObjectPath>) -> bool {
+        prefix.map_or("", |p| p.as_ref()) == self.slow
     }
 }
 
@@ -96,7 +100,7 @@ impl ObjectStore for SlowListings {
 
     fn list(&self, prefix: Option<&ObjectPath>) -> BoxStream<'static, Result<ObjectMeta>> {
         let listed = self.inner.list(prefix);
-        if !Self::is_slow(prefix) {
+        if !self.is_slow(prefix) {
             return listed;
         }
         self.recursive.fetch_add(1, Ordering::SeqCst);
@@ -109,7 +113,7 @@ impl ObjectStore for SlowListings {
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&ObjectPath>) -> Result<ListResult> {
-        if Self::is_slow(prefix) {
+        if self.is_slow(prefix) {
             self.delimited.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(LISTING_DELAY).await;
         }
@@ -151,7 +155,7 @@ fn ls(dir: PathBuf) -> (Option<std::io::Result<Vec<String>>>, Duration) {
 fn a_discovery_longer_than_the_deadline_goes_on_and_a_later_ls_finds_the_dataset() {
     let src = tempfile::tempdir().unwrap();
     let want = write_source(src.path());
-    let store = Arc::new(SlowListings::over(local_store(src.path())));
+    let store = Arc::new(SlowListings::over(local_store(src.path()), SLOW_PREFIX));
     let mount = TestMount::start(store.clone(), "", |s| s.read_timeout = READ_TIMEOUT);
     let dataset = mount.path().join(SLOW_PREFIX);
 
@@ -220,7 +224,7 @@ fn a_listing_that_never_answers_is_given_up_and_the_next_ls_lists_again() {
         b"never listed",
     )
     .unwrap();
-    let store = Arc::new(SlowListings::over(local_store(src.path())));
+    let store = Arc::new(SlowListings::over(local_store(src.path()), SLOW_PREFIX));
     let mount = TestMount::start(store.clone(), "", |s| s.read_timeout = READ_TIMEOUT);
     let never = mount.path().join(NEVER_LISTED);
 
@@ -240,5 +244,31 @@ fn a_listing_that_never_answers_is_given_up_and_the_next_ls_lists_again() {
         store.never_answered.load(Ordering::SeqCst),
         2,
         "the listing given up after {listing_bound:?} is not kept: the next ls lists again"
+    );
+}
+
+/// The root is listed before the mount appears; a root slower to list than
+/// `--read-timeout`, but that would end, is waited for as any listing is (up to
+/// [`LISTING_DEADLINES`] deadlines) rather than failing the mount.
+#[test]
+fn a_root_slower_to_list_than_the_deadline_still_mounts() {
+    let src = tempfile::tempdir().unwrap();
+    let files = plain_files();
+    write_files(src.path(), &files);
+    let store = Arc::new(SlowListings::over(local_store(src.path()), ""));
+    let mount = TestMount::start(store.clone(), "", |s| s.read_timeout = READ_TIMEOUT);
+    let (root, took) = ls(mount.path());
+    println!("ls of the root: {root:?} after {took:?}");
+    let root = root.expect("the root answers").expect("the root lists");
+    for name in files.keys().filter_map(|path| path.split('/').next()) {
+        assert!(
+            root.iter().any(|n| n == name),
+            "{name} missing from {root:?}"
+        );
+    }
+    assert_eq!(
+        store.delimited.load(Ordering::SeqCst),
+        1,
+        "the mount's listing of the root is the root's first"
     );
 }
