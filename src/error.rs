@@ -70,6 +70,20 @@ pub enum FsError {
     Panicked { message: String },
 }
 
+impl FsError {
+    /// The error a caught panic becomes, with what it said.
+    pub fn of_panic(panic: Box<dyn std::any::Any + Send>) -> FsError {
+        let message = match panic.downcast::<String>() {
+            Ok(message) => *message,
+            Err(panic) => panic
+                .downcast_ref::<&str>()
+                .map_or("(no message)", |message| message)
+                .to_owned(),
+        };
+        FsError::Panicked { message }
+    }
+}
+
 /// Why a write to a hint file is refused: lines the protocol does not allow, or a plan
 /// the dataset or the daemon's bounds do not allow.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -14,7 +14,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetResult, ListResult, ObjectStore};
 
 use crate::cache::{CacheOwner, DiskCache};
-use crate::catalog::{DirMode, ObjectRegistry, Tree};
+use crate::catalog::{DirMode, ListingTimes, ObjectRegistry, Tree, LISTING_DEADLINES};
 use crate::fetch::{listed_object, FetchLimits, Fetcher};
 use crate::fs::fuse::KernelPageCache;
 use crate::fs::read_around::ReadAround;
@@ -207,7 +207,10 @@ pub fn assemble(
         prefix,
         settings.view,
         registry,
-        settings.metadata_ttl,
+        ListingTimes {
+            metadata_ttl: settings.metadata_ttl,
+            listing_timeout: settings.read_timeout * LISTING_DEADLINES,
+        },
         metrics.clone(),
         root_listing,
     ));
@@ -283,8 +286,10 @@ impl Mount {
             .map_err(MountError::Fuse)?;
         // Fail now, with the store's own words, rather than on the first `ls`; the
         // listing is then the root's first, so a reader's first lookup costs no round trip.
-        // Bounded as any listing is: a store that pages it without end or stalls would
-        // otherwise hang the mount before there is a mount to unmount.
+        // Bounded as any listing is, by `LISTING_DEADLINES` deadlines (not one: a root
+        // slow to list but finite mounts, as a later `ls` of it would succeed): a store
+        // that pages it without end or stalls would otherwise hang the mount before
+        // there is a mount to unmount.
         let unreachable = |reason| MountError::StoreUnreachable {
             location: settings.fs_name.clone(),
             reason,
@@ -293,14 +298,14 @@ impl Mount {
             .block_on(async {
                 // The timer is made inside the runtime, whose clock drives it.
                 tokio::time::timeout(
-                    settings.read_timeout,
+                    settings.read_timeout * LISTING_DEADLINES,
                     store.list_with_delimiter((!prefix.as_ref().is_empty()).then_some(&prefix)),
                 )
                 .await
             })
             .map_err(|_| {
                 unreachable(format!(
-                    "the listing did not end within --read-timeout {}",
+                    "the listing did not end within {LISTING_DEADLINES} x --read-timeout {}",
                     humantime::format_duration(settings.read_timeout)
                 ))
             })?

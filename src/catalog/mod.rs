@@ -11,4 +11,4 @@ pub mod tree;
 pub use dataset::FlatDataset;
 pub use monolithic::{Dataset, MonolithicDataset};
 pub use objects::ObjectRegistry;
-pub use tree::{DirMode, FileContent, Node, NodeKind, Tree};
+pub use tree::{DirMode, FileContent, ListingTimes, Node, NodeKind, Tree, LISTING_DEADLINES};

@@ -1,9 +1,12 @@
 //! The inode tree. Directories are listed on first use, with one delimited listing of
 //! their prefix. Without `--metadata-ttl` the listing is kept for the life of the mount
 //! (dataset objects are immutable); with it, the first lookup or readdir after the
-//! listing's age passed the TTL lists the store again (in a task, like the first
-//! listing), and concurrent callers share that one listing. A failed relisting keeps
-//! the listing it had, for another TTL.
+//! listing's age passed the TTL lists the store again, like the first listing. A
+//! listing runs in a task of its own that every caller joins, each with its own
+//! deadline: a caller that gives up leaves it running, so a directory (a dataset)
+//! slower to list than `--read-timeout` is listed once and found by a later caller. A
+//! failed first listing is not kept (the next caller lists again); a failed relisting
+//! keeps the listing it had, for another TTL.
 //!
 //! Nodes never change. Inode numbers are handed out as entries are first listed and
 //! never reused; a relisting keeps the inode of every entry that is still the same
@@ -29,10 +32,12 @@ mod flat_entries;
 mod nodes;
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use futures::FutureExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ListResult, ObjectStore};
 use parking_lot::{Mutex, RwLock};
@@ -47,8 +52,8 @@ use crate::metrics::Metrics;
 use crate::object::ObjectInfo;
 use discovery::KnownDataset;
 use flat_entries::flat_entries;
-use nodes::Prelisted;
 pub use nodes::{DirMode, DirNode, FileContent, FileNode, Listing, Node, NodeKind};
+use nodes::{ListingTask, Prelisted};
 
 pub struct Tree {
     store: Arc<dyn ObjectStore>,
@@ -61,7 +66,18 @@ pub struct Tree {
     mount_time: SystemTime,
     /// How long a listing stands before the store is listed again (`None`: forever).
     metadata_ttl: Option<Duration>,
+    /// The longest a listing runs ([`LISTING_DEADLINES`]).
+    listing_timeout: Duration,
     metrics: Arc<Metrics>,
+}
+
+/// How long a tree's listings stand and run.
+pub struct ListingTimes {
+    /// How long a listing stands before the store is listed again (`None`: for the
+    /// mount's life).
+    pub metadata_ttl: Option<Duration>,
+    /// The longest a listing runs ([`LISTING_DEADLINES`]).
+    pub listing_timeout: Duration,
 }
 
 /// An entry of a directory being built, before it has an inode.
@@ -96,15 +112,15 @@ impl Pending {
 }
 
 impl Tree {
-    /// The tree of `store` under `root`; `metadata_ttl`: how long a listing stands
-    /// (`None`: for the mount's life); `root_listing`: the store's delimited listing of
-    /// `root` if one was just made, which the root's first use then takes.
+    /// The tree of `store` under `root`, listed within `times`; `root_listing`: the
+    /// store's delimited listing of `root` if one was just made, which the root's
+    /// first use then takes.
     pub fn new(
         store: Arc<dyn ObjectStore>,
         root: ObjectPath,
         mode: DirMode,
         registry: ObjectRegistry,
-        metadata_ttl: Option<Duration>,
+        times: ListingTimes,
         metrics: Arc<Metrics>,
         root_listing: Option<ListResult>,
     ) -> Tree {
@@ -119,7 +135,8 @@ impl Tree {
             datasets: Mutex::new(HashMap::new()),
             nodes: RwLock::new(vec![root]),
             mount_time: SystemTime::now(),
-            metadata_ttl,
+            metadata_ttl: times.metadata_ttl,
+            listing_timeout: times.listing_timeout,
             metrics,
         }
     }
@@ -147,8 +164,11 @@ impl Tree {
     }
 
     /// The directory's listing: listing the store on first use, and again once
-    /// `--metadata-ttl` has passed.
-    pub async fn listing(&self, ino: u64) -> FsResult<Arc<Listing>> {
+    /// `--metadata-ttl` has passed. The store is listed by a task of its own that
+    /// every caller joins ([`DirNode::in_flight`]): a caller that stops waiting (its
+    /// deadline) leaves the listing running, and a later caller takes its result, so
+    /// a listing longer than any one deadline still ends in a listing, made once.
+    pub async fn listing(self: &Arc<Self>, ino: u64) -> FsResult<Arc<Listing>> {
         let node = self.node(ino)?;
         let NodeKind::Dir(dir) = &node.kind else {
             return Err(FsError::NotADirectory);
@@ -156,32 +176,85 @@ impl Tree {
         if let Some(current) = dir.current_listing() {
             return Ok(current);
         }
-        let _listing_store = dir.listing_store.lock().await;
-        // Made meanwhile by the caller that held the lock.
-        if let Some(current) = dir.current_listing() {
-            return Ok(current);
+        let task = {
+            let mut in_flight = dir.in_flight.lock();
+            // Made meanwhile by a listing that ended since the check above.
+            if let Some(current) = dir.current_listing() {
+                return Ok(current);
+            }
+            in_flight
+                .get_or_insert_with(|| self.spawn_listing(node.clone()))
+                .clone()
+        };
+        task.await
+    }
+
+    /// Starts listing the directory `node` in a task, bounded by `listing_timeout`:
+    /// its result becomes the directory's listing, and its end (a failure or a panic
+    /// too) clears [`DirNode::in_flight`], so that a failed listing is tried again by
+    /// the next caller rather than kept.
+    fn spawn_listing(self: &Arc<Self>, node: Arc<Node>) -> ListingTask {
+        let tree = self.clone();
+        let task = tokio::spawn(async move {
+            let NodeKind::Dir(dir) = &node.kind else {
+                unreachable!("only a directory is listed");
+            };
+            let listing = AssertUnwindSafe(tokio::time::timeout(
+                tree.listing_timeout,
+                tree.list_directory(node.ino, dir),
+            ))
+            .catch_unwind()
+            .await;
+            let listing = match listing {
+                Ok(Ok(listing)) => listing.map(Arc::new),
+                Ok(Err(_)) => Err(FsError::TimedOut {
+                    key: format!("the listing of {}", dir.prefix),
+                    after: tree.listing_timeout,
+                }),
+                Err(panic) => Err(FsError::of_panic(panic)),
+            };
+            if let Err(error) = &listing {
+                tracing::warn!(directory = %dir.prefix, %error, "cannot list the directory; the next lookup lists it again");
+            }
+            let mut in_flight = dir.in_flight.lock();
+            if let Ok(listing) = &listing {
+                *dir.listing.lock() = Some(listing.clone());
+            }
+            *in_flight = None;
+            listing
+        });
+        async move {
+            task.await.unwrap_or_else(|error| {
+                Err(FsError::Panicked {
+                    message: error.to_string(),
+                })
+            })
         }
+        .boxed()
+        .shared()
+    }
+
+    /// The directory's listing made from the store's listing of it now: a failure
+    /// keeps a previous listing for another `--metadata-ttl`.
+    async fn list_directory(&self, ino: u64, dir: &DirNode) -> FsResult<Listing> {
         let previous = dir.listing.lock().clone();
-        let listing = match (self.list_store(dir).await, previous) {
+        match (self.list_store(dir).await, previous) {
             (Ok(entries), previous) => {
                 if previous.is_some() {
                     Metrics::add(&self.metrics.listings_refreshed, 1);
                 }
-                self.adopt(ino, entries, previous.as_deref())
+                Ok(self.adopt(ino, entries, previous.as_deref()))
             }
             (Err(error), Some(previous)) => {
                 tracing::warn!(directory = %dir.prefix, %error, "cannot list the directory again; keeping its listing for another --metadata-ttl");
-                Listing {
+                Ok(Listing {
                     entries: previous.entries.clone(),
                     by_name: previous.by_name.clone(),
                     expires: self.expiry(),
-                }
+                })
             }
-            (Err(error), None) => return Err(error),
-        };
-        let listing = Arc::new(listing);
-        *dir.listing.lock() = Some(listing.clone());
-        Ok(listing)
+            (Err(error), None) => Err(error),
+        }
     }
 
     /// Gives inodes to a directory's entries: an entry still the same as in the
@@ -289,6 +362,14 @@ impl Tree {
         })
     }
 }
+
+/// How many operation deadlines (`--read-timeout`) a directory's listing, its
+/// dataset's discovery included, may run, whoever waits for it: a deadline ends only a
+/// caller's wait, this ends the listing, so that a store that pages without end (each
+/// page quick) is not asked for pages for the rest of the mount. With the default
+/// 15 s, two minutes: a dataset of 10,000 chunks (30 pages of 1,000 objects) from a
+/// store that answers a page in 3 s takes 90 s.
+pub const LISTING_DEADLINES: u32 = 8;
 
 /// The most entries one listing may hold (the store layer stops reading pages past it,
 /// where the store pages).

@@ -98,18 +98,7 @@ fn answer_now<R: Reply, T>(
 
 /// The operation's result, or the error its panic becomes.
 fn unwound<T>(result: std::thread::Result<FsResult<T>>) -> FsResult<T> {
-    result.unwrap_or_else(|panic| Err(panicked(panic)))
-}
-
-fn panicked(panic: Box<dyn std::any::Any + Send>) -> FsError {
-    let message = match panic.downcast::<String>() {
-        Ok(message) => *message,
-        Err(panic) => panic
-            .downcast_ref::<&str>()
-            .map_or("(no message)", |message| message)
-            .to_owned(),
-    };
-    FsError::Panicked { message }
+    result.unwrap_or_else(|panic| Err(FsError::of_panic(panic)))
 }
 
 fn answer_with<R: Reply, T>(
@@ -122,7 +111,7 @@ fn answer_with<R: Reply, T>(
         // A panic in `ok` drops the reply it took, which fuser then answers with EIO.
         Ok(value) => {
             if let Err(panic) = catch_unwind(AssertUnwindSafe(|| ok(reply, value))) {
-                errno_of(name, panicked(panic));
+                errno_of(name, FsError::of_panic(panic));
             }
         }
         Err(error) => reply.fail(errno_of(name, error)),

@@ -34,6 +34,7 @@ mod reads;
 mod ready_fd;
 mod secrets;
 mod service;
+mod slow_discovery;
 mod soak;
 mod sources;
 mod untrusted_sizes;

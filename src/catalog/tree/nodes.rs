@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use futures::future::{BoxFuture, Shared};
 use object_store::path::Path as ObjectPath;
 use object_store::{ListResult, ObjectMeta};
 use parking_lot::Mutex;
@@ -14,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::catalog::dataset::FlatDataset;
 use crate::catalog::monolithic::Dataset;
+use crate::error::FsResult;
 use crate::object::ObjectInfo;
 
 /// Whether a directory's subtree looks for chunked datasets.
@@ -51,9 +53,13 @@ pub struct DirNode {
     pub(super) prelisted: Mutex<Option<Prelisted>>,
     /// The current listing, once made.
     pub(super) listing: Mutex<Option<Arc<Listing>>>,
-    /// Held while the store is listed, so that concurrent callers share one listing.
-    pub(super) listing_store: tokio::sync::Mutex<()>,
+    /// The listing of the store under way, if one is: a task of its own, which every
+    /// caller joins, so that a caller's deadline ends its wait, not the listing.
+    pub(super) in_flight: Mutex<Option<ListingTask>>,
 }
+
+/// A listing of a directory under way, shared by everyone waiting for it.
+pub(super) type ListingTask = Shared<BoxFuture<'static, FsResult<Arc<Listing>>>>;
 
 /// The store's delimited listing of a prefix, and when it was made. The mount's check
 /// that the store answers lists the root; a chunked dataset's listing is also that of
@@ -83,7 +89,7 @@ impl DirNode {
             mode,
             prelisted: Mutex::new(prelisted),
             listing: Mutex::new(None),
-            listing_store: tokio::sync::Mutex::new(()),
+            in_flight: Mutex::new(None),
         }
     }
 

@@ -1,0 +1,274 @@
+//! A dataset whose discovery takes longer than `--read-timeout` still appears: the
+//! first `ls` gets EIO at the deadline, but the listing goes on without it, and a
+//! later `ls` finds the dataset, listed by the store once, not once per attempt. A
+//! listing that never ends is still given up, after [`LISTING_DEADLINES`] deadlines,
+//! and the next `ls` lists again. A root slower to list than the deadline still
+//! mounts. The slowness comes from below, where a slow store
+//! puts it: a store whose listings of the dataset's prefix (its directory, and its
+//! chunks' objects) answer late, and whose listing of one directory never answers.
+
+use crate::common;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+};
+
+use common::faulty_mount::SLACK;
+use common::*;
+use scdlfs::catalog::LISTING_DEADLINES;
+
+const READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// How late each listing of the dataset's prefix answers: its discovery (a delimited
+/// listing, then the recursive one) takes three deadlines.
+const LISTING_DELAY: Duration = Duration::from_millis(1_500);
+const SLOW_PREFIX: &str = "ds";
+const NEVER_LISTED: &str = "never";
+
+/// A store whose listings of one prefix (`slow`: [`SLOW_PREFIX`], or `""` for the
+/// root) answer [`LISTING_DELAY`] late and whose listing of [`NEVER_LISTED`] never
+/// answers, counted; everything else passes through.
+#[derive(Debug)]
+struct SlowListings {
+    inner: Arc<dyn ObjectStore>,
+    slow: &'static str,
+    delimited: AtomicUsize,
+    recursive: AtomicUsize,
+    never_answered: AtomicUsize,
+}
+
+impl SlowListings {
+    fn over(inner: Arc<dyn ObjectStore>, slow: &'static str) -> SlowListings {
+        SlowListings {
+            inner,
+            slow,
+            delimited: AtomicUsize::new(0),
+            recursive: AtomicUsize::new(0),
+            never_answered: AtomicUsize::new(0),
+        }
+    }
+
+    fn is_slow(&self, prefix: Option<&ObjectPath>) -> bool {
+        prefix.map_or("", |p| p.as_ref()) == self.slow
+    }
+}
+
+impl std::fmt::Display for SlowListings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SlowListings({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for SlowListings {
+    async fn put_opts(
+        &self,
+        location: &ObjectPath,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &ObjectPath,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &ObjectPath, options: GetOptions) -> Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<ObjectPath>>,
+    ) -> BoxStream<'static, Result<ObjectPath>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&ObjectPath>) -> BoxStream<'static, Result<ObjectMeta>> {
+        let listed = self.inner.list(prefix);
+        if !self.is_slow(prefix) {
+            return listed;
+        }
+        self.recursive.fetch_add(1, Ordering::SeqCst);
+        futures::stream::once(async move {
+            tokio::time::sleep(LISTING_DELAY).await;
+            listed
+        })
+        .flatten()
+        .boxed()
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&ObjectPath>) -> Result<ListResult> {
+        if self.is_slow(prefix) {
+            self.delimited.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(LISTING_DELAY).await;
+        }
+        if prefix.is_some_and(|p| p.as_ref() == NEVER_LISTED) {
+            self.never_answered.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<()>().await;
+        }
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &ObjectPath,
+        to: &ObjectPath,
+        options: CopyOptions,
+    ) -> Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// The names `ls DIR` lists, and how long it took; `None` if it had no answer after a
+/// minute (the thread is left behind).
+fn ls(dir: PathBuf) -> (Option<std::io::Result<Vec<String>>>, Duration) {
+    let started = Instant::now();
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let names = std::fs::read_dir(dir).and_then(|entries| {
+            entries
+                .map(|entry| entry.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect()
+        });
+        done.send(names)
+    });
+    let result = result.recv_timeout(Duration::from_secs(60)).ok();
+    (result, started.elapsed())
+}
+
+#[test]
+fn a_discovery_longer_than_the_deadline_goes_on_and_a_later_ls_finds_the_dataset() {
+    let src = tempfile::tempdir().unwrap();
+    let want = write_source(src.path());
+    let store = Arc::new(SlowListings::over(local_store(src.path()), SLOW_PREFIX));
+    let mount = TestMount::start(store.clone(), "", |s| s.read_timeout = READ_TIMEOUT);
+    let dataset = mount.path().join(SLOW_PREFIX);
+
+    let (first, took) = ls(dataset.clone());
+    println!("first ls: {first:?} after {took:?}");
+    let first = first.expect("the first ls answers");
+    assert_eq!(
+        first
+            .expect_err("the first ls waits out the deadline")
+            .raw_os_error(),
+        Some(libc::EIO)
+    );
+    assert!(took <= READ_TIMEOUT + SLACK, "EIO after {took:?}");
+
+    // Another attempt within the listing's time joins it rather than starting over.
+    let (second, took) = ls(dataset.clone());
+    println!("second ls: {second:?} after {took:?}");
+
+    let discovery_done = 2 * LISTING_DELAY + SLACK;
+    std::thread::sleep(discovery_done);
+    let (later, took) = ls(dataset.clone());
+    println!("ls after {discovery_done:?}: {later:?} after {took:?}");
+    let later = later
+        .expect("the later ls answers")
+        .expect("the later ls lists the dataset");
+    for kind in scdl_format::ArrayKind::ALL {
+        assert!(
+            later.iter().any(|name| name == kind.file_name()),
+            "{} missing from {later:?}",
+            kind.file_name()
+        );
+    }
+    let data = std::fs::read(dataset.join("data.npy")).unwrap();
+    assert!(data == want["ds/data.npy"], "data.npy: wrong bytes");
+
+    let listings = (
+        store.delimited.load(Ordering::SeqCst),
+        store.recursive.load(Ordering::SeqCst),
+    );
+    assert_eq!(
+        listings,
+        (1, 1),
+        "the dataset's directory and its chunks' objects each listed once (delimited, recursive)"
+    );
+}
+
+fn assert_eio_within_the_deadline(
+    what: &str,
+    (result, took): (Option<std::io::Result<Vec<String>>>, Duration),
+) {
+    println!("{what}: {result:?} after {took:?}");
+    let error = result
+        .unwrap_or_else(|| panic!("{what}: no answer"))
+        .expect_err(what);
+    assert_eq!(error.raw_os_error(), Some(libc::EIO), "{what}: {error}");
+    assert!(took <= READ_TIMEOUT + SLACK, "{what}: EIO after {took:?}");
+}
+
+#[test]
+fn a_listing_that_never_answers_is_given_up_and_the_next_ls_lists_again() {
+    let src = tempfile::tempdir().unwrap();
+    write_files(src.path(), &plain_files());
+    std::fs::create_dir(src.path().join(NEVER_LISTED)).unwrap();
+    std::fs::write(
+        src.path().join(NEVER_LISTED).join("inner.bin"),
+        b"never listed",
+    )
+    .unwrap();
+    let store = Arc::new(SlowListings::over(local_store(src.path()), SLOW_PREFIX));
+    let mount = TestMount::start(store.clone(), "", |s| s.read_timeout = READ_TIMEOUT);
+    let never = mount.path().join(NEVER_LISTED);
+
+    let started = Instant::now();
+    assert_eio_within_the_deadline("the first ls", ls(never.clone()));
+    assert_eio_within_the_deadline("an ls while the listing runs", ls(never.clone()));
+    assert_eq!(
+        store.never_answered.load(Ordering::SeqCst),
+        1,
+        "the second ls joined the listing under way"
+    );
+
+    let listing_bound = READ_TIMEOUT * LISTING_DEADLINES;
+    std::thread::sleep((listing_bound + SLACK).saturating_sub(started.elapsed()));
+    assert_eio_within_the_deadline("an ls after the listing was given up", ls(never));
+    assert_eq!(
+        store.never_answered.load(Ordering::SeqCst),
+        2,
+        "the listing given up after {listing_bound:?} is not kept: the next ls lists again"
+    );
+}
+
+/// The root is listed before the mount appears; a root slower to list than
+/// `--read-timeout`, but that would end, is waited for as any listing is (up to
+/// [`LISTING_DEADLINES`] deadlines) rather than failing the mount.
+#[test]
+fn a_root_slower_to_list_than_the_deadline_still_mounts() {
+    let src = tempfile::tempdir().unwrap();
+    let files = plain_files();
+    write_files(src.path(), &files);
+    let store = Arc::new(SlowListings::over(local_store(src.path()), ""));
+    let mount = TestMount::start(store.clone(), "", |s| s.read_timeout = READ_TIMEOUT);
+    let (root, took) = ls(mount.path());
+    println!("ls of the root: {root:?} after {took:?}");
+    let root = root.expect("the root answers").expect("the root lists");
+    for name in files.keys().filter_map(|path| path.split('/').next()) {
+        assert!(
+            root.iter().any(|n| n == name),
+            "{name} missing from {root:?}"
+        );
+    }
+    assert_eq!(
+        store.delimited.load(Ordering::SeqCst),
+        1,
+        "the mount's listing of the root is the root's first"
+    );
+}
