@@ -12,6 +12,7 @@ use super::Prefetcher;
 use crate::catalog::{Dataset, FlatDataset, MonolithicDataset};
 use crate::fetch::Fetcher;
 use crate::object::ObjectInfo;
+use crate::parts::ObjectId;
 
 /// What a step reads: its own byte ranges, the bytes it needs that serve other steps
 /// too (the margins the kernel reads around its ranges in memory-mapped arrays, a
@@ -93,6 +94,28 @@ impl Prefetcher {
                 Dataset::Chunked(_) => None,
             })
             .collect();
+        // The arrays a plan's window step in view reads whole: an edge of one of them
+        // is not fetched on its own, as its part comes whole with that step, in this
+        // pass or, past the in-flight limit, a later one (an edge sent first had
+        // those bytes come twice).
+        let read_whole: HashSet<ObjectId> = snapshot
+            .iter()
+            .filter_map(|(_, _, dataset, _, steps)| match dataset {
+                Dataset::Chunked(dataset) => Some((dataset, steps)),
+                Dataset::Monolithic(_) => None,
+            })
+            .flat_map(|(dataset, steps)| {
+                steps.iter().flat_map(move |step| match step {
+                    Step::Window(chunks) => chunks
+                        .iter()
+                        .flat_map(|&chunk| {
+                            ArrayKind::ALL.map(|kind| dataset.array(chunk as usize, kind).id)
+                        })
+                        .collect(),
+                    Step::Rows(_) => Vec::new(),
+                })
+            })
+            .collect();
         let located = || -> usize { monolithic.iter().map(|d| d.known_boundaries()).sum() };
         let located_before = located();
         let max_in_flight = 2 * self.fetcher.max_concurrent_requests();
@@ -172,7 +195,8 @@ impl Prefetcher {
                     }
                 }
                 for (object, range) in edges {
-                    if ahead_bytes < self.config.max_ahead_bytes {
+                    if ahead_bytes < self.config.max_ahead_bytes && !read_whole.contains(&object.id)
+                    {
                         if offset > 0 {
                             ahead_bytes += range.end - range.start;
                         }
