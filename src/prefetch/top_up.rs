@@ -437,6 +437,16 @@ mod tests {
     /// cache's locks, and claiming an earlier mount's part file reads its header from
     /// disk): the top-up issues outside the plans' lock, which every read of a planned
     /// dataset and every status takes, so none of them waits for it.
+    /// A handle of the dataset's hint file, as a reader's sampler opens it.
+    async fn open_hint_file(core: &FsCore) -> u64 {
+        let ds = core.lookup(ROOT, OsStr::new("ds")).await.unwrap();
+        let hints = core
+            .lookup(ds.attr.ino.0, OsStr::new(scdl_format::hint::HINT_FILE))
+            .await
+            .unwrap();
+        core.open(hints.attr.ino.0).unwrap().handle
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_prefetch_being_issued_holds_no_lock_that_reads_or_status_take() {
         let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -449,12 +459,7 @@ mod tests {
             // Until the test lets go (drops `release`); at most a while.
             let _ = released.lock().recv_timeout(Duration::from_secs(30));
         }));
-        let ds = core.lookup(ROOT, OsStr::new("ds")).await.unwrap();
-        let hints = core
-            .lookup(ds.attr.ino.0, OsStr::new(scdl_format::hint::HINT_FILE))
-            .await
-            .unwrap();
-        let handle = core.open(hints.attr.ino.0).unwrap().handle;
+        let handle = open_hint_file(&core).await;
         core.write(handle, b"scdlfs-hints 1\nplan 0\nwindow 1\nwindow 2\n")
             .unwrap();
         issued
@@ -474,6 +479,16 @@ mod tests {
         core.release(handle);
     }
 
+    /// A plan of four steps, each over every row of the dataset.
+    fn write_a_plan_over_every_row(core: &FsCore, handle: u64) {
+        let every_row = "rows 0 2500\n".repeat(4);
+        core.write(
+            handle,
+            format!("scdlfs-hints 1\nplan 0\n{every_row}").as_bytes(),
+        )
+        .unwrap();
+    }
+
     /// A plan that neither moved nor changed costs a later pass no work once its
     /// lookahead is all issued: a writer's plan of steps over every row, which never
     /// reads, is not walked again on every move of other readers or every download's
@@ -482,18 +497,8 @@ mod tests {
     async fn a_plan_that_has_not_moved_costs_a_later_top_up_no_work() {
         let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let core = core_of_a_dataset(source.path(), cache.path());
-        let ds = core.lookup(ROOT, OsStr::new("ds")).await.unwrap();
-        let hints = core
-            .lookup(ds.attr.ino.0, OsStr::new(scdl_format::hint::HINT_FILE))
-            .await
-            .unwrap();
-        let handle = core.open(hints.attr.ino.0).unwrap().handle;
-        let every_row = "rows 0 2500\n".repeat(4);
-        core.write(
-            handle,
-            format!("scdlfs-hints 1\nplan 0\n{every_row}").as_bytes(),
-        )
-        .unwrap();
+        let handle = open_hint_file(&core).await;
+        write_a_plan_over_every_row(&core, handle);
 
         let prefetcher = core.prefetcher().clone();
         let expansions = || prefetcher.step_expansions.load(Ordering::Relaxed);
@@ -534,18 +539,8 @@ mod tests {
     async fn a_plan_that_has_not_moved_is_not_ranked_again() {
         let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let core = core_of_a_dataset(source.path(), cache.path());
-        let ds = core.lookup(ROOT, OsStr::new("ds")).await.unwrap();
-        let hints = core
-            .lookup(ds.attr.ino.0, OsStr::new(scdl_format::hint::HINT_FILE))
-            .await
-            .unwrap();
-        let handle = core.open(hints.attr.ino.0).unwrap().handle;
-        let every_row = "rows 0 2500\n".repeat(4);
-        core.write(
-            handle,
-            format!("scdlfs-hints 1\nplan 0\n{every_row}").as_bytes(),
-        )
-        .unwrap();
+        let handle = open_hint_file(&core).await;
+        write_a_plan_over_every_row(&core, handle);
         let prefetcher = core.prefetcher().clone();
         let ranked = || prefetcher.horizons_ranked.load(Ordering::Relaxed);
         prefetcher.rank_plans();
