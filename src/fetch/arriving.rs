@@ -41,17 +41,89 @@ pub struct Arriving {
 enum Body {
     /// The download has not chosen where the body goes yet.
     Unplaced,
-    /// Into the part's cache file: bytes `..on_disk` are written; then come the
-    /// bytes being written (`writing`), then those waiting for a whole block
-    /// (`pending`).
-    Spooled {
-        spool: Arc<Spool>,
-        on_disk: u64,
-        writing: Bytes,
-        pending: BytesMut,
-    },
+    /// Into the part's cache file.
+    Spooled(Spooling),
     Memory(BytesMut),
     Whole(Bytes),
+}
+
+/// A body on its way into the part's cache file: bytes `..on_disk` are written; then
+/// come the bytes being written (`writing`), then those waiting for a whole block
+/// (`pending`).
+struct Spooling {
+    spool: Arc<Spool>,
+    on_disk: u64,
+    writing: Bytes,
+    pending: BytesMut,
+}
+
+/// Where the bytes of a range of a spooled body are: all written to the file, or
+/// copied from memory into `copy` but for its first `from_disk` bytes, to be read from
+/// the file.
+enum HeldBytes {
+    Written(Arc<Spool>),
+    PartlyInMemory {
+        spool: Arc<Spool>,
+        copy: Vec<u8>,
+        from_disk: usize,
+    },
+}
+
+impl Spooling {
+    /// Bytes received so far, written or not.
+    fn received(&self) -> u64 {
+        self.on_disk + (self.writing.len() + self.pending.len()) as u64
+    }
+
+    /// Takes the next piece: returns the bytes received, and the whole blocks to write
+    /// now (if any), from the piece itself when it starts at a block boundary.
+    fn take(&mut self, piece: Bytes) -> (u64, Option<(Arc<Spool>, Bytes)>) {
+        debug_assert!(self.writing.is_empty(), "one write at a time");
+        let block_len = BLOCK_LEN as usize;
+        let received = self.received() + piece.len() as u64;
+        if self.pending.is_empty() {
+            let whole = piece.len() / block_len * block_len;
+            self.writing = piece.slice(..whole);
+            self.pending.extend_from_slice(&piece[whole..]);
+        } else {
+            self.pending.extend_from_slice(&piece);
+            let whole = self.pending.len() / block_len * block_len;
+            self.writing = self.pending.split_to(whole).freeze();
+        }
+        let blocks = (!self.writing.is_empty()).then(|| (self.spool.clone(), self.writing.clone()));
+        (received, blocks)
+    }
+
+    /// Bytes `range` as held now; `None` if they have not all arrived.
+    fn bytes(&self, range: &Range<u64>) -> Option<HeldBytes> {
+        if range.end <= self.on_disk {
+            return Some(HeldBytes::Written(self.spool.clone()));
+        }
+        if range.end > self.received() {
+            return None;
+        }
+        let mut copy = vec![0; (range.end - range.start) as usize];
+        let from_disk = self.on_disk.saturating_sub(range.start) as usize;
+        // From memory: `writing`, then `pending`, from `skip` bytes past the disk.
+        let mut skip = (range.start.max(self.on_disk) - self.on_disk) as usize;
+        let mut dest = &mut copy[from_disk..];
+        for held in [&self.writing[..], &self.pending[..]] {
+            if skip >= held.len() {
+                skip -= held.len();
+                continue;
+            }
+            let n = dest.len().min(held.len() - skip);
+            dest[..n].copy_from_slice(&held[skip..skip + n]);
+            dest = &mut dest[n..];
+            skip = 0;
+        }
+        debug_assert!(dest.is_empty(), "the bytes held were counted");
+        Some(HeldBytes::PartlyInMemory {
+            spool: self.spool.clone(),
+            copy,
+            from_disk,
+        })
+    }
 }
 
 impl Default for Arriving {
@@ -88,17 +160,17 @@ impl Arriving {
     /// Whether the body goes into a part file that failed a read of its written bytes
     /// ([`Spool::has_failed_a_read`]): readers ask the store for theirs instead.
     pub fn spool_failed_a_read(&self) -> bool {
-        matches!(&*self.body.lock(), Body::Spooled { spool, .. } if spool.has_failed_a_read())
+        matches!(&*self.body.lock(), Body::Spooled(body) if body.spool.has_failed_a_read())
     }
 
     /// The body goes into `spool`, the part's cache file.
     pub fn spool_into(&self, spool: Arc<Spool>) {
-        self.place(Body::Spooled {
+        self.place(Body::Spooled(Spooling {
             spool,
             on_disk: 0,
             writing: Bytes::new(),
             pending: BytesMut::new(),
-        });
+        }));
     }
 
     /// The body of `len` bytes goes into memory, in one buffer that appending never
@@ -122,28 +194,8 @@ impl Arriving {
     /// whole blocks of a piece that starts at a block boundary are written from it
     /// without a copy.
     pub async fn push(&self, piece: Bytes) -> FsResult<u64> {
-        let block_len = BLOCK_LEN as usize;
         let (received, blocks) = match &mut *self.body.lock() {
-            Body::Spooled {
-                spool,
-                on_disk,
-                writing,
-                pending,
-            } => {
-                debug_assert!(writing.is_empty(), "one write at a time");
-                let received = *on_disk + (pending.len() + piece.len()) as u64;
-                if pending.is_empty() {
-                    let whole = piece.len() / block_len * block_len;
-                    *writing = piece.slice(..whole);
-                    pending.extend_from_slice(&piece[whole..]);
-                } else {
-                    pending.extend_from_slice(&piece);
-                    let whole = pending.len() / block_len * block_len;
-                    *writing = pending.split_to(whole).freeze();
-                }
-                let blocks = (!writing.is_empty()).then(|| (spool.clone(), writing.clone()));
-                (received, blocks)
-            }
+            Body::Spooled(body) => body.take(piece),
             Body::Memory(buffer) => {
                 buffer.extend_from_slice(&piece);
                 (buffer.len() as u64, None)
@@ -160,14 +212,9 @@ impl Arriving {
     /// Writes what a spooled body still holds in memory: the part's last bytes.
     pub async fn end(&self) -> FsResult<()> {
         let rest = match &mut *self.body.lock() {
-            Body::Spooled {
-                spool,
-                writing,
-                pending,
-                ..
-            } if !pending.is_empty() => {
-                *writing = pending.split().freeze();
-                (spool.clone(), writing.clone())
+            Body::Spooled(body) if !body.pending.is_empty() => {
+                body.writing = body.pending.split().freeze();
+                (body.spool.clone(), body.writing.clone())
             }
             _ => return Ok(()),
         };
@@ -183,12 +230,9 @@ impl Arriving {
             .map_err(|error| {
                 FsError::CorruptData(format!("a part file write failed: {error}"))
             })??;
-        if let Body::Spooled {
-            on_disk, writing, ..
-        } = &mut *self.body.lock()
-        {
-            *on_disk += len;
-            *writing = Bytes::new();
+        if let Body::Spooled(body) = &mut *self.body.lock() {
+            body.on_disk += len;
+            body.writing = Bytes::new();
         }
         Ok(())
     }
@@ -201,7 +245,7 @@ impl Arriving {
         let whole = match std::mem::replace(&mut *body, Body::Unplaced) {
             Body::Memory(buffer) => keep(buffer.freeze()),
             Body::Whole(bytes) => bytes,
-            Body::Unplaced | Body::Spooled { .. } => unreachable!("finish of a body in memory"),
+            Body::Unplaced | Body::Spooled(_) => unreachable!("finish of a body in memory"),
         };
         *body = Body::Whole(whole.clone());
         whole
@@ -233,36 +277,15 @@ impl Arriving {
     fn bytes(&self, range: Range<u64>) -> FsResult<Option<PartBytes>> {
         let offset = range.start;
         let (spool, mut copy, from_disk) = match &*self.body.lock() {
-            Body::Spooled {
-                spool,
-                on_disk,
-                writing,
-                pending,
-            } => {
-                if range.end <= *on_disk {
-                    return Ok(Some(PartBytes::Spooled(spool.clone())));
-                }
-                if range.end > on_disk + (writing.len() + pending.len()) as u64 {
-                    return Ok(None);
-                }
-                let mut copy = vec![0; (range.end - range.start) as usize];
-                let from_disk = on_disk.saturating_sub(range.start) as usize;
-                // From memory: `writing`, then `pending`, from `skip` bytes past the disk.
-                let mut skip = (range.start.max(*on_disk) - *on_disk) as usize;
-                let mut dest = &mut copy[from_disk..];
-                for held in [&writing[..], &pending[..]] {
-                    if skip >= held.len() {
-                        skip -= held.len();
-                        continue;
-                    }
-                    let n = dest.len().min(held.len() - skip);
-                    dest[..n].copy_from_slice(&held[skip..skip + n]);
-                    dest = &mut dest[n..];
-                    skip = 0;
-                }
-                debug_assert!(dest.is_empty(), "the bytes held were counted");
-                (spool.clone(), copy, from_disk)
-            }
+            Body::Spooled(body) => match body.bytes(&range) {
+                None => return Ok(None),
+                Some(HeldBytes::Written(spool)) => return Ok(Some(PartBytes::Spooled(spool))),
+                Some(HeldBytes::PartlyInMemory {
+                    spool,
+                    copy,
+                    from_disk,
+                }) => (spool, copy, from_disk),
+            },
             Body::Memory(buffer) if range.end <= buffer.len() as u64 => {
                 return Ok(Some(PartBytes::InMemory {
                     offset,
