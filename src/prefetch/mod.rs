@@ -56,7 +56,7 @@ use budget::{
 use plan::{Plan, Room, MAX_PLANNED_ENTRIES};
 use row_offsets::KeptRowOffsets;
 use scatter::ScatterDetector;
-use top_up::{StepReads, ToppedUp};
+use top_up::{StepReads, TopUpCursor};
 
 /// How the prefetcher is bounded.
 #[derive(Clone, Copy, Debug)]
@@ -78,8 +78,8 @@ struct ActivePlan {
     plan: Plan,
     /// Who opened the hint handle: whose budget the plan spends.
     uid: u32,
-    /// The plan's last top-up that left nothing to issue: see [`ToppedUp`].
-    topped_up: Option<ToppedUp>,
+    /// How far the top-ups have issued its lookahead: see [`TopUpCursor`].
+    top_up: Option<TopUpCursor>,
     /// The ranks the plan gave when last ranked, if its dataset is chunked.
     ranked: Option<RankedPlan>,
 }
@@ -159,9 +159,13 @@ pub struct Prefetcher {
     /// Called as the top-up issues each prefetch: a test holds it there.
     #[cfg(test)]
     issue_hook: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
-    /// Steps the top-ups expanded to the byte ranges they read: a test counts them.
+    /// Top-up passes run one at a time: each takes the plans' cursors and puts them back.
+    top_up_pass: Mutex<()>,
+    /// Top-up passes, and the items of steps they walked: tests count them.
     #[cfg(test)]
-    step_expansions: std::sync::atomic::AtomicU64,
+    top_up_passes: std::sync::atomic::AtomicU64,
+    #[cfg(test)]
+    items_walked: std::sync::atomic::AtomicU64,
     /// Plans' horizons ranked: a test counts them.
     #[cfg(test)]
     horizons_ranked: std::sync::atomic::AtomicU64,
@@ -194,8 +198,11 @@ impl Prefetcher {
             ranks_stale: AtomicBool::new(false),
             #[cfg(test)]
             issue_hook: Mutex::new(None),
+            top_up_pass: Mutex::new(()),
             #[cfg(test)]
-            step_expansions: Default::default(),
+            top_up_passes: Default::default(),
+            #[cfg(test)]
+            items_walked: Default::default(),
             #[cfg(test)]
             horizons_ranked: Default::default(),
         });
@@ -270,7 +277,7 @@ impl Prefetcher {
                         dataset,
                         plan,
                         uid,
-                        topped_up: None,
+                        top_up: None,
                         ranked: None,
                     },
                 );

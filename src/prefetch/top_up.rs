@@ -1,8 +1,19 @@
 //! The top-up: keeps the next steps of every plan downloading, in plan order, up to the
 //! lookahead and the share of the budget, with the margins and edges their readers'
 //! read-around takes.
+//!
+//! A pass walks the plans' steps item by item (a chunk of a window, a chunk a row range
+//! spans, a monolithic row range) and stops where nothing more can be issued: the
+//! downloads are all taken, or the bytes ahead reach their share. Each plan keeps a
+//! cursor ([`TopUpCursor`]) at its first item not yet issued, so the next pass starts
+//! there: a pass costs what it issues plus the items still downloading behind the
+//! cursor, not the width of the steps (a writer's step over every row of 10,000 chunks
+//! was walked whole on every download's end, the daemon's largest cost beside another
+//! user's epoch). The plans are walked breadth-first, every plan's current step before
+//! any plan's next one, and each user's plans may hold at most an equal share of the
+//! downloads: one user's wide step cannot keep another user's next step waiting.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use scdl_format::ArrayKind;
@@ -12,14 +23,14 @@ use super::Prefetcher;
 use crate::catalog::{Dataset, FlatDataset, MonolithicDataset};
 use crate::fetch::Fetcher;
 use crate::object::ObjectInfo;
-use crate::parts::ObjectId;
+use crate::parts::{ObjectId, PartKey};
 
-/// What a step reads: its own byte ranges, the bytes it needs that serve other steps
-/// too (the margins the kernel reads around its ranges in memory-mapped arrays, a
-/// monolithic dataset's row offsets), the few bytes its readers' read-around takes from
-/// neighbouring chunks (`edges`, worth fetching on their own where their part is much
-/// larger), and whether the ranges are all known yet (a row step needs its chunks' row
-/// offsets first).
+/// What an item of a step reads: its own byte ranges, the bytes it needs that serve
+/// other steps too (the margins the kernel reads around its ranges in memory-mapped
+/// arrays, a monolithic dataset's row offsets), the few bytes its readers' read-around
+/// takes from neighbouring chunks (`edges`, worth fetching on their own where their
+/// part is much larger), and whether the ranges are all known yet (a row range needs
+/// its chunk's row offsets first).
 #[derive(Default)]
 pub(super) struct StepReads {
     pub(super) ranges: Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)>,
@@ -28,22 +39,66 @@ pub(super) struct StepReads {
     pub(super) complete: bool,
 }
 
-/// A plan's last top-up that issued all its lookahead: every step resolved, every
-/// part cached, downloading or started. Until the plan's revision or position changes a
-/// pass has nothing to add for it. (A part it issued that fails, or is evicted before
-/// its step is read, is fetched again when the reader moves, or by the read itself.)
-#[derive(Clone, Copy, Debug)]
-pub(super) struct ToppedUp {
-    revision: u64,
-    position: usize,
-    /// What the plan's prefetches counted against [`PrefetchConfig::max_ahead_bytes`].
-    ///
-    /// [`PrefetchConfig::max_ahead_bytes`]: super::PrefetchConfig::max_ahead_bytes
-    ahead_bytes: u64,
+/// A place in a step: its entry (a chunk of a window, or a row range) and, in a row
+/// range of a chunked dataset, which chunk of its span.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Item {
+    entry: usize,
+    chunk: usize,
 }
 
-impl ToppedUp {
-    /// Whether the plan is where this top-up left it.
+/// How far the top-ups have issued a plan's lookahead at one revision and position.
+/// Every item before (`step`, `item`) had its ranges known and every part cached,
+/// downloading or started; an item issued that fails, or is evicted before its step is
+/// read, is fetched again when the reader moves, or by the read itself.
+pub(super) struct TopUpCursor {
+    revision: u64,
+    position: usize,
+    /// The step, counted from `position`, and the item in it, where the next pass starts.
+    step: usize,
+    item: Item,
+    /// The parts of the items of `step` before `item`: the step's parts once all are,
+    /// which match reads to it ([`super::plan::Plan::resolve`]).
+    parts: HashSet<PartKey>,
+    /// What the items before the cursor counted against
+    /// [`super::PrefetchConfig::max_ahead_bytes`].
+    ahead_bytes: u64,
+    /// The arrays a window step in view reads whole: an edge of one of them is not
+    /// fetched on its own, as its part comes whole with that step (an edge sent first
+    /// had those bytes come twice).
+    read_whole: HashSet<ObjectId>,
+    /// Prefetches the plan started that may still be downloading: its user's share.
+    started: Vec<PartKey>,
+}
+
+impl TopUpCursor {
+    fn at_start(plan: &super::plan::Plan, dataset: &Dataset, steps: &[Step]) -> TopUpCursor {
+        let read_whole = match dataset {
+            Dataset::Chunked(dataset) => steps
+                .iter()
+                .flat_map(|step| match step {
+                    Step::Window(chunks) => chunks.as_slice(),
+                    Step::Rows(_) => &[],
+                })
+                .flat_map(|&chunk| {
+                    ArrayKind::ALL.map(|kind| dataset.array(chunk as usize, kind).id)
+                })
+                .collect(),
+            Dataset::Monolithic(_) => HashSet::new(),
+        };
+        TopUpCursor {
+            revision: plan.revision(),
+            position: plan.position.min(plan.steps.len()),
+            step: 0,
+            item: Item::default(),
+            parts: HashSet::new(),
+            ahead_bytes: 0,
+            read_whole,
+            started: Vec::new(),
+        }
+    }
+
+    /// Whether the plan is where this cursor was made.
     fn is_at(&self, plan: &super::plan::Plan) -> bool {
         self.revision == plan.revision() && self.position == plan.position.min(plan.steps.len())
     }
@@ -53,189 +108,294 @@ impl ToppedUp {
 /// and the `.npy` header before a chunk's first value.
 const EDGE_SLACK: u64 = 8 << 10;
 
+/// One plan in a pass: its steps in view, its cursor, and where the pass has got to.
+struct Walk {
+    handle: u64,
+    uid: u32,
+    dataset: Dataset,
+    /// The steps from the plan's position to the end of the lookahead.
+    steps: Vec<Step>,
+    cursor: TopUpCursor,
+    /// The step (from the plan's position) and item this pass is at.
+    at: (usize, Item),
+    /// An item this pass walked is not all issued: the cursor stays before it.
+    behind: bool,
+    /// The step whose being still ahead of the reader this pass checked.
+    checked_step: Option<usize>,
+    /// The plan moved or changed since the snapshot: its cursor is dropped.
+    moved: bool,
+    stopped: bool,
+}
+
+/// What one item's walk tells the pass.
+enum Walked {
+    Next,
+    /// The downloads are all taken, or the bytes ahead reached their share.
+    PassFull,
+}
+
+/// What a pass shares between its walks.
+struct PassState {
+    /// Downloads (demand reads included) past which no prefetch is issued: the sum of
+    /// the users' shares, and as much again for what the shares do not hold (demand
+    /// reads, edges, a share given up as another user's plan came).
+    max_in_flight: usize,
+    /// Downloads one user's plans may hold.
+    user_share: usize,
+    started_by_user: HashMap<u32, usize>,
+    ahead_bytes: u64,
+    seen: HashSet<PartKey>,
+    resolved: Vec<(u64, usize, Step, HashSet<PartKey>)>,
+}
+
 impl Prefetcher {
     /// Issues prefetches for every plan's next steps, within the bounds, and records
-    /// the parts of each step it could resolve for matching reads to steps.
+    /// the parts of each step it resolved for matching reads to steps.
     pub(super) fn top_up(&self) {
-        // A plan whose last pass issued all its lookahead at this revision and position
-        // has nothing to issue until one of them changes: it is skipped, so that a plan
-        // of wide steps that does not move (a writer that never reads) is not walked
-        // again on every move of other readers and every download's end. Its bytes
-        // ahead still count against the bound. Those are the bytes of the steps after
-        // the current one: the step being read is needed now, whatever the share.
-        // Counted in, a step of half the cache took the whole share and the next one
-        // was fetched only once the reader came to it.
-        let mut ahead_bytes = 0u64;
-        let snapshot: Vec<(u64, u64, Dataset, usize, Vec<Step>)> = self
+        let _one_pass_at_a_time = self.top_up_pass.lock();
+        #[cfg(test)]
+        self.top_up_passes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let lookahead = self.config.lookahead_steps;
+        // The cursors are taken out under the plans' lock, which every read of a planned
+        // dataset takes, and put back after: nothing is issued under it, since issuing
+        // can wait (the fetcher's and the cache's locks, an earlier mount's part file
+        // claimed with a header read).
+        let mut walks: Vec<Walk> = self
             .plans
             .lock()
-            .iter()
-            .filter_map(|(handle, a)| {
+            .iter_mut()
+            .map(|(handle, a)| {
                 let start = a.plan.position.min(a.plan.steps.len());
-                if let Some(done) = a.topped_up.filter(|t| t.is_at(&a.plan)) {
-                    ahead_bytes += done.ahead_bytes;
-                    return None;
+                let end = (start + 1 + lookahead).min(a.plan.steps.len());
+                let cursor = a.top_up.take().filter(|c| c.is_at(&a.plan));
+                let finished = cursor.as_ref().is_some_and(|c| c.step >= end - start);
+                let steps = if finished {
+                    Vec::new()
+                } else {
+                    a.plan.steps[start..end].to_vec()
+                };
+                (*handle, a.uid, a.dataset.clone(), cursor, steps, &a.plan)
+            })
+            .map(|(handle, uid, dataset, cursor, steps, plan)| {
+                let cursor =
+                    cursor.unwrap_or_else(|| TopUpCursor::at_start(plan, &dataset, &steps));
+                Walk {
+                    handle,
+                    uid,
+                    dataset,
+                    at: (cursor.step, cursor.item),
+                    cursor,
+                    steps,
+                    behind: false,
+                    checked_step: None,
+                    moved: false,
+                    stopped: false,
                 }
-                let end = (start + 1 + self.config.lookahead_steps).min(a.plan.steps.len());
-                Some((
-                    *handle,
-                    a.plan.revision(),
-                    a.dataset.clone(),
-                    start,
-                    a.plan.steps[start..end].to_vec(),
-                ))
             })
             .collect();
-        // Resolving a monolithic step locates its virtual chunks, which ranks its parts.
-        let monolithic: Vec<Arc<MonolithicDataset>> = snapshot
+        walks.sort_by_key(|w| w.handle);
+        let mut started_by_user: HashMap<u32, usize> = HashMap::new();
+        for walk in &mut walks {
+            walk.cursor
+                .started
+                .retain(|key| self.fetcher.is_in_flight(*key));
+            *started_by_user.entry(walk.uid).or_default() += walk.cursor.started.len();
+        }
+        let users_walking: HashSet<u32> = walks
             .iter()
-            .filter_map(|(_, _, dataset, ..)| match dataset {
+            .filter(|w| w.at.0 < w.steps.len())
+            .map(|w| w.uid)
+            .collect();
+        let shares = 2 * self.fetcher.max_concurrent_requests();
+        let mut pass = PassState {
+            max_in_flight: 2 * shares,
+            user_share: (shares / users_walking.len().max(1)).max(1),
+            started_by_user,
+            // Bytes ahead are those of the steps after the current one: the step being
+            // read is needed now, whatever the share. Counted in, a step of half the
+            // cache took the whole share and the next one was fetched only once the
+            // reader came to it.
+            ahead_bytes: walks.iter().map(|w| w.cursor.ahead_bytes).sum(),
+            seen: HashSet::new(),
+            resolved: Vec::new(),
+        };
+        let read_whole: HashSet<ObjectId> = walks
+            .iter()
+            .flat_map(|w| w.cursor.read_whole.iter().copied())
+            .collect();
+        // Resolving a monolithic step locates its virtual chunks, which ranks its parts.
+        let monolithic: Vec<Arc<MonolithicDataset>> = walks
+            .iter()
+            .filter_map(|w| match &w.dataset {
                 Dataset::Monolithic(dataset) => Some(dataset.clone()),
                 Dataset::Chunked(_) => None,
             })
             .collect();
-        // The arrays a plan's window step in view reads whole: an edge of one of them
-        // is not fetched on its own, as its part comes whole with that step, in this
-        // pass or, past the in-flight limit, a later one (an edge sent first had
-        // those bytes come twice).
-        let read_whole: HashSet<ObjectId> = snapshot
-            .iter()
-            .filter_map(|(_, _, dataset, _, steps)| match dataset {
-                Dataset::Chunked(dataset) => Some((dataset, steps)),
-                Dataset::Monolithic(_) => None,
-            })
-            .flat_map(|(dataset, steps)| {
-                steps.iter().flat_map(move |step| match step {
-                    Step::Window(chunks) => chunks
-                        .iter()
-                        .flat_map(|&chunk| {
-                            ArrayKind::ALL.map(|kind| dataset.array(chunk as usize, kind).id)
-                        })
-                        .collect(),
-                    Step::Rows(_) => Vec::new(),
-                })
-            })
-            .collect();
         let located = || -> usize { monolithic.iter().map(|d| d.known_boundaries()).sum() };
         let located_before = located();
-        let max_in_flight = 2 * self.fetcher.max_concurrent_requests();
-        let mut seen = HashSet::new();
-        let mut resolved = Vec::new();
-        let mut topped_up = Vec::new();
-        'plans: for (handle, revision, dataset, first, steps) in snapshot {
-            let plan_bytes_before = ahead_bytes;
-            // Whether every step of the lookahead was resolved and all its parts are
-            // cached, downloading or started: then the next pass may skip the plan.
-            let mut all_issued = true;
-            for (offset, step) in steps.into_iter().enumerate() {
-                #[cfg(test)]
-                self.step_expansions
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let reads = match &dataset {
-                    Dataset::Chunked(dataset) => self.step_reads(dataset, &step),
-                    Dataset::Monolithic(dataset) => self.monolithic_step_reads(dataset, &step),
-                };
-                // The reader may have moved on since the snapshot, and the eviction
-                // freed the steps it passed: those are not fetched again. Only this
-                // look needs the lock that moves positions; the prefetches are issued
-                // after it is released, since issuing one can wait (the fetcher's and
-                // the cache's locks, an earlier mount's part file claimed with a header
-                // read) and every read of a planned dataset and every status take it. A
-                // move that slips in between costs at most one step's prefetches.
-                let upcoming = self
-                    .plans
-                    .lock()
-                    .get(&handle)
-                    .is_some_and(|a| a.plan.is_upcoming(revision, first + offset));
-                if !upcoming {
-                    all_issued = false;
-                    continue;
-                }
-                let mut parts = HashSet::new();
-                // The step's own parts queue first; its neighbours' edges after them.
-                let (edges, whole_parts): (Vec<_>, Vec<_>) = reads
-                    .edges
-                    .iter()
-                    .partition(|(_, range)| self.worth_an_edge(range));
-                let around = reads.read_around.iter().chain(whole_parts);
-                for ((object, range), of_the_step) in reads
-                    .ranges
-                    .iter()
-                    .map(|r| (r, true))
-                    .chain(around.map(|r| (r, false)))
-                {
-                    for index in self.fetcher.parts_of(range) {
-                        let key = Fetcher::key(object, index);
-                        if of_the_step {
-                            parts.insert(key);
-                        }
-                        if !seen.insert(key) {
-                            continue;
-                        }
-                        if ahead_bytes >= self.config.max_ahead_bytes
-                            || self.fetcher.in_flight_count() >= max_in_flight
-                        {
-                            all_issued = false;
-                            continue;
-                        }
-                        if offset > 0 {
-                            let part = self.fetcher.part_range(object, index);
-                            ahead_bytes += part.end - part.start;
-                        }
-                        #[cfg(test)]
-                        self.before_issuing();
-                        // Not started, and neither cached nor downloading: it waits for
-                        // room in the cache, and a later pass issues it again.
-                        if !self.fetcher.prefetch(object, index)
-                            && !self.cache.contains(key)
-                            && !self.fetcher.is_in_flight(key)
-                        {
-                            all_issued = false;
-                        }
+        'rounds: for round in 0..=lookahead {
+            for walk in walks.iter_mut() {
+                while !walk.stopped && walk.at.0 <= round && walk.at.0 < walk.steps.len() {
+                    if let Walked::PassFull = self.walk_item(walk, &mut pass, &read_whole) {
+                        break 'rounds;
                     }
                 }
-                for (object, range) in edges {
-                    if ahead_bytes < self.config.max_ahead_bytes && !read_whole.contains(&object.id)
-                    {
-                        if offset > 0 {
-                            ahead_bytes += range.end - range.start;
-                        }
-                        self.fetcher.prefetch_edge(object, range.clone());
-                    } else {
-                        all_issued = false;
-                    }
-                }
-                if reads.complete {
-                    resolved.push((handle, first + offset, step, parts));
-                } else {
-                    all_issued = false;
-                }
-                if ahead_bytes >= self.config.max_ahead_bytes {
-                    break 'plans;
-                }
-            }
-            if all_issued {
-                topped_up.push((handle, revision, first, ahead_bytes - plan_bytes_before));
             }
         }
         let mut plans = self.plans.lock();
-        for (handle, index, step, parts) in resolved {
+        for (handle, index, step, parts) in pass.resolved {
             if let Some(active) = plans.get_mut(&handle) {
                 active.plan.resolve(index, &step, parts);
             }
         }
-        for (handle, revision, position, ahead_bytes) in topped_up {
-            if let Some(active) = plans.get_mut(&handle) {
-                active.topped_up = Some(ToppedUp {
-                    revision,
-                    position,
-                    ahead_bytes,
-                });
+        for walk in walks {
+            if let Some(active) = plans.get_mut(&walk.handle) {
+                if !walk.moved && walk.cursor.is_at(&active.plan) {
+                    active.top_up = Some(walk.cursor);
+                }
             }
         }
         if located() != located_before {
             self.after_plans_changed(&plans);
         }
+    }
+
+    /// Walks the item the pass is at in `walk`'s plan: issues what it reads, within the
+    /// bounds, and moves the cursor past it if all of it is issued and nothing before
+    /// it in this pass was left behind.
+    fn walk_item(
+        &self,
+        walk: &mut Walk,
+        pass: &mut PassState,
+        read_whole: &HashSet<ObjectId>,
+    ) -> Walked {
+        let (step_index, item) = walk.at;
+        let index = walk.cursor.position + step_index;
+        if walk.checked_step != Some(step_index) {
+            // The reader may have moved on since the snapshot, and the eviction freed
+            // the steps it passed: those are not fetched again. A move that slips in
+            // between costs at most one step's prefetches.
+            let upcoming = self
+                .plans
+                .lock()
+                .get(&walk.handle)
+                .is_some_and(|a| a.plan.is_upcoming(walk.cursor.revision, index));
+            if !upcoming {
+                walk.moved = true;
+                walk.stopped = true;
+                return Walked::Next;
+            }
+            walk.checked_step = Some(step_index);
+        }
+        let step = &walk.steps[step_index];
+        let Some((reads, next)) = self.item_reads(&walk.dataset, step, item) else {
+            // The step's end: resolved if all of it was issued.
+            if !walk.behind {
+                let parts = std::mem::take(&mut walk.cursor.parts);
+                pass.resolved
+                    .push((walk.handle, index, step.clone(), parts));
+                walk.cursor.step = step_index + 1;
+                walk.cursor.item = Item::default();
+            }
+            walk.at = (step_index + 1, Item::default());
+            return Walked::Next;
+        };
+        #[cfg(test)]
+        self.items_walked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ahead = step_index > 0;
+        let full = |pass: &PassState| {
+            self.fetcher.in_flight_count() >= pass.max_in_flight
+                || (ahead && pass.ahead_bytes >= self.config.max_ahead_bytes)
+        };
+        let share_taken = |pass: &PassState| {
+            pass.started_by_user.get(&walk.uid).copied().unwrap_or(0) >= pass.user_share
+        };
+        if full(pass) {
+            return Walked::PassFull;
+        }
+        if share_taken(pass) {
+            walk.stopped = true;
+            return Walked::Next;
+        }
+        let mut issued_all = reads.complete;
+        let mut bytes = 0;
+        let mut item_parts = Vec::new();
+        // The item's own parts queue first; its neighbours' edges after them.
+        let (edges, whole_parts): (Vec<_>, Vec<_>) = reads
+            .edges
+            .iter()
+            .partition(|(_, range)| self.worth_an_edge(range));
+        let around = reads.read_around.iter().chain(whole_parts);
+        let mut filled = false;
+        for ((object, range), of_the_step) in reads
+            .ranges
+            .iter()
+            .map(|r| (r, true))
+            .chain(around.map(|r| (r, false)))
+        {
+            for part in self.fetcher.parts_of(range) {
+                let key = Fetcher::key(object, part);
+                if of_the_step {
+                    item_parts.push(key);
+                }
+                if !pass.seen.insert(key) {
+                    continue;
+                }
+                if full(pass) || share_taken(pass) {
+                    filled = true;
+                    issued_all = false;
+                    continue;
+                }
+                if ahead {
+                    let range = self.fetcher.part_range(object, part);
+                    bytes += range.end - range.start;
+                    pass.ahead_bytes += range.end - range.start;
+                }
+                #[cfg(test)]
+                self.before_issuing();
+                if self.fetcher.prefetch(object, part) {
+                    walk.cursor.started.push(key);
+                    *pass.started_by_user.entry(walk.uid).or_default() += 1;
+                } else if !self.cache.contains(key) && !self.fetcher.is_in_flight(key) {
+                    // Not started, and neither cached nor downloading: it waits for
+                    // room in the cache, and a later pass issues it again.
+                    issued_all = false;
+                }
+            }
+        }
+        for (object, range) in edges {
+            if read_whole.contains(&object.id) {
+                continue;
+            }
+            if ahead && pass.ahead_bytes >= self.config.max_ahead_bytes {
+                issued_all = false;
+                continue;
+            }
+            if ahead {
+                bytes += range.end - range.start;
+                pass.ahead_bytes += range.end - range.start;
+            }
+            self.fetcher.prefetch_edge(object, range.clone());
+        }
+        if issued_all && !walk.behind {
+            walk.cursor.item = next;
+            walk.cursor.ahead_bytes += bytes;
+            walk.cursor.parts.extend(item_parts);
+        } else {
+            walk.behind = true;
+        }
+        walk.at = (step_index, next);
+        if filled {
+            // The user's share is taken: the plan waits for a later pass. (The pass
+            // itself is full if the downloads are.)
+            walk.stopped = true;
+            if full(pass) {
+                return Walked::PassFull;
+            }
+        }
+        Walked::Next
     }
 
     #[cfg(test)]
@@ -259,85 +419,132 @@ impl Prefetcher {
         self.config.kernel_read_ahead / 2
     }
 
-    /// The byte ranges of objects a step reads.
-    fn step_reads(&self, dataset: &Arc<FlatDataset>, step: &Step) -> StepReads {
-        let margin = self.kernel_read_around();
+    /// The reads of the item at `at` of a step, and the item after it; `None` past the
+    /// step's last item.
+    fn item_reads(&self, dataset: &Dataset, step: &Step, at: Item) -> Option<(StepReads, Item)> {
+        let next_entry = Item {
+            entry: at.entry + 1,
+            chunk: 0,
+        };
+        match (dataset, step) {
+            (Dataset::Chunked(dataset), Step::Window(chunks)) => {
+                let chunk = *chunks.get(at.entry)? as usize;
+                Some((self.window_chunk_reads(dataset, chunk), next_entry))
+            }
+            (Dataset::Chunked(dataset), Step::Rows(ranges)) => {
+                let mut at = at;
+                loop {
+                    let rows = ranges.get(at.entry)?;
+                    let span = dataset.layout.chunks_of_rows(rows.clone());
+                    if at.chunk < span.len() {
+                        let chunk = span.start + at.chunk;
+                        let next = if at.chunk + 1 < span.len() {
+                            Item {
+                                entry: at.entry,
+                                chunk: at.chunk + 1,
+                            }
+                        } else {
+                            Item {
+                                entry: at.entry + 1,
+                                chunk: 0,
+                            }
+                        };
+                        return Some((self.row_chunk_reads(dataset, rows, chunk), next));
+                    }
+                    at = Item {
+                        entry: at.entry + 1,
+                        chunk: 0,
+                    };
+                }
+            }
+            (Dataset::Monolithic(dataset), step) => {
+                let rows = match step {
+                    Step::Window(chunks) => {
+                        dataset.geometry.chunk_rows(*chunks.get(at.entry)? as u64)
+                    }
+                    Step::Rows(ranges) => ranges.get(at.entry)?.clone(),
+                };
+                Some((self.monolithic_rows_reads(dataset, &rows), next_entry))
+            }
+        }
+    }
+
+    /// What a window step reads of one chunk: its arrays whole, and the edges of its
+    /// neighbours the read-around takes.
+    fn window_chunk_reads(&self, dataset: &Arc<FlatDataset>, chunk: usize) -> StepReads {
         let mut reads = StepReads {
             complete: true,
             ..StepReads::default()
         };
-        match step {
-            Step::Window(chunks) => {
-                for &chunk in chunks {
-                    let chunk = chunk as usize;
-                    for kind in ArrayKind::ALL {
-                        let object = dataset.array(chunk, kind);
-                        reads.ranges.push((object.clone(), 0..object.size));
-                    }
-                    let margin = margin + EDGE_SLACK;
-                    for kind in [ArrayKind::Data, ArrayKind::ColPtr] {
-                        if let Some(before) = chunk.checked_sub(1).map(|c| dataset.array(c, kind)) {
-                            let edge = before.size.saturating_sub(margin)..before.size;
-                            reads.edges.push((before.clone(), edge));
-                        }
-                        if chunk + 1 < dataset.chunks.len() {
-                            let after = dataset.array(chunk + 1, kind);
-                            reads.edges.push((after.clone(), 0..after.size.min(margin)));
-                        }
-                    }
-                }
+        for kind in ArrayKind::ALL {
+            let object = dataset.array(chunk, kind);
+            reads.ranges.push((object.clone(), 0..object.size));
+        }
+        let margin = self.kernel_read_around() + EDGE_SLACK;
+        for kind in [ArrayKind::Data, ArrayKind::ColPtr] {
+            if let Some(before) = chunk.checked_sub(1).map(|c| dataset.array(c, kind)) {
+                let edge = before.size.saturating_sub(margin)..before.size;
+                reads.edges.push((before.clone(), edge));
             }
-            Step::Rows(rows) => {
-                for rows in rows {
-                    for chunk in dataset.layout.chunks_of_rows(rows.clone()) {
-                        let row_ptr = dataset.array(chunk, ArrayKind::RowPtr);
-                        reads.ranges.push((row_ptr.clone(), 0..row_ptr.size));
-                        let chunk_rows = dataset.layout.chunk_rows(chunk);
-                        let local = rows.start.max(chunk_rows.start) - chunk_rows.start
-                            ..rows.end.min(chunk_rows.end) - chunk_rows.start;
-                        let Some(values) = self.cached_value_range(dataset, chunk, local) else {
-                            reads.complete = false;
-                            continue;
-                        };
-                        for kind in [ArrayKind::Data, ArrayKind::ColPtr] {
-                            let object = dataset.array(chunk, kind);
-                            let width = dataset.layout.width(kind);
-                            let (start, end) = (values.start * width, values.end * width);
-                            reads.ranges.push((object.clone(), start..end));
-                            let around = start.saturating_sub(margin)..start;
-                            reads.read_around.push((object.clone(), around));
-                            let around = end..(end + margin).min(object.size);
-                            reads.read_around.push((object.clone(), around));
-                        }
-                    }
-                }
+            if chunk + 1 < dataset.chunks.len() {
+                let after = dataset.array(chunk + 1, kind);
+                reads.edges.push((after.clone(), 0..after.size.min(margin)));
             }
         }
         reads
     }
 
-    /// The byte ranges of a monolithic dataset's objects a step reads: a virtual chunk
-    /// is its rows. The row offsets bounding each row range come first; the values and
-    /// column ids they bound once those offsets are cached.
-    fn monolithic_step_reads(&self, dataset: &MonolithicDataset, step: &Step) -> StepReads {
-        let rows: Vec<std::ops::Range<u64>> = match step {
-            Step::Window(chunks) => chunks
-                .iter()
-                .map(|&c| dataset.geometry.chunk_rows(c as u64))
-                .collect(),
-            Step::Rows(ranges) => ranges.clone(),
+    /// What a row range reads of one chunk it spans: the chunk's row offsets, and once
+    /// they are known the values and column ids of its rows there, with the read-around.
+    fn row_chunk_reads(
+        &self,
+        dataset: &Arc<FlatDataset>,
+        rows: &std::ops::Range<u64>,
+        chunk: usize,
+    ) -> StepReads {
+        let margin = self.kernel_read_around();
+        let mut reads = StepReads {
+            complete: true,
+            ..StepReads::default()
         };
+        let row_ptr = dataset.array(chunk, ArrayKind::RowPtr);
+        reads.ranges.push((row_ptr.clone(), 0..row_ptr.size));
+        let chunk_rows = dataset.layout.chunk_rows(chunk);
+        let local = rows.start.max(chunk_rows.start) - chunk_rows.start
+            ..rows.end.min(chunk_rows.end) - chunk_rows.start;
+        let Some(values) = self.cached_value_range(dataset, chunk, local) else {
+            reads.complete = false;
+            return reads;
+        };
+        for kind in [ArrayKind::Data, ArrayKind::ColPtr] {
+            let object = dataset.array(chunk, kind);
+            let width = dataset.layout.width(kind);
+            let (start, end) = (values.start * width, values.end * width);
+            reads.ranges.push((object.clone(), start..end));
+            let around = start.saturating_sub(margin)..start;
+            reads.read_around.push((object.clone(), around));
+            let around = end..(end + margin).min(object.size);
+            reads.read_around.push((object.clone(), around));
+        }
+        reads
+    }
+
+    /// What a row range of a monolithic dataset reads: the row offsets bounding it
+    /// first; the values and column ids they bound once those offsets are cached.
+    fn monolithic_rows_reads(
+        &self,
+        dataset: &MonolithicDataset,
+        rows: &std::ops::Range<u64>,
+    ) -> StepReads {
         let mut reads = StepReads {
             complete: true,
             ..StepReads::default()
         };
         let row_ptr = dataset.array(ArrayKind::RowPtr);
-        for rows in rows {
-            let entry = |row: u64| self.cached_entry(row_ptr, dataset.dtypes[1], row);
-            let values = dataset.value_range(&rows, entry);
-            reads.complete &= values.is_some();
-            self.monolithic_row_reads(dataset, &rows, values.and_then(Result::ok), &mut reads);
-        }
+        let entry = |row: u64| self.cached_entry(row_ptr, dataset.dtypes[1], row);
+        let values = dataset.value_range(rows, entry);
+        reads.complete = values.is_some();
+        self.monolithic_row_reads(dataset, rows, values.and_then(Result::ok), &mut reads);
         reads
     }
 
@@ -376,19 +583,22 @@ impl Prefetcher {
 #[cfg(test)]
 mod tests {
     use std::ffi::OsStr;
-    use std::sync::atomic::Ordering;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{mpsc, Arc};
     use std::time::{Duration, Instant};
 
     use object_store::local::LocalFileSystem;
     use object_store::path::Path as ObjectPath;
-    use object_store::ObjectStore;
+    use object_store::{GetResult, ObjectStore};
     use parking_lot::Mutex;
+    use scdl_format::ArrayKind;
 
-    use crate::catalog::DirMode;
+    use crate::catalog::{Dataset, DirMode};
+    use crate::fetch::Fetcher;
     use crate::fs::{FsCore, Ownership};
     use crate::mount::{assemble, MountSettings};
     use crate::prefetch::Viewer;
+    use crate::store::wrapper::{GetRequest, HookedStore, StoreHook};
     use crate::synthetic::SyntheticDataset;
 
     const ROOT: u64 = 1;
@@ -404,8 +614,51 @@ mod tests {
         }
         .write_chunked(&source.join("ds"))
         .unwrap();
-        let store: Arc<dyn ObjectStore> =
+        core_over(
+            Arc::new(LocalFileSystem::new_with_prefix(source).unwrap()),
+            cache,
+        )
+    }
+
+    /// Rows of [`core_of_many_chunks`]' dataset: 600 chunks of 4 rows.
+    const MANY_ROWS: u64 = 2_400;
+
+    /// The core of a mount of a dataset `ds` of 600 chunks of 4 rows, whose chunks'
+    /// downloads wait until `gate` opens: what the top-up started stays in flight.
+    fn core_of_many_chunks(
+        source: &std::path::Path,
+        cache: &std::path::Path,
+        gate: Arc<AtomicBool>,
+    ) -> FsCore {
+        SyntheticDataset {
+            rows: MANY_ROWS,
+            genes: 500,
+            chunk_rows: 4,
+            mean_values: 30,
+            seed: 12,
+        }
+        .write_chunked(&source.join("ds"))
+        .unwrap();
+        let local: Arc<dyn ObjectStore> =
             Arc::new(LocalFileSystem::new_with_prefix(source).unwrap());
+        core_over(Arc::new(HookedStore::new(local, GatedReads(gate))), cache)
+    }
+
+    /// Holds every read while its flag is set.
+    #[derive(Debug)]
+    struct GatedReads(Arc<AtomicBool>);
+
+    #[async_trait::async_trait]
+    impl StoreHook for GatedReads {
+        async fn get(&self, request: GetRequest<'_>) -> object_store::Result<GetResult> {
+            while self.0.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            request.send().await
+        }
+    }
+
+    fn core_over(store: Arc<dyn ObjectStore>, cache: &std::path::Path) -> FsCore {
         let settings = MountSettings {
             fs_name: "top-up-test".into(),
             endpoint: None,
@@ -445,6 +698,105 @@ mod tests {
             .await
             .unwrap();
         core.open(hints.attr.ino.0).unwrap().handle
+    }
+
+    /// A handle of the dataset's hint file opened by user `uid`, with `plan` written.
+    async fn write_a_plan_as(core: &FsCore, uid: u32, plan: &str) -> u64 {
+        let ds = core.lookup(ROOT, OsStr::new("ds")).await.unwrap();
+        let hints = core
+            .lookup(ds.attr.ino.0, OsStr::new(scdl_format::hint::HINT_FILE))
+            .await
+            .unwrap();
+        let handle = core.open_as(hints.attr.ino.0, uid).unwrap().handle;
+        core.write(handle, format!("scdlfs-hints 1\nplan 0\n{plan}").as_bytes())
+            .unwrap();
+        handle
+    }
+
+    /// A pass walks what it can issue, not the width of the steps: a plan of steps over
+    /// every row of 600 chunks costs each pass the items still downloading behind its
+    /// cursor, not its 1,800 items, while its downloads are held and while they go on (a
+    /// writer's plan of wide steps was walked whole on every download's end).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pass_walks_what_it_can_issue_not_the_width_of_the_steps() {
+        let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let gate = Arc::new(AtomicBool::new(false));
+        let core = core_of_many_chunks(source.path(), cache.path(), gate.clone());
+        // The dataset is discovered before the gate shuts.
+        core.release(open_hint_file(&core).await);
+        gate.store(true, Ordering::SeqCst);
+        let every_row = format!("rows 0 {MANY_ROWS}\n").repeat(3);
+        let handle = write_a_plan_as(&core, 0, &every_row).await;
+        let prefetcher = core.prefetcher().clone();
+        for _ in 0..20 {
+            prefetcher.top_up();
+        }
+        let passes = prefetcher.top_up_passes.load(Ordering::Relaxed);
+        let walked = prefetcher.items_walked.load(Ordering::Relaxed);
+        let max_in_flight = 2 * prefetcher.fetcher.max_concurrent_requests() as u64;
+        assert!(
+            prefetcher.fetcher.in_flight_count() as u64 >= max_in_flight,
+            "the plan's prefetches did not take the downloads"
+        );
+        assert!(
+            walked <= passes * 2 * max_in_flight,
+            "{passes} passes walked {walked} items with the downloads held"
+        );
+        // The downloads go on until the lookahead is all issued: the items cached
+        // behind the cursor are not walked again.
+        gate.store(false, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let before = prefetcher.items_walked.load(Ordering::Relaxed);
+            prefetcher.top_up();
+            if prefetcher.items_walked.load(Ordering::Relaxed) == before {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the lookahead was never all issued");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let passes = prefetcher.top_up_passes.load(Ordering::Relaxed);
+        let walked = prefetcher.items_walked.load(Ordering::Relaxed);
+        assert!(
+            walked <= passes * 2 * max_in_flight,
+            "{passes} passes walked {walked} items while the downloads went on"
+        );
+        core.release(handle);
+    }
+
+    /// One user's step over every row, which alone would take every download, leaves
+    /// another user's plan its share: that user's current and next steps are issued.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn another_users_next_step_is_issued_while_one_users_wide_step_fills_the_downloads() {
+        let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let gate = Arc::new(AtomicBool::new(false));
+        let core = core_of_many_chunks(source.path(), cache.path(), gate.clone());
+        // The dataset is discovered before the gate shuts.
+        core.release(open_hint_file(&core).await);
+        gate.store(true, Ordering::SeqCst);
+        let wide = write_a_plan_as(&core, 0, &format!("rows 0 {MANY_ROWS}\n").repeat(3)).await;
+        let prefetcher = core.prefetcher().clone();
+        prefetcher.top_up();
+        let other = write_a_plan_as(&core, 4242, "window 599\nwindow 597\n").await;
+        for _ in 0..3 {
+            prefetcher.top_up();
+        }
+        let dataset = match &prefetcher.plans.lock()[&other].dataset {
+            Dataset::Chunked(dataset) => dataset.clone(),
+            Dataset::Monolithic(_) => unreachable!("a chunked dataset"),
+        };
+        for chunk in [599, 597] {
+            for kind in ArrayKind::ALL {
+                let key = Fetcher::key(dataset.array(chunk, kind), 0);
+                assert!(
+                    prefetcher.fetcher.is_in_flight(key),
+                    "chunk {chunk}'s {kind:?} was not issued beside the wide step"
+                );
+            }
+        }
+        gate.store(false, Ordering::SeqCst);
+        core.release(wide);
+        core.release(other);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -501,7 +853,7 @@ mod tests {
         write_a_plan_over_every_row(&core, handle);
 
         let prefetcher = core.prefetcher().clone();
-        let expansions = || prefetcher.step_expansions.load(Ordering::Relaxed);
+        let expansions = || prefetcher.items_walked.load(Ordering::Relaxed);
         // Its parts download and its row offsets arrive: passes expand its steps until
         // all are resolved and issued.
         let deadline = Instant::now() + Duration::from_secs(20);

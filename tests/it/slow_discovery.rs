@@ -18,14 +18,12 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
-};
+use object_store::{ListResult, ObjectMeta, ObjectStore, Result};
 
 use common::faulty_mount::SLACK;
 use common::*;
 use scdlfs::catalog::LISTING_DEADLINES;
+use scdlfs::store::wrapper::{HookedStore, StoreHook};
 
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// How late each listing of the dataset's prefix answers: its discovery (a delimited
@@ -34,12 +32,11 @@ const LISTING_DELAY: Duration = Duration::from_millis(1_500);
 const SLOW_PREFIX: &str = "ds";
 const NEVER_LISTED: &str = "never";
 
-/// A store whose listings of one prefix (`slow`: [`SLOW_PREFIX`], or `""` for the
+/// A hook whose listings of one prefix (`slow`: [`SLOW_PREFIX`], or `""` for the
 /// root) answer [`LISTING_DELAY`] late and whose listing of [`NEVER_LISTED`] never
 /// answers, counted; everything else passes through.
 #[derive(Debug)]
 struct SlowListings {
-    inner: Arc<dyn ObjectStore>,
     slow: &'static str,
     delimited: AtomicUsize,
     recursive: AtomicUsize,
@@ -47,14 +44,14 @@ struct SlowListings {
 }
 
 impl SlowListings {
-    fn over(inner: Arc<dyn ObjectStore>, slow: &'static str) -> SlowListings {
-        SlowListings {
-            inner,
+    fn over(inner: Arc<dyn ObjectStore>, slow: &'static str) -> HookedStore<SlowListings> {
+        let hook = SlowListings {
             slow,
             delimited: AtomicUsize::new(0),
             recursive: AtomicUsize::new(0),
             never_answered: AtomicUsize::new(0),
-        }
+        };
+        HookedStore::new(inner, hook)
     }
 
     fn is_slow(&self, prefix: Option<&ObjectPath>) -> bool {
@@ -62,44 +59,14 @@ impl SlowListings {
     }
 }
 
-impl std::fmt::Display for SlowListings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SlowListings({})", self.inner)
-    }
-}
-
 #[async_trait]
-impl ObjectStore for SlowListings {
-    async fn put_opts(
+impl StoreHook for SlowListings {
+    fn list(
         &self,
-        location: &ObjectPath,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> Result<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &ObjectPath,
-        opts: PutMultipartOptions,
-    ) -> Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(&self, location: &ObjectPath, options: GetOptions) -> Result<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, Result<ObjectPath>>,
-    ) -> BoxStream<'static, Result<ObjectPath>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&ObjectPath>) -> BoxStream<'static, Result<ObjectMeta>> {
-        let listed = self.inner.list(prefix);
+        inner: &dyn ObjectStore,
+        prefix: Option<&ObjectPath>,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        let listed = inner.list(prefix);
         if !self.is_slow(prefix) {
             return listed;
         }
@@ -112,7 +79,11 @@ impl ObjectStore for SlowListings {
         .boxed()
     }
 
-    async fn list_with_delimiter(&self, prefix: Option<&ObjectPath>) -> Result<ListResult> {
+    async fn list_with_delimiter(
+        &self,
+        inner: &dyn ObjectStore,
+        prefix: Option<&ObjectPath>,
+    ) -> Result<ListResult> {
         if self.is_slow(prefix) {
             self.delimited.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(LISTING_DELAY).await;
@@ -121,16 +92,7 @@ impl ObjectStore for SlowListings {
             self.never_answered.fetch_add(1, Ordering::SeqCst);
             std::future::pending::<()>().await;
         }
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &ObjectPath,
-        to: &ObjectPath,
-        options: CopyOptions,
-    ) -> Result<()> {
-        self.inner.copy_opts(from, to, options).await
+        inner.list_with_delimiter(prefix).await
     }
 }
 
@@ -192,8 +154,8 @@ fn a_discovery_longer_than_the_deadline_goes_on_and_a_later_ls_finds_the_dataset
     assert!(data == want["ds/data.npy"], "data.npy: wrong bytes");
 
     let listings = (
-        store.delimited.load(Ordering::SeqCst),
-        store.recursive.load(Ordering::SeqCst),
+        store.hook().delimited.load(Ordering::SeqCst),
+        store.hook().recursive.load(Ordering::SeqCst),
     );
     assert_eq!(
         listings,
@@ -232,7 +194,7 @@ fn a_listing_that_never_answers_is_given_up_and_the_next_ls_lists_again() {
     assert_eio_within_the_deadline("the first ls", ls(never.clone()));
     assert_eio_within_the_deadline("an ls while the listing runs", ls(never.clone()));
     assert_eq!(
-        store.never_answered.load(Ordering::SeqCst),
+        store.hook().never_answered.load(Ordering::SeqCst),
         1,
         "the second ls joined the listing under way"
     );
@@ -241,7 +203,7 @@ fn a_listing_that_never_answers_is_given_up_and_the_next_ls_lists_again() {
     std::thread::sleep((listing_bound + SLACK).saturating_sub(started.elapsed()));
     assert_eio_within_the_deadline("an ls after the listing was given up", ls(never));
     assert_eq!(
-        store.never_answered.load(Ordering::SeqCst),
+        store.hook().never_answered.load(Ordering::SeqCst),
         2,
         "the listing given up after {listing_bound:?} is not kept: the next ls lists again"
     );
@@ -267,7 +229,7 @@ fn a_root_slower_to_list_than_the_deadline_still_mounts() {
         );
     }
     assert_eq!(
-        store.delimited.load(Ordering::SeqCst),
+        store.hook().delimited.load(Ordering::SeqCst),
         1,
         "the mount's listing of the root is the root's first"
     );
