@@ -752,7 +752,10 @@ mod tests {
             if prefetcher.items_walked.load(Ordering::Relaxed) == before {
                 break;
             }
-            assert!(Instant::now() < deadline, "the lookahead was never all issued");
+            assert!(
+                Instant::now() < deadline,
+                "the lookahead was never all issued"
+            );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let passes = prefetcher.top_up_passes.load(Ordering::Relaxed);

@@ -1764,7 +1764,11 @@ mod plans_sharing_a_mount {
         let reads = core.reads.hook().snapshot();
         let twice: Vec<_> = reads.iter().filter(|(_, &n)| n > 1).collect();
         assert!(twice.is_empty(), "asked for more than once: {twice:?}");
-        // And no two requests of one object overlap: no byte came twice.
+        // And of each object, at most one companion edge's bytes came twice: a read
+        // that missed the cache asks at once, at demand priority, for the few bytes of
+        // the other array its reader faults on next (`Prefetcher::fetch_companion`,
+        // a quarter part at most), which a plan's download of that part may already
+        // carry or later carry again. Nothing else is asked for twice.
         let mut by_key: BTreeMap<&str, Vec<std::ops::Range<u64>>> = BTreeMap::new();
         // (Whole objects are read only by discovery: the header.)
         for (key, range) in reads.keys() {
@@ -1772,12 +1776,15 @@ mod plans_sharing_a_mount {
                 by_key.entry(key).or_default().push(range.clone());
             }
         }
+        let companion_edge = settings(std::path::Path::new("")).part_size / 4;
         for (key, mut ranges) in by_key {
             ranges.sort_by_key(|r| r.start);
-            assert!(
-                ranges.windows(2).all(|w| w[0].end <= w[1].start),
-                "{key}: {ranges:?}"
-            );
+            let (mut twice, mut reached) = (0, 0);
+            for range in &ranges {
+                twice += reached.min(range.end).saturating_sub(range.start);
+                reached = reached.max(range.end);
+            }
+            assert!(twice <= companion_edge, "{key}: {ranges:?}");
         }
         core.core.release(a);
         core.core.release(b);
