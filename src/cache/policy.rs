@@ -293,9 +293,14 @@ impl Policy {
                 None => return (None, victims),
             }
         }
-        while self.used_bytes + self.reserved_bytes + bytes > self.budget_bytes {
+        loop {
+            let to_free =
+                (self.used_bytes + self.reserved_bytes + bytes).saturating_sub(self.budget_bytes);
+            if to_free == 0 {
+                break;
+            }
             match self.choose_victim(&room, false) {
-                Some(victim) => victims.extend(self.evict(victim)),
+                Some(victim) => victims.extend(self.evict_at_least(victim, to_free)),
                 None => return (None, victims),
             }
         }
@@ -451,6 +456,32 @@ impl Policy {
                 self.groups_resident -= 1;
             }
         }
+    }
+
+    /// Removes parts of `unit` holding at least `bytes` from the books, returning them:
+    /// a group larger than that keeps the rest, losing its last parts first. Evicted
+    /// whole, a chunk of 180 MB went for one part's room, and the next epoch fetched
+    /// it all again where it needed a part.
+    fn evict_at_least(&mut self, unit: Unit, bytes: u64) -> Vec<PartKey> {
+        let Some(state) = self.units.peek_mut(&unit) else {
+            return Vec::new();
+        };
+        if state.bytes <= bytes {
+            return self.evict(unit);
+        }
+        let (mut freed, mut evicted) = (0, Vec::new());
+        while freed < bytes {
+            let Some(key) = state.parts.pop() else {
+                break;
+            };
+            if let Some(part) = self.parts.remove(&key) {
+                state.bytes -= part.bytes;
+                self.used_bytes -= part.bytes;
+                freed += part.bytes;
+            }
+            evicted.push(key);
+        }
+        evicted
     }
 
     /// Removes `unit` and all its parts from the books, returning the parts.

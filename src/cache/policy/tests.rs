@@ -64,16 +64,32 @@ fn adopted_parts_join_their_group_and_are_evicted_first() {
 }
 
 #[test]
-fn a_group_is_evicted_whole() {
+fn a_group_is_evicted_whole_when_the_room_needs_all_of_it() {
     let mut p = Policy::new(400, None);
     let g = Some(GroupId(7));
     fill(&mut p, part(1, 0), g, 100);
     fill(&mut p, part(2, 0), g, 100);
     fill(&mut p, part(3, 0), None, 100);
-    let mut victims = fill(&mut p, part(4, 0), None, 200);
+    let mut victims = fill(&mut p, part(4, 0), None, 300);
     victims.sort();
     assert_eq!(victims, vec![part(1, 0), part(2, 0)]);
-    assert_eq!(p.used_bytes(), 300);
+    assert_eq!((p.used_bytes(), p.resident_groups()), (400, 0));
+}
+
+#[test]
+fn a_group_larger_than_the_room_needed_gives_its_last_parts_and_keeps_the_rest() {
+    let mut p = Policy::new(400, None);
+    let g = Some(GroupId(7));
+    fill(&mut p, part(1, 0), g, 100);
+    fill(&mut p, part(1, 1), g, 100);
+    fill(&mut p, part(2, 0), g, 100);
+    fill(&mut p, part(3, 0), None, 100);
+    assert_eq!(
+        fill(&mut p, part(4, 0), None, 150),
+        vec![part(2, 0), part(1, 1)]
+    );
+    assert_eq!((p.used_bytes(), p.resident_groups()), (350, 1));
+    assert!(p.contains(part(1, 0)), "the group's first part was evicted");
 }
 
 #[test]
