@@ -623,13 +623,14 @@ mod tests {
     /// Rows of [`core_of_many_chunks`]' dataset: 600 chunks of 4 rows.
     const MANY_ROWS: u64 = 2_400;
 
-    /// The core of a mount of a dataset `ds` of 600 chunks of 4 rows, whose chunks'
-    /// downloads wait until `gate` opens: what the top-up started stays in flight.
-    fn core_of_many_chunks(
+    /// The core of a mount of a dataset `ds` of 600 chunks of 4 rows, discovered, whose
+    /// reads then wait while the flag returned is set: what the top-up started stays in
+    /// flight.
+    async fn core_of_many_chunks_downloads_held(
         source: &std::path::Path,
         cache: &std::path::Path,
-        gate: Arc<AtomicBool>,
-    ) -> FsCore {
+    ) -> (FsCore, Arc<AtomicBool>) {
+        let gate = Arc::new(AtomicBool::new(false));
         SyntheticDataset {
             rows: MANY_ROWS,
             genes: 500,
@@ -641,7 +642,13 @@ mod tests {
         .unwrap();
         let local: Arc<dyn ObjectStore> =
             Arc::new(LocalFileSystem::new_with_prefix(source).unwrap());
-        core_over(Arc::new(HookedStore::new(local, GatedReads(gate))), cache)
+        let core = core_over(
+            Arc::new(HookedStore::new(local, GatedReads(gate.clone()))),
+            cache,
+        );
+        hint_file(&core).await;
+        gate.store(true, Ordering::SeqCst);
+        (core, gate)
     }
 
     /// Holds every read while its flag is set.
@@ -692,22 +699,22 @@ mod tests {
     /// dataset and every status takes, so none of them waits for it.
     /// A handle of the dataset's hint file, as a reader's sampler opens it.
     async fn open_hint_file(core: &FsCore) -> u64 {
+        core.open(hint_file(core).await).unwrap().handle
+    }
+
+    /// The inode of the dataset's hint file.
+    async fn hint_file(core: &FsCore) -> u64 {
         let ds = core.lookup(ROOT, OsStr::new("ds")).await.unwrap();
         let hints = core
             .lookup(ds.attr.ino.0, OsStr::new(scdl_format::hint::HINT_FILE))
             .await
             .unwrap();
-        core.open(hints.attr.ino.0).unwrap().handle
+        hints.attr.ino.0
     }
 
     /// A handle of the dataset's hint file opened by user `uid`, with `plan` written.
     async fn write_a_plan_as(core: &FsCore, uid: u32, plan: &str) -> u64 {
-        let ds = core.lookup(ROOT, OsStr::new("ds")).await.unwrap();
-        let hints = core
-            .lookup(ds.attr.ino.0, OsStr::new(scdl_format::hint::HINT_FILE))
-            .await
-            .unwrap();
-        let handle = core.open_as(hints.attr.ino.0, uid).unwrap().handle;
+        let handle = core.open_as(hint_file(core).await, uid).unwrap().handle;
         core.write(handle, format!("scdlfs-hints 1\nplan 0\n{plan}").as_bytes())
             .unwrap();
         handle
@@ -720,11 +727,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_pass_walks_what_it_can_issue_not_the_width_of_the_steps() {
         let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let gate = Arc::new(AtomicBool::new(false));
-        let core = core_of_many_chunks(source.path(), cache.path(), gate.clone());
-        // The dataset is discovered before the gate shuts.
-        core.release(open_hint_file(&core).await);
-        gate.store(true, Ordering::SeqCst);
+        let (core, gate) = core_of_many_chunks_downloads_held(source.path(), cache.path()).await;
         let every_row = format!("rows 0 {MANY_ROWS}\n").repeat(3);
         let handle = write_a_plan_as(&core, 0, &every_row).await;
         let prefetcher = core.prefetcher().clone();
@@ -772,11 +775,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn another_users_next_step_is_issued_while_one_users_wide_step_fills_the_downloads() {
         let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let gate = Arc::new(AtomicBool::new(false));
-        let core = core_of_many_chunks(source.path(), cache.path(), gate.clone());
-        // The dataset is discovered before the gate shuts.
-        core.release(open_hint_file(&core).await);
-        gate.store(true, Ordering::SeqCst);
+        let (core, gate) = core_of_many_chunks_downloads_held(source.path(), cache.path()).await;
         let wide = write_a_plan_as(&core, 0, &format!("rows 0 {MANY_ROWS}\n").repeat(3)).await;
         let prefetcher = core.prefetcher().clone();
         prefetcher.top_up();
