@@ -53,7 +53,7 @@ use advice::Advice;
 use budget::{
     HintBudget, MAX_HANDLE_WORK, MAX_USER_WORK, PLAN_STARTS_PER_SECOND, PLAN_START_BURST,
 };
-use plan::{Plan, Room, MAX_PLANNED_ENTRIES};
+use plan::{Plan, PlanMark, Room, MAX_PLANNED_ENTRIES};
 use row_offsets::KeptRowOffsets;
 use scatter::ScatterDetector;
 use top_up::{StepReads, TopUpCursor};
@@ -87,15 +87,8 @@ struct ActivePlan {
 /// The eviction ranks one plan gave at a revision and position: until either changes,
 /// its steps rank the same units the same.
 struct RankedPlan {
-    revision: u64,
-    position: usize,
+    mark: PlanMark,
     ranks: Arc<HashMap<Unit, NextUse>>,
-}
-
-impl RankedPlan {
-    fn is_at(&self, plan: &Plan) -> bool {
-        self.revision == plan.revision() && self.position == plan.position
-    }
 }
 
 /// A plan as [`Prefetcher::rank_plans`] takes it from under the plans' lock: its ranks
@@ -104,8 +97,7 @@ enum PlanRanks {
     Ranked(Arc<HashMap<Unit, NextUse>>),
     ToRank {
         dataset: Dataset,
-        revision: u64,
-        position: usize,
+        mark: PlanMark,
         horizon: plan::Horizon,
     },
 }
@@ -351,13 +343,12 @@ impl Prefetcher {
             .iter()
             .map(|(handle, active)| {
                 let ranks = match &active.ranked {
-                    Some(ranked) if ranked.is_at(&active.plan) => {
+                    Some(ranked) if ranked.mark == active.plan.mark() => {
                         PlanRanks::Ranked(ranked.ranks.clone())
                     }
                     _ => PlanRanks::ToRank {
                         dataset: active.dataset.clone(),
-                        revision: active.plan.revision(),
-                        position: active.plan.position,
+                        mark: active.plan.mark(),
                         horizon: active.plan.horizon(),
                     },
                 };
@@ -371,8 +362,7 @@ impl Prefetcher {
                 PlanRanks::Ranked(of_plan) => of_plan.clone(),
                 PlanRanks::ToRank {
                     dataset,
-                    revision,
-                    position,
+                    mark,
                     horizon,
                 } => {
                     let of_plan = Arc::new(self.rank_horizon(dataset, horizon));
@@ -382,8 +372,7 @@ impl Prefetcher {
                         newly_ranked.push((
                             *handle,
                             RankedPlan {
-                                revision: *revision,
-                                position: *position,
+                                mark: *mark,
                                 ranks: of_plan.clone(),
                             },
                         ));

@@ -122,6 +122,13 @@ pub struct Touched {
     pub parts: Vec<PartKey>,
 }
 
+/// A plan's revision and position: see [`Plan::mark`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanMark {
+    pub revision: u64,
+    pub position: usize,
+}
+
 #[derive(Debug, Default)]
 pub struct Plan {
     pub epoch: u64,
@@ -303,6 +310,15 @@ impl Plan {
     /// Which batch of lines the step indices refer to: see [`Plan::is_upcoming`].
     pub fn revision(&self) -> u64 {
         self.revision
+    }
+
+    /// Where the plan stands now: what is derived from it (its ranks, how far its
+    /// lookahead was issued) holds while the mark stays.
+    pub fn mark(&self) -> PlanMark {
+        PlanMark {
+            revision: self.revision,
+            position: self.position,
+        }
     }
 
     /// Whether step `index`, as of `revision`, is not behind the reader (the step just

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use scdl_format::ArrayKind;
 
-use super::plan::Step;
+use super::plan::{PlanMark, Step};
 use super::Prefetcher;
 use crate::catalog::{Dataset, FlatDataset, MonolithicDataset};
 use crate::fetch::Fetcher;
@@ -47,14 +47,14 @@ pub(super) struct Item {
     chunk: usize,
 }
 
-/// How far the top-ups have issued a plan's lookahead at one revision and position.
-/// Every item before (`step`, `item`) had its ranges known and every part cached,
-/// downloading or started; an item issued that fails, or is evicted before its step is
-/// read, is fetched again when the reader moves, or by the read itself.
+/// How far the top-ups have issued a plan's lookahead at one mark (revision and
+/// position). Every item before (`step`, `item`) had its ranges known and every part
+/// cached, downloading or started; an item issued that fails, or is evicted before its
+/// step is read, is fetched again when the reader moves, or by the read itself.
 pub(super) struct TopUpCursor {
-    revision: u64,
-    position: usize,
-    /// The step, counted from `position`, and the item in it, where the next pass starts.
+    mark: PlanMark,
+    /// The step, counted from the plan's position, and the item in it, where the next
+    /// pass starts.
     step: usize,
     item: Item,
     /// The parts of the items of `step` before `item`: the step's parts once all are,
@@ -72,7 +72,7 @@ pub(super) struct TopUpCursor {
 }
 
 impl TopUpCursor {
-    fn at_start(plan: &super::plan::Plan, dataset: &Dataset, steps: &[Step]) -> TopUpCursor {
+    fn at_start(mark: PlanMark, dataset: &Dataset, steps: &[Step]) -> TopUpCursor {
         let read_whole = match dataset {
             Dataset::Chunked(dataset) => steps
                 .iter()
@@ -87,8 +87,7 @@ impl TopUpCursor {
             Dataset::Monolithic(_) => HashSet::new(),
         };
         TopUpCursor {
-            revision: plan.revision(),
-            position: plan.position.min(plan.steps.len()),
+            mark,
             step: 0,
             item: Item::default(),
             parts: HashSet::new(),
@@ -96,11 +95,6 @@ impl TopUpCursor {
             read_whole,
             started: Vec::new(),
         }
-    }
-
-    /// Whether the plan is where this cursor was made.
-    fn is_at(&self, plan: &super::plan::Plan) -> bool {
-        self.revision == plan.revision() && self.position == plan.position.min(plan.steps.len())
     }
 }
 
@@ -113,7 +107,9 @@ struct Walk {
     handle: u64,
     uid: u32,
     dataset: Dataset,
-    /// The steps from the plan's position to the end of the lookahead.
+    /// The index of the plan's step at its position, and the steps from there to the
+    /// end of the lookahead.
+    start: usize,
     steps: Vec<Step>,
     cursor: TopUpCursor,
     /// The step (from the plan's position) and item this pass is at.
@@ -168,22 +164,20 @@ impl Prefetcher {
             .map(|(handle, a)| {
                 let start = a.plan.position.min(a.plan.steps.len());
                 let end = (start + 1 + lookahead).min(a.plan.steps.len());
-                let cursor = a.top_up.take().filter(|c| c.is_at(&a.plan));
+                let cursor = a.top_up.take().filter(|c| c.mark == a.plan.mark());
                 let finished = cursor.as_ref().is_some_and(|c| c.step >= end - start);
                 let steps = if finished {
                     Vec::new()
                 } else {
                     a.plan.steps[start..end].to_vec()
                 };
-                (*handle, a.uid, a.dataset.clone(), cursor, steps, &a.plan)
-            })
-            .map(|(handle, uid, dataset, cursor, steps, plan)| {
-                let cursor =
-                    cursor.unwrap_or_else(|| TopUpCursor::at_start(plan, &dataset, &steps));
+                let cursor = cursor
+                    .unwrap_or_else(|| TopUpCursor::at_start(a.plan.mark(), &a.dataset, &steps));
                 Walk {
-                    handle,
-                    uid,
-                    dataset,
+                    handle: *handle,
+                    uid: a.uid,
+                    dataset: a.dataset.clone(),
+                    start,
                     at: (cursor.step, cursor.item),
                     cursor,
                     steps,
@@ -251,7 +245,7 @@ impl Prefetcher {
         }
         for walk in walks {
             if let Some(active) = plans.get_mut(&walk.handle) {
-                if !walk.moved && walk.cursor.is_at(&active.plan) {
+                if !walk.moved && walk.cursor.mark == active.plan.mark() {
                     active.top_up = Some(walk.cursor);
                 }
             }
@@ -271,7 +265,7 @@ impl Prefetcher {
         read_whole: &HashSet<ObjectId>,
     ) -> Walked {
         let (step_index, item) = walk.at;
-        let index = walk.cursor.position + step_index;
+        let index = walk.start + step_index;
         if walk.checked_step != Some(step_index) {
             // The reader may have moved on since the snapshot, and the eviction freed
             // the steps it passed: those are not fetched again. A move that slips in
@@ -280,7 +274,7 @@ impl Prefetcher {
                 .plans
                 .lock()
                 .get(&walk.handle)
-                .is_some_and(|a| a.plan.is_upcoming(walk.cursor.revision, index));
+                .is_some_and(|a| a.plan.is_upcoming(walk.cursor.mark.revision, index));
             if !upcoming {
                 walk.moved = true;
                 walk.stopped = true;
@@ -597,7 +591,7 @@ mod tests {
     use crate::fetch::Fetcher;
     use crate::fs::{FsCore, Ownership};
     use crate::mount::{assemble, MountSettings};
-    use crate::prefetch::Viewer;
+    use crate::prefetch::{Prefetcher, Viewer};
     use crate::store::wrapper::{GetRequest, HookedStore, StoreHook};
     use crate::synthetic::SyntheticDataset;
 
@@ -720,6 +714,24 @@ mod tests {
         handle
     }
 
+    /// Runs top-up passes `pause` apart until one walks no item: whether one did within
+    /// 20 s.
+    async fn top_up_until_a_pass_walks_nothing(prefetcher: &Prefetcher, pause: Duration) -> bool {
+        let walked = || prefetcher.items_walked.load(Ordering::Relaxed);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let before = walked();
+            prefetcher.top_up();
+            if walked() == before {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
     /// A pass walks what it can issue, not the width of the steps: a plan of steps over
     /// every row of 600 chunks costs each pass the items still downloading behind its
     /// cursor, not its 1,800 items, while its downloads are held and while they go on (a
@@ -748,19 +760,10 @@ mod tests {
         // The downloads go on until the lookahead is all issued: the items cached
         // behind the cursor are not walked again.
         gate.store(false, Ordering::SeqCst);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let before = prefetcher.items_walked.load(Ordering::Relaxed);
-            prefetcher.top_up();
-            if prefetcher.items_walked.load(Ordering::Relaxed) == before {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the lookahead was never all issued"
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        assert!(
+            top_up_until_a_pass_walks_nothing(&prefetcher, Duration::from_millis(2)).await,
+            "the lookahead was never all issued"
+        );
         let passes = prefetcher.top_up_passes.load(Ordering::Relaxed);
         let walked = prefetcher.items_walked.load(Ordering::Relaxed);
         assert!(
@@ -858,20 +861,8 @@ mod tests {
         let expansions = || prefetcher.items_walked.load(Ordering::Relaxed);
         // Its parts download and its row offsets arrive: passes expand its steps until
         // all are resolved and issued.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let idle_pass = loop {
-            let before = expansions();
-            prefetcher.top_up();
-            if expansions() == before {
-                break true;
-            }
-            if Instant::now() > deadline {
-                break false;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
         assert!(
-            idle_pass,
+            top_up_until_a_pass_walks_nothing(&prefetcher, Duration::from_millis(50)).await,
             "every top-up pass expanded the steps of a plan that had not moved"
         );
         let before = expansions();
