@@ -85,6 +85,8 @@ metrics! {
         stray_reads,
         /// Requests sent for small ranges on their own, for the kernel's read-around across a window's chunk edges, instead of their whole parts.
         edges_fetched,
+        /// Bytes of parts taken from edges held in memory when their part was downloaded, instead of asked for again.
+        edge_bytes_reused,
         /// Requests a reader sent for its own bytes because the part file its part's download writes could not give them back (our disk failed).
         spool_failure_reads,
         /// Part downloads that failed after retries.

@@ -315,6 +315,10 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_
                 r["cache_dir_peak_bytes"], r["cache_dir_samples"] = sampler.take()
                 r["cache_budget_bytes"] = size_bytes(option(cmd, "--cache-size"))
                 r["hint_writes"] = status["counters"]["hint_writes"] - counters0["hint_writes"]
+                # What the bytes fetched were: whole parts, or requests for a few bytes.
+                r["requests"] = {key: status["counters"][key] - counters0[key] for key in (
+                    "parts_fetched", "demand_downloads", "direct_reads", "stray_reads", "edges_fetched",
+                    "edge_bytes_reused", "tmp_edge_bytes", "tmp_direct_bytes")}
                 r["fetch_memory_peak_mib"] = status["counters"]["fetch_memory_peak_bytes"] / 2**20
                 memory = status.get("memory") or {}
                 for key in ("resident_bytes", "heap_in_use_bytes", "heap_free_kept_bytes"):

@@ -210,6 +210,7 @@ impl Fetcher {
         let range = self.part_range(object, index);
         let len = range.end - range.start;
         let key = Self::key(object, index);
+        let held = self.held_edge(key, len);
         let fetched = tokio::time::timeout(self.read_timeout, async {
             let mut spooled = self.spool(object, index, admission(urgency)).await;
             if spooled.is_none() && !urgency.is_demand() && self.waits_for_room(object, index) {
@@ -222,7 +223,7 @@ impl Fetcher {
             if let Some(spool) = spooled {
                 let _buffer = self.reserve_memory(SPOOL_BUFFER.min(len)).await;
                 arriving.spool_into(spool.clone());
-                match self.receive(object, range.clone(), arriving).await {
+                match self.receive(object, range.clone(), held.as_ref(), arriving).await {
                     Err(FsError::CacheIo(error)) => {
                         tracing::warn!(object = %object.key, part = index, %error, "writing the part's cache file failed; downloading it again into memory");
                     }
@@ -231,7 +232,8 @@ impl Fetcher {
             }
             let memory = self.reserve_memory(len).await;
             arriving.keep_in_memory(len as usize);
-            self.receive(object, range.clone(), arriving).await?;
+            self.receive(object, range.clone(), held.as_ref(), arriving)
+                .await?;
             Ok(Some(Received::Whole(arriving.finish(|body| memory.hold(body)))))
         })
         .await
@@ -246,7 +248,9 @@ impl Fetcher {
         let Some(received) = fetched.map_err(|error| self.failed(object, index, error))? else {
             return Ok(Ending::WaitsForRoom);
         };
-        Metrics::add(&self.metrics.bytes_fetched, len);
+        let reused = held.as_ref().map_or(0, |(_, bytes)| bytes.len() as u64);
+        Metrics::add(&self.metrics.bytes_fetched, len - reused);
+        Metrics::add(&self.metrics.edge_bytes_reused, reused);
         Metrics::add(&self.metrics.parts_fetched, 1);
         let cached = match received {
             Received::Spooled(spool) => tokio::task::spawn_blocking(move || spool.commit()).await,
@@ -267,6 +271,10 @@ impl Fetcher {
         };
         if let Err(error) = cached {
             tracing::error!(object = %object.key, part = index, %error, "caching the part failed; its waiters are served from its download");
+        }
+        if self.cache.contains(key) {
+            // Its part serves the edge's bytes now: the memory goes back to the budget.
+            self.edges.lock().pop(&key);
         }
         Ok(Ending::Fetched)
     }
@@ -329,9 +337,51 @@ impl Fetcher {
         error
     }
 
-    /// Receives bytes `range` of the object into `arriving`, piece by piece as the body
-    /// comes (a local file in one read), exactly `range`'s length or an error.
+    /// The edge of the part held in memory ([`Fetcher::prefetch_edge`]), as its offset
+    /// in the part and its bytes, if it is the part's first or last bytes: its part's
+    /// download then asks the store for the rest only. The kernel's read-around across
+    /// a window's chunk edges fetched those bytes of a neighbour chunk; when that chunk's
+    /// own window comes, they would otherwise cross the link a second time.
+    fn held_edge(&self, key: PartKey, part_len: u64) -> Option<(u64, Bytes)> {
+        let edges = self.edges.lock();
+        let (offset, bytes) = edges.peek(&key)?;
+        let len = bytes.len() as u64;
+        let at_an_end = *offset == 0 || offset + len == part_len;
+        (at_an_end && len > 0 && len < part_len).then(|| (*offset, bytes.clone()))
+    }
+
+    /// Receives bytes `range` of the object into `arriving`: those of the `held` edge
+    /// (at the range's start or end) from memory, the rest from the store, piece by
+    /// piece as the body comes; exactly `range`'s length or an error.
     async fn receive(
+        &self,
+        object: &ObjectInfo,
+        range: Range<u64>,
+        held: Option<&(u64, Bytes)>,
+        arriving: &Arriving,
+    ) -> FsResult<()> {
+        let (request, before, after) = match held {
+            Some((0, bytes)) => (
+                range.start + bytes.len() as u64..range.end,
+                Some(bytes),
+                None,
+            ),
+            Some((offset, bytes)) => (range.start..range.start + offset, None, Some(bytes)),
+            None => (range, None, None),
+        };
+        if let Some(bytes) = before {
+            arriving.push(bytes.clone()).await?;
+        }
+        self.receive_from_store(object, request, arriving).await?;
+        if let Some(bytes) = after {
+            arriving.push(bytes.clone()).await?;
+        }
+        arriving.end().await
+    }
+
+    /// Appends bytes `range` of the object, from the store, to `arriving`: exactly
+    /// `range`'s length or an error.
+    async fn receive_from_store(
         &self,
         object: &ObjectInfo,
         range: Range<u64>,
@@ -350,11 +400,11 @@ impl Fetcher {
         } else {
             let mut body = result.into_stream();
             while let Some(piece) = body.try_next().await.map_err(|e| FsError::store(key, &e))? {
-                if received + piece.len() as u64 > expected {
-                    received += piece.len() as u64;
+                received += piece.len() as u64;
+                if received > expected {
                     break;
                 }
-                received = arriving.push(piece).await?;
+                arriving.push(piece).await?;
             }
         }
         if received != expected {
@@ -364,7 +414,6 @@ impl Fetcher {
                 got: received,
             });
         }
-        arriving.end().await?;
         Ok(())
     }
 }

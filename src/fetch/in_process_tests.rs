@@ -752,6 +752,59 @@ async fn an_edge_serves_the_reads_it_covers_and_no_more() {
     );
 }
 
+/// A part whose first or last bytes an edge holds (the kernel's read-around into a
+/// neighbour chunk, read later in its own window) asks the store for the rest only, and
+/// its cache file holds the whole part; an edge inside a part does not shorten it.
+/// Once the part is cached, its edge's memory is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_download_asks_only_for_the_bytes_its_held_edge_lacks() {
+    let (bench, counts) = bench(4, |s| Arc::new(HookedStore::new(s, CountReads::default()))).await;
+    let bench = Arc::new(bench);
+    for edge in [1400..1500, 2000..2200, 3700..4000, 4300..4500] {
+        bench.fetcher.prefetch_edge(&bench.object, edge);
+    }
+    settle_edges(&bench.fetcher).await;
+    for index in 1..=4 {
+        assert_eq!(read_part(&bench, index).await.unwrap(), expected(index));
+    }
+    settle(&bench.fetcher).await;
+    let mut asked: Vec<Range<u64>> = counts
+        .hook()
+        .snapshot()
+        .into_iter()
+        .map(|((_, range), count)| {
+            assert_eq!(count, 1, "{range:?} asked for twice");
+            range.unwrap()
+        })
+        .collect();
+    asked.sort_by_key(|range| (range.start, range.end));
+    let edges = [1400..1500, 2000..2200, 3700..4000, 4300..4500];
+    let rests = [1000..2000, 2200..3000, 3000..3700, 4000..4300];
+    let mut expected_asks: Vec<Range<u64>> = edges.into_iter().chain(rests).collect();
+    expected_asks.sort_by_key(|range| (range.start, range.end));
+    assert_eq!(asked, expected_asks);
+    let metrics = bench.fetcher.metrics.snapshot();
+    assert_eq!(metrics.edge_bytes_reused, 200 + 300 + 200);
+    assert_eq!(metrics.bytes_fetched, 100 + OBJECT_LEN - 1000);
+    assert_eq!(
+        bench.fetcher.edges.lock().len(),
+        0,
+        "cached parts no longer hold their edges"
+    );
+    for index in 1..=4 {
+        assert!(bench
+            .fetcher
+            .cache
+            .contains(Fetcher::key(&bench.object, index)));
+        assert_eq!(read_part(&bench, index).await.unwrap(), expected(index));
+    }
+    assert_eq!(
+        counts.hook().total(),
+        8,
+        "the cached parts are read from disk"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_of_bytes_an_edge_on_the_wire_covers_waits_for_it() {
     let (bench, gate) = bench(4, |s| Arc::new(HookedStore::new(s, Gate::default()))).await;
