@@ -77,6 +77,9 @@ def read_ranks(ranks, rank_cmd=bench_rank_cmd):
                     bytes_read=sum(r["bytes_read"] for r in per_rank), hints=all(r["hints"] for r in per_rank),
                     view=per_rank[0]["view"], ranks=ranks, rank_seconds=finish,
                     rank_first_row_s=[r["first_row_s"] for r in per_rank],
+                    rank_first_row_read_s=[r.get("first_row_read_s") for r in per_rank],
+                    rank_rows=[r["rows"] for r in per_rank],
+                    rank_bytes=[r["bytes_read"] for r in per_rank],
                     slowest_over_fastest=max(finish) / min(finish))
 
     return read

@@ -13,7 +13,7 @@ use object_store::GetResultPayload;
 
 use super::arriving::Arriving;
 use super::memory::{self};
-use super::permits::{Permit, Urgency};
+use super::permits::{Permit, Request, Urgency, SMALL_REQUEST_BYTES};
 use super::{listed_object, Fetcher, InFlight, SharedDownload, SPOOL_BUFFER};
 use crate::cache::spool::Spool;
 use crate::cache::{Admission, PartOrigin};
@@ -132,7 +132,7 @@ impl Fetcher {
             Metrics::add(&self.metrics.demand_downloads, 1);
         }
         // Queued here, so that whether the request is on the wire is known at once.
-        let mut slot = self.permits.request(urgency.clone());
+        let mut slot = self.slot_request(self.part_range(object, index), urgency.clone());
         let granted = slot.now();
         let arriving = Arc::new(Arriving::default());
         if granted.is_some() {
@@ -192,6 +192,17 @@ impl Fetcher {
             },
         );
         Some((download, arriving))
+    }
+
+    /// A place in the queue for a download slot for bytes `range`: beside the slots
+    /// for a few bytes a reader waits for ([`Permits::request_small`]), at most
+    /// [`SMALL_REQUEST_BYTES`] and a quarter of a part (as an edge is).
+    pub(super) fn slot_request(&self, range: Range<u64>, urgency: Arc<Urgency>) -> Request {
+        if range.end - range.start <= SMALL_REQUEST_BYTES.min(self.part_size / 4) {
+            self.permits.request_small(urgency)
+        } else {
+            self.permits.request(urgency)
+        }
     }
 
     /// Downloads the part on the slot `permit`, its body into `arriving` as it comes:

@@ -102,7 +102,7 @@ impl Fetcher {
                 });
             }
         }
-        let slot = self.permits.request(urgency);
+        let slot = self.slot_request(range.clone(), urgency);
         let (this, object) = (self.clone(), object.clone());
         // Built here, not in the task: a task dropped before its first poll leaves too.
         let leave = LeaveEdgesInFlight {

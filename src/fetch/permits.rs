@@ -5,7 +5,9 @@
 //! several chunks' offset objects, one part each, which then went over the wire one
 //! after another while a plan's prefetches held every other slot. A queued prefetch
 //! becomes a demand request when a reader starts waiting for the same part
-//! ([`Permits::raise`]), and takes a slot kept for demand at once if one is free.
+//! ([`Permits::raise`]), and takes a slot kept for demand at once if one is free. A
+//! reader's request for a few bytes (a small object's part, an edge) does not wait for
+//! a slot at all: it runs beside them ([`Permits::request_small`]).
 //!
 //! Priority at the slots does not reach the wire: once bodies stream, a link shared by
 //! every connection gives a reader's request the same share as each prefetch. A reader
@@ -45,8 +47,27 @@ impl Urgency {
 
 struct Waiter {
     urgency: Arc<Urgency>,
-    grant: oneshot::Sender<bool>,
+    /// A request for a few bytes ([`Permits::request_small`]).
+    small: bool,
+    grant: oneshot::Sender<Slot>,
 }
+
+/// Which kind of slot a request was granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Demand,
+    Prefetch,
+    /// Beside the download slots: a reader's request for a few bytes.
+    Small,
+}
+
+/// The most bytes of a request that runs beside the download slots while a reader
+/// waits for it ([`Permits::request_small`]), and at most a quarter of a part: a part of
+/// a small object (a chunk's row offsets), or an edge. It costs a round trip, not a share of the link, and queued
+/// behind the downloads of whole parts it waited for one of them to end: with eight
+/// ranks starting together, a rank's first row waited up to a second for the 16 KiB of
+/// its chunk's row offsets.
+pub const SMALL_REQUEST_BYTES: u64 = 1 << 20;
 
 /// Prefetches that may run during an opening.
 pub const OPENING_PREFETCHES: usize = 2;
@@ -61,6 +82,7 @@ struct Opening {
 struct State {
     free: usize,
     prefetch_running: usize,
+    small_running: usize,
     waiters: VecDeque<Waiter>,
     opening: Option<Opening>,
 }
@@ -81,34 +103,36 @@ impl State {
 pub struct Permits {
     state: Mutex<State>,
     max_prefetch: usize,
+    /// Small requests a reader waits for that may run beside the download slots.
+    max_small: usize,
 }
 
 /// A queued request for a slot; dropping it gives up its place, or the slot if it was
 /// granted meanwhile.
 pub struct Request {
     permits: Arc<Permits>,
-    granted: Option<oneshot::Receiver<bool>>,
+    granted: Option<oneshot::Receiver<Slot>>,
 }
 
 impl Request {
     /// The slot, if it was granted already.
     pub fn now(&mut self) -> Option<Permit> {
-        let as_prefetch = self.granted.as_mut()?.try_recv().ok()?;
+        let slot = self.granted.as_mut()?.try_recv().ok()?;
         self.granted = None;
-        Some(self.permit(as_prefetch))
+        Some(self.permit(slot))
     }
 
     pub async fn granted(mut self) -> Permit {
         let granted = self.granted.as_mut().expect("a request is granted once");
-        let as_prefetch = granted.await.expect("permits outlive their waiters");
+        let slot = granted.await.expect("permits outlive their waiters");
         self.granted = None;
-        self.permit(as_prefetch)
+        self.permit(slot)
     }
 
-    fn permit(&self, as_prefetch: bool) -> Permit {
+    fn permit(&self, slot: Slot) -> Permit {
         Permit {
             permits: self.permits.clone(),
-            as_prefetch,
+            slot,
         }
     }
 }
@@ -117,8 +141,8 @@ impl Drop for Request {
     fn drop(&mut self) {
         if let Some(mut granted) = self.granted.take() {
             granted.close();
-            if let Ok(as_prefetch) = granted.try_recv() {
-                drop(self.permit(as_prefetch));
+            if let Ok(slot) = granted.try_recv() {
+                drop(self.permit(slot));
             }
         }
     }
@@ -127,7 +151,7 @@ impl Drop for Request {
 /// A held slot; released on drop.
 pub struct Permit {
     permits: Arc<Permits>,
-    as_prefetch: bool,
+    slot: Slot,
 }
 
 impl Permits {
@@ -140,10 +164,12 @@ impl Permits {
             state: Mutex::new(State {
                 free: slots,
                 prefetch_running: 0,
+                small_running: 0,
                 waiters: VecDeque::new(),
                 opening: None,
             }),
             max_prefetch: slots.saturating_sub(demand_reserve).max(1),
+            max_small: slots,
         })
     }
 
@@ -153,9 +179,24 @@ impl Permits {
 
     /// Queues a request for a slot; it may be granted at once ([`Request::now`]).
     pub fn request(self: &Arc<Self>, urgency: Arc<Urgency>) -> Request {
+        self.enqueue(urgency, false)
+    }
+
+    /// Queues a request for a few bytes (at most [`SMALL_REQUEST_BYTES`]): while a
+    /// reader waits for it, it runs beside the download slots, up to as many again,
+    /// rather than after a download of a part ends.
+    pub fn request_small(self: &Arc<Self>, urgency: Arc<Urgency>) -> Request {
+        self.enqueue(urgency, true)
+    }
+
+    fn enqueue(self: &Arc<Self>, urgency: Arc<Urgency>, small: bool) -> Request {
         let (grant, granted) = oneshot::channel();
         let mut state = self.state.lock();
-        state.waiters.push_back(Waiter { urgency, grant });
+        state.waiters.push_back(Waiter {
+            urgency,
+            small,
+            grant,
+        });
         self.dispatch(&mut state);
         Request {
             permits: self.clone(),
@@ -175,7 +216,9 @@ impl Permits {
 
     /// Holds prefetches to [`OPENING_PREFETCHES`] until `reads` reads that waited for
     /// the network have been answered ([`Permits::read_answered`]) or until `until`,
-    /// whichever comes first; running prefetches go on. A later opening replaces it.
+    /// whichever comes first; running prefetches go on. An opening that starts while
+    /// another lasts joins it: the reads of both, until the later deadline, so that
+    /// ranks starting together all have their first rows before prefetches widen.
     /// Nothing wakes the queue at `until`: the caller calls [`Permits::dispatch_now`].
     pub fn open(&self, reads: usize, until: Instant) {
         self.state.lock().opening = Some(Opening {
@@ -198,9 +241,20 @@ impl Permits {
         self.dispatch(&mut self.state.lock());
     }
 
-    /// Hands free slots to waiters: demand first, in arrival order; then prefetches
-    /// while they are under their cap.
+    /// Hands free slots to waiters: small requests a reader waits for at once, beside
+    /// the slots; then demand, in arrival order; then prefetches while they are under
+    /// their cap.
     fn dispatch(&self, state: &mut State) {
+        while state.small_running < self.max_small {
+            let Some(next) = (state.waiters.iter()).position(|w| w.small && w.urgency.is_demand())
+            else {
+                break;
+            };
+            let waiter = state.waiters.remove(next).unwrap();
+            if waiter.grant.send(Slot::Small).is_ok() {
+                state.small_running += 1;
+            }
+        }
         while state.free > 0 {
             let demand = state.waiters.iter().position(|w| w.urgency.is_demand());
             let next = match demand {
@@ -213,10 +267,14 @@ impl Permits {
                 None => return,
             };
             let waiter = state.waiters.remove(next).unwrap();
-            let as_prefetch = !waiter.urgency.is_demand();
-            if waiter.grant.send(as_prefetch).is_ok() {
+            let slot = if waiter.urgency.is_demand() {
+                Slot::Demand
+            } else {
+                Slot::Prefetch
+            };
+            if waiter.grant.send(slot).is_ok() {
                 state.free -= 1;
-                if as_prefetch {
+                if slot == Slot::Prefetch {
                     state.prefetch_running += 1;
                 }
             }
@@ -232,9 +290,13 @@ impl Permits {
 impl Drop for Permit {
     fn drop(&mut self) {
         let mut state = self.permits.state.lock();
-        state.free += 1;
-        if self.as_prefetch {
-            state.prefetch_running -= 1;
+        match self.slot {
+            Slot::Small => state.small_running -= 1,
+            Slot::Demand => state.free += 1,
+            Slot::Prefetch => {
+                state.free += 1;
+                state.prefetch_running -= 1;
+            }
         }
         self.permits.dispatch(&mut state);
     }
@@ -321,6 +383,50 @@ mod tests {
         );
         assert_eq!(permits.free(), 0);
         drop((running, raised));
+        assert_eq!(permits.free(), 4);
+    }
+
+    /// Every slot holds a part's download: a reader's request for a few bytes runs
+    /// beside them at once, up to as many again; a small prefetch queues as any
+    /// prefetch, and runs at once when a reader starts waiting for it.
+    #[tokio::test]
+    async fn a_readers_small_request_runs_beside_the_busy_slots() {
+        let permits = Permits::new(4);
+        let downloads: Vec<_> = (0..4)
+            .map(|_| {
+                permits
+                    .request(Urgency::demand())
+                    .now()
+                    .expect("a free slot")
+            })
+            .collect();
+        assert!(permits.request(Urgency::demand()).now().is_none());
+        let mut beside: Vec<_> = (0..3)
+            .map(|_| {
+                permits
+                    .request_small(Urgency::demand())
+                    .now()
+                    .expect("a reader's few bytes do not wait for a download to end")
+            })
+            .collect();
+        let urgency = Urgency::prefetch();
+        let mut small_prefetch = permits.request_small(urgency.clone());
+        assert!(
+            small_prefetch.now().is_none(),
+            "a prefetch waits for a slot"
+        );
+        permits.raise(&urgency);
+        beside.push(
+            small_prefetch
+                .now()
+                .expect("raised: it runs beside the slots"),
+        );
+        let mut over = permits.request_small(Urgency::demand());
+        assert!(over.now().is_none(), "at most as many again as the slots");
+        drop(beside.pop());
+        assert!(over.now().is_some());
+        assert_eq!(permits.free(), 0, "the slots are the downloads'");
+        drop(downloads);
         assert_eq!(permits.free(), 4);
     }
 

@@ -10,7 +10,8 @@
 //! cursor, not the width of the steps (a writer's step over every row of 10,000 chunks
 //! was walked whole on every download's end, the daemon's largest cost beside another
 //! user's epoch). The plans are walked breadth-first, every plan's current step before
-//! any plan's next one, and each user's plans may hold at most an equal share of the
+//! any plan's next one, the plans taking an item of a step in turn; each user's plans
+//! may hold at most an equal share of the
 //! downloads: one user's wide step cannot keep another user's next step waiting.
 
 use std::collections::{HashMap, HashSet};
@@ -228,11 +229,20 @@ impl Prefetcher {
             .collect();
         let located = || -> usize { monolithic.iter().map(|d| d.known_boundaries()).sum() };
         let located_before = located();
+        // In each round, the plans take an item in turn: walked one plan's step after
+        // another, the plan of the lowest handle had its step issued first on every
+        // pass, and with eight ranks on one link its rank finished a second before the
+        // others.
         'rounds: for round in 0..=lookahead {
-            for walk in walks.iter_mut() {
-                while !walk.stopped && walk.at.0 <= round && walk.at.0 < walk.steps.len() {
-                    if let Walked::PassFull = self.walk_item(walk, &mut pass, &read_whole) {
-                        break 'rounds;
+            let mut walked = true;
+            while walked {
+                walked = false;
+                for walk in walks.iter_mut() {
+                    if !walk.stopped && walk.at.0 <= round && walk.at.0 < walk.steps.len() {
+                        walked = true;
+                        if let Walked::PassFull = self.walk_item(walk, &mut pass, &read_whole) {
+                            break 'rounds;
+                        }
                     }
                 }
             }
@@ -802,6 +812,58 @@ mod tests {
         gate.store(false, Ordering::SeqCst);
         core.release(wide);
         core.release(other);
+    }
+
+    /// Two ranks' plans (one user), each of a current step wider than the downloads a
+    /// pass may start: the plans take an item of their steps in turn, so both ranks'
+    /// steps are downloading, not the first plan's alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn plans_of_one_user_take_the_downloads_of_a_pass_in_turn() {
+        let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (core, gate) = core_of_many_chunks_downloads_held(source.path(), cache.path()).await;
+        let prefetcher = core.prefetcher().clone();
+        let file = hint_file(&core).await;
+        let (first, second) = (
+            core.open_as(file, 0).unwrap().handle,
+            core.open_as(file, 0).unwrap().handle,
+        );
+        let chunks = (MANY_ROWS / 4) as usize;
+        let window = |chunks: std::ops::Range<usize>| {
+            let ids: Vec<String> = chunks.map(|chunk| chunk.to_string()).collect();
+            format!("scdlfs-hints 1\nplan 0\nwindow {}\n", ids.join(" "))
+        };
+        {
+            // Both plans are there before the first pass.
+            let _no_pass_yet = prefetcher.top_up_pass.lock();
+            for (handle, chunks) in [(first, 0..chunks / 2), (second, chunks / 2..chunks)] {
+                core.write(handle, window(chunks).as_bytes()).unwrap();
+            }
+        }
+        prefetcher.top_up();
+        let dataset = match &prefetcher.plans.lock()[&first].dataset {
+            Dataset::Chunked(dataset) => dataset.clone(),
+            Dataset::Monolithic(_) => unreachable!("a chunked dataset"),
+        };
+        let issued = |chunks: std::ops::Range<usize>| {
+            chunks
+                .filter(|&chunk| {
+                    let values = dataset.array(chunk, ArrayKind::Data);
+                    prefetcher.fetcher.is_in_flight(Fetcher::key(values, 0))
+                })
+                .count()
+        };
+        let (of_first, of_second) = (issued(0..chunks / 2), issued(chunks / 2..chunks));
+        assert!(
+            of_first + of_second < chunks,
+            "the pass could issue both steps whole"
+        );
+        assert!(
+            of_first.abs_diff(of_second) <= 1,
+            "chunks issued: {of_first} of the first plan's step, {of_second} of the second's"
+        );
+        gate.store(false, Ordering::SeqCst);
+        core.release(first);
+        core.release(second);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
