@@ -133,7 +133,10 @@ def targets(rep, node_rep):
     add("large chunks, cache = half the dataset: cold × link / next epoch ÷ floor", "1.25 / 1.32", "≤ 1.1 / ≤ 1.10",
         [Check(lhalf and lhalf["over_link"], 1.1),
          Check(lnext and lnext["fetched_share"] * lnext["dataset_bytes"] / lfloor, 1.10)],
-        lambda: "next epoch: %s; Belady's bound %s GB against the floor of %s GB" % (
+        lambda: "next epoch: %s; Belady's bound (each chunk fetched when read) %s GB against the floor of %s GB; a step is %s GB, "
+                "half the cache, so with the next step arriving while one is read the current and the next step "
+                "fill it and nothing is kept for a later one" % (
             epoch_facts(lnext), fmt(lnext and lnext.get("offline_bound_bytes") and lnext["offline_bound_bytes"] / 1e9,
-                                    ".2f"), fmt(lfloor and lfloor / 1e9, ".2f")))
+                                    ".2f"), fmt(lfloor and lfloor / 1e9, ".2f"),
+            fmt(lnext and lnext.get("step_bytes") and lnext["step_bytes"] / 1e9, ".2f")))
     return rows
