@@ -62,11 +62,11 @@ enum Slot {
 }
 
 /// The most bytes of a request that runs beside the download slots while a reader
-/// waits for it ([`Permits::request_small`]), and at most a quarter of a part: a part of
-/// a small object (a chunk's row offsets), or an edge. It costs a round trip, not a share of the link, and queued
-/// behind the downloads of whole parts it waited for one of them to end: with eight
-/// ranks starting together, a rank's first row waited up to a second for the 16 KiB of
-/// its chunk's row offsets.
+/// waits for it ([`Permits::request_small`]; the fetcher also holds it to a quarter of
+/// a part): a part of a small object (a chunk's row offsets), or an edge. It costs a
+/// round trip, not a share of the link, and queued behind the downloads of whole parts
+/// it waited for one of them to end: with eight ranks starting together, a rank's
+/// first row waited up to a second for the 16 KiB of its chunk's row offsets.
 pub const SMALL_REQUEST_BYTES: u64 = 1 << 20;
 
 /// Prefetches that may run during an opening.
@@ -216,9 +216,7 @@ impl Permits {
 
     /// Holds prefetches to [`OPENING_PREFETCHES`] until `reads` reads that waited for
     /// the network have been answered ([`Permits::read_answered`]) or until `until`,
-    /// whichever comes first; running prefetches go on. An opening that starts while
-    /// another lasts joins it: the reads of both, until the later deadline, so that
-    /// ranks starting together all have their first rows before prefetches widen.
+    /// whichever comes first; running prefetches go on. A later opening replaces it.
     /// Nothing wakes the queue at `until`: the caller calls [`Permits::dispatch_now`].
     pub fn open(&self, reads: usize, until: Instant) {
         self.state.lock().opening = Some(Opening {
