@@ -87,6 +87,12 @@ metrics! {
         edges_fetched,
         /// Bytes of parts taken from edges held in memory when their part was downloaded, instead of asked for again.
         edge_bytes_reused,
+        /// Requests sent for the exact bytes a plan's rows need, instead of their whole parts (a dataset larger than the disk cache).
+        planned_requests,
+        /// Bytes received for those requests.
+        planned_bytes,
+        /// Bytes of those requests stored into the kernel's page cache for the readers' memory maps.
+        planned_bytes_pushed,
         /// Requests a reader sent for its own bytes because the part file its part's download writes could not give them back (our disk failed).
         spool_failure_reads,
         /// Part downloads that failed after retries.

@@ -200,6 +200,7 @@ pub fn assemble(
             max_ahead_bytes: settings.cache_bytes / 2,
             max_sequential_window: 8 * settings.part_size,
             kernel_read_ahead: settings.read_ahead.unwrap_or(KERNEL_DEFAULT_READ_AHEAD),
+            cache_bytes: settings.cache_bytes,
         },
     );
     let tree = Arc::new(Tree::new(
@@ -227,6 +228,7 @@ pub fn assemble(
         read_path.clone(),
         metrics.clone(),
     );
+    prefetcher.connect_planned_pages(read_around.planned().clone());
     if read_around.reads_parts_ahead() {
         cache.leave_read_ahead_to_read_around();
     }

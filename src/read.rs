@@ -141,6 +141,14 @@ impl ReadPath {
                 .all(|need| self.has_locally(need))
     }
 
+    /// Gives back the fetcher's copies of a plan's exact rows within `plan`: they are in
+    /// the page cache now.
+    pub fn release_planned(&self, plan: &ReadPlan) {
+        for need in self.parts_needed(plan) {
+            self.fetcher.release_planned(need.key, &need.within);
+        }
+    }
+
     /// Whether the bytes a read needs of a part are cached or held by the fetcher.
     fn has_locally(&self, need: &Need<'_>) -> bool {
         self.cache.contains(need.key) || self.fetcher.in_memory(need.key, &need.within).is_some()

@@ -3,13 +3,18 @@ windows of 2 chunks, so that the sampler announces the whole epoch's plan (4 ste
 its start, behind a link of its own (250 MB/s + 20 ms). In one run, on fresh mounts: the
 cold windows epoch with hints and without, the random order with its `rows` plan beside
 s3fs-fuse in the same order, and a cache of half the dataset (the cold epoch, then the
-next one against the floor). --quick reads 8 chunks of about 3 MB."""
+next one against the floor). --quick reads 8 chunks of about 3 MB.
+
+The `small-cache` system (issue 39) reads the same dataset through the same link with a
+cache of a tenth of it: the blocks and random orders with their `rows` plans, and the
+windows order in windows of one chunk (two windows fit the cache on the main dataset,
+whose chunks are 4,096 rows; the large chunks' do not)."""
 
 import json
 import os
 
 from .config import (BUCKET, LARGE, LARGE_CHUNK_ROWS, LARGE_CHUNKS, LARGE_CHUNKS_PER_WINDOW, LARGE_LATENCY_MS,
-                     LARGE_RATE_MBPS, QUICK_LARGE_CHUNK_ROWS)
+                     LARGE_RATE_MBPS, QUICK_LARGE_CHUNK_ROWS, SMALL_CACHE, SMALL_CACHE_SHARE)
 from .procs import log
 from .servers import gen, start_proxy, upload
 from .systems import sys_s3fs, sys_scdlfs, sys_scdlfs_half
@@ -66,3 +71,19 @@ def sys_large(ctx, order, run_i):
     results += sys_s3fs(large, "random", run_i, prefix=prefix)
     results += sys_scdlfs_half(large, run_i, True, prefix=prefix)
     return with_link(results, large)
+
+
+def sys_small_cache(ctx, order, run_i):
+    """Cold epochs on fresh mounts whose cache is SMALL_CACHE_SHARE of the dataset: the
+    large chunks in the blocks and random orders with their plans, and the main dataset's
+    windows of one chunk."""
+    large = large_ctx(ctx)
+    prefix = "%s, %s, " % (LARGE, SMALL_CACHE)
+    results = []
+    small = large.but(cache_size=str(int(large.info["bytes"] * SMALL_CACHE_SHARE)), order_args=[])
+    for rows_order in ("blocks", "random"):
+        results += sys_scdlfs(small, rows_order, run_i, True, dataset=large.name, prefix=prefix, warm=False)
+    results = with_link(results, large)
+    windows = ctx.but(cache_size=str(int(ctx.info["bytes"] * SMALL_CACHE_SHARE)),
+                      order_args=["--chunks-per-window", "1"])
+    return results + sys_scdlfs(windows, "windows", run_i, True, prefix=SMALL_CACHE + ", ", warm=False)

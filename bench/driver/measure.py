@@ -318,7 +318,7 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_
                 # What the bytes fetched were: whole parts, or requests for a few bytes.
                 r["requests"] = {key: status["counters"][key] - counters0[key] for key in (
                     "parts_fetched", "demand_downloads", "direct_reads", "stray_reads", "edges_fetched",
-                    "edge_bytes_reused")}
+                    "edge_bytes_reused", "planned_requests", "planned_bytes", "planned_bytes_pushed")}
                 r["fetch_memory_peak_mib"] = status["counters"]["fetch_memory_peak_bytes"] / 2**20
                 memory = status.get("memory") or {}
                 for key in ("resident_bytes", "heap_in_use_bytes", "heap_free_kept_bytes"):

@@ -6,7 +6,7 @@ epoch, and another user's epoch beside the hostile hint writer read every row ri
 import sys
 
 from .config import (CEILING, DROPPED, HALF, HOSTILE_ALONE, HOSTILE_BESIDE, LARGE, NODE, NODE_SCDL, QUICK_MIN_ROWS,
-                     QUICK_NODE_RANKS, RESTART_FIRST, RESTART_LONG, TORCH, WARM)
+                     QUICK_NODE_RANKS, RESTART_FIRST, RESTART_LONG, SMALL_CACHE, TORCH, WARM)
 from .node import node_label
 
 
@@ -42,6 +42,9 @@ def quick_checks(args, systems, orders, other_orders, results, startup, info):
         expected |= {(LARGE + ", " + s, order) for s, order in (
             ("scdlfs cold, hints", "windows"), ("scdlfs cold, no hints", "windows"), ("scdlfs cold, hints", "random"),
             ("s3fs-fuse", "random"), (HALF + ", cold, hints", "windows"), (HALF + ", next epoch, hints", "windows"))}
+    if "small-cache" in systems and "windows" in orders:
+        expected |= {("%s, %s, scdlfs cold, hints" % (LARGE, SMALL_CACHE), order) for order in ("blocks", "random")}
+        expected.add((SMALL_CACHE + ", scdlfs cold, hints", "windows"))
     if "hostile" in systems and "windows" in orders:
         # Beside the hostile writer, the victim's reader checked every row (a wrong row or
         # an EIO fails its epoch, so it has no result), and the writer reached the mount.

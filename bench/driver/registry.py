@@ -5,7 +5,7 @@ without), the orders it reads, and where its results go."""
 from .ceiling import sys_ceiling
 from .config import OPT_IN_SYSTEMS, SYSTEM_NAMES, TORCH_ORDERS
 from .hostile import sys_hostile
-from .large import sys_large
+from .large import sys_large, sys_small_cache
 from .node import sys_node
 from .restart import sys_restart, sys_startup
 from .systems import sys_local, sys_python, sys_rclone, sys_s3fs, sys_scdlfs, sys_scdlfs_half, sys_torch
@@ -57,6 +57,8 @@ REGISTRY = [
     System("ceiling", windows_only, sys_ceiling),
     # Its own dataset and link; reads the windows and random orders of it once per run.
     System("large", windows_only, sys_large),
+    # The large chunks' dataset and link with a cache of a tenth of it (issue 39).
+    System("small-cache", windows_only, sys_small_cache),
     # Its own dataset of many small chunks; the victim's cold epoch alone and beside the
     # hostile hint writer, in turns.
     System("hostile", windows_only, sys_hostile),

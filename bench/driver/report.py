@@ -8,10 +8,10 @@ import tempfile
 
 from .config import (CEILING, DROPPED, HALF, HOSTILE, HOSTILE_BEGIN, HOSTILE_CHUNKS, HOSTILE_CHUNK_ROWS, HOSTILE_END,
                      HOSTILE_MEAN_VALUES, HOSTILE_RATIO_TARGET, LARGE, LARGE_CHUNKS_PER_WINDOW, LARGE_LATENCY_MS,
-                     LARGE_RATE_MBPS, NODE, NODE_BEGIN, NODE_END, NODE_RANKS, NODE_SCDL, NODE_TORCH_WORKERS, ORDERS,
-                     PYTHON_LOADER_CHUNKS, QUICK_HOSTILE_CHUNKS, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN,
-                     RESTART_END, RESTART_FIRST, RESTART_LONG, STARTUP_PARTS, STARTUP_PART_SIZE, TORCH, TORCH_BEGIN,
-                     TORCH_END, TORCH_ORDERS, WARM)
+                     LARGE_CHUNKS, LARGE_RATE_MBPS, NODE, NODE_BEGIN, NODE_END, NODE_RANKS, NODE_SCDL,
+                     NODE_TORCH_WORKERS, ORDERS, PYTHON_LOADER_CHUNKS, QUICK_HOSTILE_CHUNKS, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN,
+                     RESTART_END, RESTART_FIRST, RESTART_LONG, SMALL_BEGIN, SMALL_CACHE, SMALL_CACHE_SHARE, SMALL_END,
+                     STARTUP_PARTS, STARTUP_PART_SIZE, TORCH, TORCH_BEGIN, TORCH_END, TORCH_ORDERS, WARM)
 from .hostile import HOSTILE_HEAD_START_S, HOSTILE_UID, epoch_seconds, hostile_runs
 from .measure import CACHE_SAMPLE_S
 from .node import node_label
@@ -475,6 +475,45 @@ def large_section(rep):
             fmt(m["first_row_s"], ".2f"), fmt(m["stall_s"], ".1f"),
             fmt(m["bytes_per_row"] * m["dataset_rows"] / m["dataset_bytes"], ".2f") + "×",
             fmt(m["cpu_s_per_gb"], ".2f")))
+    return lines
+
+
+def small_cache_section(rep, results):
+    """The small-cache section (issue 39, driver/large.py's sys_small_cache), between
+    markers, so that a run of the system alone replaces it: each cold epoch against its
+    own dataset's link, with the bytes fetched, the GET requests per GB read and the
+    daemon's peak RSS."""
+    summary, saved = rep.summary, rep.saved
+    lines = [SMALL_BEGIN, "## A cache of a tenth of the dataset", ""]
+    w = lines.append
+    w("Issue 39: fresh mounts whose `--cache-size` is %.0f%% of the dataset, cold epochs with the readers' plans, "
+      "page cache dropped. *large chunks*: %d chunks of about 180 MB behind a link of its own (%.0f MB/s + %.0f ms), "
+      "in the blocks order (blocks of 32 rows, fetches of 1,024) and uniformly random rows (minibatches of 64), "
+      "both announcing `rows` steps; the windows order reads the main dataset in windows of one chunk (two fit the "
+      "cache) through the main link. *× link*: epoch s ÷ that dataset's link limit; *GETs/GB*: requests sent per GB "
+      "the reader got. Measured %s on %s, medians of %d run(s); epochs stop after %.0f s (then ~, extrapolated)." % (
+          100 * SMALL_CACHE_SHARE, LARGE_CHUNKS, LARGE_RATE_MBPS, LARGE_LATENCY_MS, saved["date"], saved["host"],
+          rep.args["runs"], rep.args["time_limit"]))
+    w("")
+    w("| dataset | order | epoch s | × link | fetched / dataset | GETs/GB | daemon peak RSS MiB | first row s |")
+    w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for (system, order), m in sorted(summary.items()):
+        if SMALL_CACHE not in system:
+            continue
+        rs = [r for r in saved["results"] if r["system"] == system and r["order"] == order]
+        link_s = rs[0].get("link_s", rep.link_s)
+        dataset_bytes = rs[0].get("dataset_bytes", rep.info["bytes"])
+        dataset_rows = rs[0].get("dataset_rows", rep.info["rows"])
+        gets = med([sum(r["requests"][k] for k in ("parts_fetched", "direct_reads", "edges_fetched",
+                                                     "planned_requests")) / max(r["bytes_read"], 1) * 1e9
+                    for r in rs])
+        w("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            "large chunks" if system.startswith(LARGE) else "main", order, epoch_text(m),
+            fmt(m["epoch_s"] / link_s, ".2f"), fmt(m["bytes_per_row"] * dataset_rows / dataset_bytes, ".2f") + "×",
+            fmt(gets, ",.0f"), fmt(m["rss_mib"], ".0f"), fmt(m["first_row_s"], ".2f")))
+    w("")
+    w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
+    w(SMALL_END)
     return lines
 
 

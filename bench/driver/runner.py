@@ -19,7 +19,8 @@ from .measure import SERVER_FILES, disk_read_ahead_kib
 from .procs import cleanup, log
 from .quick import quick_checks
 from .registry import REGISTRY
-from .report import (restart_section, results_copy, side_results, splice, splice_hostile, torch_section,
+from .report import (restart_section, results_copy, side_results, small_cache_section, splice, splice_hostile,
+                     torch_section,
                      write_report)
 from .servers import generate, probe, start_proxy, start_server
 from .summary import Report, fmt
@@ -44,7 +45,7 @@ def configure(args):
         args.readme = os.path.join(args.work, "README.md")
         if args.systems == ",".join(SYSTEM_NAMES):
             # The node scenario's short variant (R = 1 and 2), and the hostile writer's.
-            args.systems += ",node,hostile"
+            args.systems += ",node,hostile,small-cache"
 
 
 def main(args, command):
@@ -132,7 +133,8 @@ def main(args, command):
         log("updated the hostile section of %s in %.0f s" % (args.report, time.time() - started))
         return
     for alone, begin, end, section in (("torch", TORCH_BEGIN, TORCH_END, torch_section),
-                                       ("restart", RESTART_BEGIN, RESTART_END, restart_section)):
+                                       ("restart", RESTART_BEGIN, RESTART_END, restart_section),
+                                       ("small-cache", SMALL_BEGIN, SMALL_END, small_cache_section)):
         if systems == [alone]:
             # Run alone, a system updates only its own section of the page.
             results = side_results(args.report, alone)

@@ -79,7 +79,7 @@ impl Fetcher {
 
     /// One ranged GET of the pinned object, within `read_timeout`, its bytes held
     /// against `memory`.
-    async fn get_range(
+    pub(super) async fn get_range(
         &self,
         object: &ObjectInfo,
         range: Range<u64>,

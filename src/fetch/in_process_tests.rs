@@ -1077,3 +1077,95 @@ async fn bytes_a_part_file_being_written_cannot_give_are_read_from_the_store() {
     trickle.hook().pieces.add_permits(1000);
     settle(&fetcher).await;
 }
+
+/// Waits until no planned range is on its way.
+async fn settle_planned(fetcher: &Fetcher) {
+    for _ in 0..500 {
+        if fetcher.planned.lock().coming_bytes() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A plan's exact range is one request for exactly its bytes, whoever asks again; it
+/// serves the reads it covers from memory and not those past it; its `done` runs once;
+/// released, it gives its memory back and is not held any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_range_is_fetched_once_and_serves_the_reads_it_covers() {
+    let (bench, counts) = bench(4, |s| Arc::new(HookedStore::new(s, CountReads::default()))).await;
+    let bench = Arc::new(bench);
+    let arrivals = Arc::new(AtomicU64::new(0));
+    let arrived = || {
+        let arrivals = arrivals.clone();
+        move || {
+            arrivals.fetch_add(1, Ordering::Relaxed);
+        }
+    };
+    let planned =
+        |range: Range<u64>, done| bench.fetcher.prefetch_planned(&bench.object, range, done);
+    assert_eq!(planned(2100..2600, arrived()), Planned::Started);
+    assert_eq!(planned(2200..2300, arrived()), Planned::Coming);
+    settle_planned(&bench.fetcher).await;
+    assert_eq!(planned(2100..2600, arrived()), Planned::Local);
+    // `done` runs just after the bytes are recorded as held.
+    for _ in 0..500 {
+        if arrivals.load(Ordering::Relaxed) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(arrivals.load(Ordering::Relaxed), 1);
+    let asked: Vec<_> = counts
+        .hook()
+        .snapshot()
+        .into_keys()
+        .map(|(_, r)| r)
+        .collect();
+    assert_eq!(asked, vec![Some(2100..2600)]);
+    assert_eq!(bench.fetcher.metrics.snapshot().planned_bytes, 500);
+    for within in [100..600, 300..301] {
+        let read = read_within(&bench, 2, within.clone()).await.unwrap();
+        assert_eq!(read, expected_within(2, within));
+    }
+    assert_eq!(counts.hook().total(), 1, "covered reads come from memory");
+    assert_eq!(bench.fetcher.planned_bytes_held(), 500);
+    bench
+        .fetcher
+        .release_planned(Fetcher::key(&bench.object, 2), &(0..PART));
+    assert_eq!(bench.fetcher.planned_bytes_held(), 0);
+    assert_eq!(bench.fetcher.memory.held(), 0, "its memory is given back");
+    assert!(bench
+        .fetcher
+        .in_memory(Fetcher::key(&bench.object, 2), &(100..200))
+        .is_none());
+}
+
+/// A reader of bytes a planned range on its way covers waits for that range rather
+/// than asking for them (or their part) again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_of_bytes_a_planned_range_on_its_way_covers_waits_for_it() {
+    let (bench, gate) = bench(4, |s| Arc::new(HookedStore::new(s, Gate::default()))).await;
+    let bench = Arc::new(bench);
+    let started = bench
+        .fetcher
+        .prefetch_planned(&bench.object, 3000..3400, || {});
+    assert_eq!(started, Planned::Started);
+    while gate.hook().order.lock().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    let reader = spawn_read_within(&bench, 3, 100..200);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!reader.is_finished(), "the range is held at the gate");
+    gate.hook().open.add_permits(1);
+    let read = tokio::time::timeout(Duration::from_secs(5), reader).await;
+    assert_eq!(
+        read.unwrap().unwrap().unwrap(),
+        expected_within(3, 100..200)
+    );
+    assert_eq!(
+        gate.hook().order.lock().len(),
+        1,
+        "the reader asked for nothing"
+    );
+}

@@ -31,7 +31,7 @@
 //! (no room, a failed disk) is received into memory whole. Memory is capped
 //! ([`memory`]): every byte the fetcher holds (a body's unwritten block, a body
 //! received whole, a part kept in memory because the cache had no room, an edge, a
-//! reader's own range) counts against one budget, reserved before the request is sent
+//! plan's exact ranges ([`planned`]), a reader's own range) counts against one budget, reserved before the request is sent
 //! and released when the last copy of the bytes is dropped.
 
 pub mod arriving;
@@ -40,6 +40,7 @@ mod download;
 mod edges;
 pub mod memory;
 pub mod permits;
+mod planned;
 mod waits;
 
 use std::collections::{HashMap, HashSet};
@@ -58,12 +59,14 @@ use crate::cache::{DiskCache, PinnedPart};
 use crate::error::FsResult;
 use crate::metrics::Metrics;
 use crate::object::ObjectInfo;
-use crate::parts::{span, spans_touched, PartKey};
+use crate::parts::{span, spans_touched, GroupId, PartKey};
 use crate::planner_wake::PlannerWake;
 use arriving::Arriving;
 use edges::EdgeInFlight;
 use memory::MemoryBudget;
 use permits::{Permits, Urgency};
+use planned::PlannedRanges;
+pub use planned::{Planned, PLANNED_BYTES_HELD, PLANNED_BYTES_IN_FLIGHT};
 
 /// How far ahead of a download's body a reader's bytes may be for the reader to wait
 /// for the body rather than ask for its bytes itself: at a link's share of ~15 MB/s
@@ -158,6 +161,14 @@ pub struct Fetcher {
     edges: Mutex<lru::LruCache<PartKey, (u64, Bytes)>>,
     /// The parts whose edge is being fetched.
     edges_in_flight: Mutex<HashMap<PartKey, EdgeInFlight>>,
+    /// The exact bytes of planned rows, held until they are in the page cache
+    /// ([`Fetcher::prefetch_planned`]).
+    planned: Mutex<PlannedRanges>,
+    /// The bound on planned bytes on the wire.
+    planned_in_flight: Arc<tokio::sync::Semaphore>,
+    /// The chunks whose rows the plans fetch exactly: a reader's few bytes of them are
+    /// asked for alone, not with their part ([`Fetcher::read_exactly`]).
+    exact_groups: Mutex<HashSet<GroupId>>,
     memory: MemoryBudget,
     in_flight: Mutex<HashMap<PartKey, InFlight>>,
     /// Readers' requests for their own bytes ([`DIRECT_READ_LEAD`]), at most one per
@@ -216,6 +227,9 @@ impl Fetcher {
                 std::num::NonZeroUsize::new(EDGES_KEPT).unwrap(),
             )),
             edges_in_flight: Mutex::new(HashMap::new()),
+            planned: Mutex::new(PlannedRanges::default()),
+            planned_in_flight: planned::in_flight_bound(),
+            exact_groups: Mutex::new(HashSet::new()),
             in_flight: Mutex::new(HashMap::new()),
             direct_reads: tokio::sync::Semaphore::new(max_concurrent_requests.max(1)),
             metrics,

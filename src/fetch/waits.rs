@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::permits::Urgency;
+use super::planned::Covered;
 use super::{Fetcher, PartBytes};
 use crate::cache::Recency;
 use crate::error::{FsError, FsResult};
@@ -56,6 +57,12 @@ impl Fetcher {
             if let Some(held) = self.in_memory(key, &within) {
                 return Ok(held);
             }
+            let planned = self.planned.lock().covering(key, &within);
+            if let Some(Covered::Coming(mut done)) = planned {
+                // A plan's exact bytes on their way: asking again would fetch them twice.
+                while done.changed().await.is_ok() {}
+                continue;
+            }
             if let Some(mut edge) = self.edge_on_the_wire(key, &within) {
                 while edge.changed().await.is_ok() {}
                 // Now in memory, or failed (and no longer in flight): look again.
@@ -64,12 +71,14 @@ impl Fetcher {
             let part = self.part_range(object, index);
             let own = part.start + within.start..part.start + within.end;
             if self.is_stray(key, &within, part.end - part.start)
-                && self.waits_for_room(object, index)
+                && (self.is_read_exactly(object) || self.waits_for_room(object, index))
             {
                 // Bytes of a chunk the plans read later (the kernel's read-around across
                 // a chunk's edge, into a neighbour of another window): its whole part
-                // would evict a chunk they need sooner, for a few KiB. A failed or refused
-                // read leaves the reader to the download, as for any reader.
+                // would evict a chunk they need sooner, for a few KiB. Or of a chunk whose
+                // rows the plans fetch exactly: its part would be evicted before they
+                // come back to it. A failed or refused read leaves the reader to the
+                // download, as for any reader.
                 if let Some(Ok(bytes)) = self.direct_read(object, own.clone()).await {
                     Metrics::add(&self.metrics.stray_reads, 1);
                     return Ok(PartBytes::InMemory {
@@ -116,10 +125,14 @@ impl Fetcher {
     }
 
     /// Bytes `within` of the part, if memory holds them: the whole part (one the cache
-    /// had no room for), or an edge covering them.
+    /// had no room for), a plan's exact range or an edge covering them.
     pub fn in_memory(&self, key: PartKey, within: &Range<u64>) -> Option<PartBytes> {
         if let Some(bytes) = self.uncached.lock().get(&key) {
             return Some(PartBytes::whole(bytes.clone()));
+        }
+        let planned = self.planned.lock().covering(key, within);
+        if let Some(Covered::Held { offset, bytes }) = planned {
+            return Some(PartBytes::InMemory { offset, bytes });
         }
         let mut edges = self.edges.lock();
         let (offset, bytes) = edges.get(&key)?;

@@ -25,6 +25,7 @@ pub mod announce;
 pub mod errno;
 pub mod fuse;
 pub mod handles;
+pub mod planned_pages;
 pub mod read_ahead;
 pub mod read_around;
 
@@ -237,12 +238,15 @@ impl FsCore {
                     direct_io: true,
                 }
             }
-            _ => Opened {
-                handle: self
-                    .handles
-                    .open(HandleState::Data(SequentialWindow::default())),
-                direct_io: false,
-            },
+            _ => {
+                self.components.read_around.planned().opened(ino, &node);
+                Opened {
+                    handle: self
+                        .handles
+                        .open(HandleState::Data(SequentialWindow::default())),
+                    direct_io: false,
+                }
+            }
         })
     }
 

@@ -38,6 +38,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use super::planned_pages::PlannedPusher;
 use crate::catalog::{FileContent, Node, NodeKind};
 use crate::metrics::Metrics;
 use crate::read::ReadPath;
@@ -96,7 +97,7 @@ pub const MAX_MARKED_BLOCKS: usize = 1 << 16;
 /// them. A dense bitmap per file grew to the offset of the last read: a listed 1 PiB
 /// object and one read near its end took 32 GiB.
 #[derive(Debug, Default)]
-struct GivenPages {
+pub(super) struct GivenPages {
     /// (inode, block) → the bits of the block's pages.
     blocks: BTreeMap<(u64, u64), [u64; BLOCK_WORDS]>,
 }
@@ -135,7 +136,7 @@ impl GivenPages {
         })
     }
 
-    fn give(&mut self, ino: u64, pages: Range<u64>) {
+    pub(super) fn give(&mut self, ino: u64, pages: Range<u64>) {
         for (block, within) in by_block(pages) {
             if !self.blocks.contains_key(&(ino, block)) && self.blocks.len() >= MAX_MARKED_BLOCKS {
                 self.blocks.pop_first();
@@ -192,8 +193,8 @@ fn pages_of(bytes: &Range<u64>, page: u64) -> Range<u64> {
 /// What the kernel holds of the mount's files, as far as the daemon knows, shared by
 /// the reads that mark it and the pushers.
 #[derive(Default)]
-struct Given {
-    pages: Mutex<GivenPages>,
+pub(super) struct Given {
+    pub(super) pages: Mutex<GivenPages>,
 }
 
 pub struct ReadAround {
@@ -207,6 +208,8 @@ pub struct ReadAround {
     pushing: Arc<Mutex<HashSet<(u64, u64)>>>,
     given: Arc<Given>,
     page: u64,
+    /// A plan's exact rows, stored as they arrive, whatever the window.
+    planned: Arc<PlannedPusher>,
 }
 
 impl ReadAround {
@@ -214,15 +217,28 @@ impl ReadAround {
     /// that pushes nothing until [`ReadAround::connect`]ed to a page cache.
     pub fn new(window: u64, read_path: Arc<ReadPath>, metrics: Arc<Metrics>) -> Arc<ReadAround> {
         let page = rustix::param::page_size() as u64;
+        let given = Arc::new(Given::default());
+        let planned = Arc::new(PlannedPusher::new(
+            read_path.clone(),
+            metrics.clone(),
+            given.clone(),
+            page,
+        ));
         Arc::new(ReadAround {
             window: window.min(MAX_WINDOW).div_ceil(page) * page,
             read_path,
             metrics,
             queue: OnceLock::new(),
             pushing: Arc::new(Mutex::new(HashSet::new())),
-            given: Arc::new(Given::default()),
+            given,
             page,
+            planned,
         })
+    }
+
+    /// The stores of a plan's exact rows into the page cache.
+    pub fn planned(&self) -> &Arc<PlannedPusher> {
+        &self.planned
     }
 
     /// Whether its windows are wide enough to bring the part files into the page cache
@@ -232,8 +248,10 @@ impl ReadAround {
     }
 
     /// Starts the pushers, which send windows to `page_cache` (once: the mount's kernel
-    /// connection). They stop when the read-around is dropped.
+    /// connection), and the planned pages' thread. They stop when the read-around is
+    /// dropped.
     pub fn connect(&self, page_cache: Arc<dyn PageCache>) {
+        self.planned.connect(page_cache.clone());
         if self.window == 0 {
             return;
         }

@@ -25,6 +25,7 @@
 mod advice;
 pub mod budget;
 mod cached_offsets;
+pub mod exact;
 mod follow;
 pub mod plan;
 pub mod row_offsets;
@@ -58,6 +59,8 @@ use row_offsets::KeptRowOffsets;
 use scatter::ScatterDetector;
 use top_up::{StepReads, TopUpCursor};
 
+pub use exact::PlannedPages;
+
 /// How the prefetcher is bounded.
 #[derive(Clone, Copy, Debug)]
 pub struct PrefetchConfig {
@@ -71,6 +74,9 @@ pub struct PrefetchConfig {
     /// memory-mapped file reads this much, centred on the fault, and an in-order reader
     /// gets as much again ahead. The margins of every step follow it.
     pub kernel_read_ahead: u64,
+    /// The disk cache's budget: a dataset whose values exceed it has its rows fetched
+    /// exactly ([`exact`]).
+    pub cache_bytes: u64,
 }
 
 struct ActivePlan {
@@ -153,6 +159,8 @@ pub struct Prefetcher {
     issue_hook: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
     /// Top-up passes run one at a time: each takes the plans' cursors and puts them back.
     top_up_pass: Mutex<()>,
+    /// Where a plan's exact rows go once they have arrived ([`exact`]).
+    planned_pages: std::sync::OnceLock<Arc<dyn PlannedPages>>,
     /// Top-up passes, and the items of steps they walked: tests count them.
     #[cfg(test)]
     top_up_passes: std::sync::atomic::AtomicU64,
@@ -191,6 +199,7 @@ impl Prefetcher {
             #[cfg(test)]
             issue_hook: Mutex::new(None),
             top_up_pass: Mutex::new(()),
+            planned_pages: std::sync::OnceLock::new(),
             #[cfg(test)]
             top_up_passes: Default::default(),
             #[cfg(test)]
@@ -200,6 +209,14 @@ impl Prefetcher {
         });
         tokio::spawn(drive(Arc::downgrade(&prefetcher), wake));
         prefetcher
+    }
+
+    /// Sends a plan's exact rows to `pages` as they arrive (once: the mount's page
+    /// cache); until then they are served by reads alone.
+    pub fn connect_planned_pages(&self, pages: Arc<dyn PlannedPages>) {
+        if self.planned_pages.set(pages).is_err() {
+            tracing::warn!("the planned pages are connected already");
+        }
     }
 
     /// What each user's hint writers may still do: hint handles are counted by the
@@ -279,10 +296,25 @@ impl Prefetcher {
         if new_epoch {
             self.fetcher.begin_opening();
         }
+        let said_reading = lines.iter().rev().find_map(|line| match line {
+            HintLine::Reading { step } => Some(*step),
+            _ => None,
+        });
+        let moved = said_reading.is_some_and(|step| {
+            plans.get_mut(&handle).is_some_and(|active| {
+                let moved = active.plan.reading(step);
+                if moved {
+                    self.note_finished(handle, active);
+                }
+                moved
+            })
+        });
         // Steps beyond the ranks' horizon or the prefetch's reach change neither yet:
         // the position's moves bring them in.
-        let Some(distance) = changed_ahead else {
-            return Ok(());
+        let distance = match (changed_ahead, moved) {
+            (_, true) => 0,
+            (Some(distance), false) => distance,
+            (None, false) => return Ok(()),
         };
         if distance < plan::RANK_HORIZON {
             self.after_plans_changed(&plans);

@@ -137,8 +137,12 @@ pub struct Plan {
     /// are matched to steps by part where known: steps of a block order share most of
     /// their chunks, but few of their parts.
     parts: Vec<Option<HashSet<PartKey>>>,
-    /// The step the reader is in, as inferred from the reads served.
+    /// The step the reader is in, as inferred from the reads served or said by its
+    /// writer (`reading`).
     pub position: usize,
+    /// Steps of this plan retired before `steps[0]`: a `reading` line counts from the
+    /// `plan` line.
+    retired: usize,
     /// Reads of other steps since the position last moved, by step.
     reads_elsewhere: HashMap<usize, u32>,
     /// Counts the batches applied: step indices taken before a batch may name other
@@ -190,7 +194,8 @@ impl Plan {
         for line in lines {
             match line {
                 // `cached` is the announcement's: the decoder refuses it from a writer.
-                HintLine::Greeting { .. } | HintLine::Cached { .. } => {}
+                // `reading` moves the position once the batch is in ([`Plan::reading`]).
+                HintLine::Greeting { .. } | HintLine::Cached { .. } | HintLine::Reading { .. } => {}
                 HintLine::ChunkRows { rows } if *rows != layout.chunk_size => {
                     return Err(PlanRefused::ChunkRows {
                         writer: *rows,
@@ -279,7 +284,9 @@ impl Plan {
             self.parts.clear();
             self.counted = 0;
             self.rows_read.clear();
+            self.retired = 0;
         } else {
+            self.retired += retired;
             self.steps.drain(..retired);
             self.parts.drain(..retired);
             next.position = self.position - retired;
@@ -298,6 +305,23 @@ impl Plan {
             (false, true) => Some(first_new.saturating_sub(self.position)),
             (false, false) => None,
         })
+    }
+
+    /// The writer says it reads step `step` (counted from the `plan` line): moves the
+    /// position there if that is ahead of it. Returns whether it moved. A reader served
+    /// from the page cache makes no reads to infer it from, and the exact rows of a
+    /// large dataset are stored there ahead of it ([`super::exact`]).
+    pub fn reading(&mut self, step: u64) -> bool {
+        let Some(index) = (step as usize).checked_sub(self.retired) else {
+            return false;
+        };
+        let index = index.min(self.steps.len());
+        if index <= self.position {
+            return false;
+        }
+        self.position = index;
+        self.reads_elsewhere.clear();
+        true
     }
 
     /// Records the parts step `index` reads, if it is still `step`.

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use scdl_format::ArrayKind;
 
+use super::exact::ExactRange;
 use super::plan::{PlanMark, Step};
 use super::Prefetcher;
 use crate::catalog::{Dataset, FlatDataset, MonolithicDataset};
@@ -37,6 +38,9 @@ pub(super) struct StepReads {
     pub(super) ranges: Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)>,
     pub(super) read_around: Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)>,
     pub(super) edges: Vec<(Arc<ObjectInfo>, std::ops::Range<u64>)>,
+    /// The bytes of its rows fetched exactly ([`super::exact`]), instead of `ranges`'
+    /// parts and the margins around them.
+    pub(super) exact: Vec<ExactRange>,
     pub(super) complete: bool,
 }
 
@@ -369,6 +373,22 @@ impl Prefetcher {
                 }
             }
         }
+        if let Dataset::Chunked(dataset) = &walk.dataset {
+            for range in reads.exact {
+                if full(pass) || share_taken(pass) {
+                    filled = true;
+                    issued_all = false;
+                    break;
+                }
+                let issued = self.issue_exact(dataset, range);
+                issued_all &= issued.all;
+                item_parts.extend(issued.parts);
+                if ahead {
+                    bytes += issued.bytes;
+                    pass.ahead_bytes += issued.bytes;
+                }
+            }
+        }
         for (object, range) in edges {
             if read_whole.contains(&object.id) {
                 continue;
@@ -520,6 +540,10 @@ impl Prefetcher {
             reads.complete = false;
             return reads;
         };
+        if self.fetches_rows_exactly(dataset) {
+            reads.exact = self.exact_ranges(dataset, chunk, &values);
+            return reads;
+        }
         for kind in [ArrayKind::Data, ArrayKind::ColPtr] {
             let object = dataset.array(chunk, kind);
             let width = dataset.layout.width(kind);

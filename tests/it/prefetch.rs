@@ -185,3 +185,61 @@ fn scattered_rows_without_hints_get_their_chunks_fetched_whole() {
         dataset_bytes()
     );
 }
+
+/// A plan of small blocks over a dataset many times the disk cache, with parts far
+/// larger than a block: each part holds rows of many steps, and is evicted long before
+/// the plan comes back to it. Its rows' bytes are fetched alone, each once, and the
+/// reader finds them in the page cache: it waits for almost nothing after the first
+/// step, and the link carries about the dataset, not a part per block.
+#[test]
+fn a_plan_over_a_cache_smaller_than_its_parts_fetches_each_planned_byte_once() {
+    let cache = 2 << 20;
+    let (_src, setup) = setup(cache, 1 << 20);
+    assert!(dataset_bytes() > 5 * cache);
+    // Blocks of 200 rows (120 KB of values and column ids), a tenth of a part.
+    let order = Order::Blocks(BlockOrder {
+        seed: 4,
+        block_size: NonZeroU64::new(200).unwrap(),
+        batch_size: NonZeroU64::new(100).unwrap(),
+        fetch_factor: NonZeroU64::new(4).unwrap(),
+    });
+    let epoch = epoch::run_epoch(&setup, order, true);
+    let fetched = epoch.at_end.bytes_fetched;
+    let c = &epoch.at_end;
+    eprintln!(
+        "exact rows: fetched {fetched} of {} bytes: {} planned requests of {} bytes ({} \
+         pushed), {} parts, {} demand downloads, {} direct and {} stray reads; {} reads \
+         waited after the first step",
+        dataset_bytes(),
+        c.planned_requests,
+        c.planned_bytes,
+        c.planned_bytes_pushed,
+        c.parts_fetched,
+        c.demand_downloads,
+        c.direct_reads,
+        c.stray_reads,
+        epoch.waits_after_first_step(),
+    );
+    assert!(
+        epoch.at_end.planned_requests > 0,
+        "rows were fetched exactly"
+    );
+    // Each planned byte once, but for the pages two blocks share.
+    assert!(
+        c.planned_bytes <= dataset_bytes() * 11 / 10,
+        "planned {} bytes of a {} byte dataset",
+        c.planned_bytes,
+        dataset_bytes()
+    );
+    // Besides: the row offsets, and the reader's faults before the first step's rows
+    // arrived or where a range's page is shared with a block not yet read.
+    assert!(
+        fetched <= dataset_bytes() * 5 / 4,
+        "fetched {fetched} bytes of a {} byte dataset",
+        dataset_bytes()
+    );
+    assert!(
+        epoch.at_end.planned_bytes_pushed * 10 >= epoch.at_end.planned_bytes * 9,
+        "the rows went to the page cache ahead of the reader"
+    );
+}

@@ -98,6 +98,12 @@ impl FlatLayout {
         self.rows_before[chunk]..self.rows_before[chunk + 1]
     }
 
+    /// The values (elements of the data and column arrays) of the chunks before
+    /// `chunk`: where the chunk's values start in the flat arrays.
+    pub fn nnz_before(&self, chunk: usize) -> u64 {
+        self.nnz_before[chunk]
+    }
+
     pub fn chunk_sizes(&self, chunk: usize) -> ChunkSizes {
         ChunkSizes {
             rows: self.rows_before[chunk + 1] - self.rows_before[chunk],

@@ -1,4 +1,4 @@
-//! The read-ahead hint protocol, version 3: how a sampler tells the scdlfs daemon the
+//! The read-ahead hint protocol, version 4: how a sampler tells the scdlfs daemon the
 //! order in which it will read a dataset.
 //!
 //! A sampler opens the dataset's hint file (`.scdlfs-hints` in the dataset directory of
@@ -10,6 +10,7 @@
 //! plan 3                    start a new plan (here for epoch 3), dropping the old one
 //! window 17 4 9             next step: read chunks 17, 4 and 9 (any order inside)
 //! rows 1024 1088 5120 5184  next step: read rows [1024, 1088) and [5120, 5184)
+//! reading 1                 (version 4) the writer now reads step 1 of its plan
 //! ```
 //!
 //! A plan is the ordered list of steps written since the last `plan` line; `window` and
@@ -27,6 +28,11 @@
 //! them first ([`Announcement::cached`]). `cached` is a line of the read side only: a
 //! writer that sends it is refused.
 //!
+//! Version 4 lets the writer say which step it is reading (`reading S`, steps counted
+//! from 0 at the `plan` line). Otherwise the daemon infers the position from the reads
+//! it serves, and a reader whose rows the daemon stored into the page cache ahead of it
+//! makes none.
+//!
 //! The full specification, with the daemon's limits and error behaviour, is
 //! `docs/hint-protocol.md`; this module is its only implementation.
 
@@ -34,9 +40,9 @@ use std::fmt;
 use std::ops::Range;
 
 /// The protocol version this module writes and announces.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// The versions a reader of the protocol accepts in a greeting.
-pub const SUPPORTED_VERSIONS: [u32; 3] = [1, 2, 3];
+pub const SUPPORTED_VERSIONS: [u32; 4] = [1, 2, 3, 4];
 /// The first word of the greeting line.
 pub const GREETING: &str = "scdlfs-hints";
 /// The file name of a dataset's hint file.
@@ -67,6 +73,11 @@ pub enum HintLine {
     /// (Version 3, announcement only) Chunk ranges `[start, end)` the daemon holds.
     Cached {
         chunks: Vec<Range<u32>>,
+    },
+    /// (Version 4) The writer is reading step `step` of its plan (0: the first step
+    /// after the `plan` line).
+    Reading {
+        step: u64,
     },
 }
 
@@ -125,6 +136,7 @@ impl fmt::Display for HintLine {
                 }
                 Ok(())
             }
+            HintLine::Reading { step } => write!(f, "reading {step}"),
         }
     }
 }
@@ -205,6 +217,13 @@ impl HintLine {
                 }
                 Ok(HintLine::Rows { ranges })
             }
+            "reading" => match numbers::<u64>("reading", words)?.as_slice() {
+                [step] => Ok(HintLine::Reading { step: *step }),
+                _ => Err(HintError::BadArguments {
+                    keyword: "reading",
+                    reason: "takes one step number".into(),
+                }),
+            },
             "cached" => {
                 let bounds = numbers::<u32>("cached", words)?;
                 if bounds.is_empty() || bounds.len() % 2 != 0 {
@@ -384,6 +403,13 @@ impl HintDecoder {
                         greeted: version,
                     });
                 }
+                (HintLine::Reading { .. }, Some(version)) if version < 4 => {
+                    return Err(HintError::NeedsVersion {
+                        keyword: "reading",
+                        needs: 4,
+                        greeted: version,
+                    });
+                }
                 _ => {}
             }
             lines.push(parsed);
@@ -427,6 +453,7 @@ mod tests {
             HintLine::Cached {
                 chunks: vec![0..2, 5..6],
             },
+            HintLine::Reading { step: 17 },
         ] {
             assert_eq!(HintLine::parse(line.to_string().as_bytes()), Ok(line));
         }
@@ -454,8 +481,8 @@ mod tests {
         let mut d = HintDecoder::default();
         assert_eq!(d.feed(b"window 1\n"), Err(HintError::MissingGreeting));
         assert_eq!(
-            d.feed(b"scdlfs-hints 4\n"),
-            Err(HintError::UnsupportedVersion(4))
+            d.feed(b"scdlfs-hints 5\n"),
+            Err(HintError::UnsupportedVersion(5))
         );
     }
 
@@ -497,6 +524,30 @@ mod tests {
                 },
             ]
         );
+        let v4 = b"scdlfs-hints 4\nchunk-rows 64\nplan 2\nrows 0 64\nrows 128 192\nreading 1\n";
+        assert_eq!(
+            HintDecoder::default().feed(v4).unwrap(),
+            vec![
+                HintLine::Greeting { version: 4 },
+                HintLine::ChunkRows { rows: 64 },
+                HintLine::Plan { epoch: 2 },
+                HintLine::Rows {
+                    ranges: std::iter::once(0..64).collect()
+                },
+                HintLine::Rows {
+                    ranges: std::iter::once(128..192).collect()
+                },
+                HintLine::Reading { step: 1 },
+            ]
+        );
+        assert_eq!(
+            HintDecoder::default().feed(b"scdlfs-hints 3\nplan 0\nreading 0\n"),
+            Err(HintError::NeedsVersion {
+                keyword: "reading",
+                needs: 4,
+                greeted: 3
+            })
+        );
         assert_eq!(
             HintDecoder::default().feed(b"scdlfs-hints 1\nchunk-rows 1024\n"),
             Err(HintError::NeedsVersion {
@@ -513,11 +564,14 @@ mod tests {
         let held = Announcement::new(4096, [7..9, 0..3, 2..4, 9..10, 12..13]);
         assert_eq!(
             held.to_string(),
-            "scdlfs-hints 3\nchunk-rows 4096\ncached 0 4 7 10 12 13\n"
+            "scdlfs-hints 4\nchunk-rows 4096\ncached 0 4 7 10 12 13\n"
         );
         assert_eq!(Announcement::parse(held.to_string().as_bytes()), Some(held));
         let none_held = Announcement::new(4096, []);
-        assert_eq!(none_held.to_string(), "scdlfs-hints 3\nchunk-rows 4096\n");
+        assert_eq!(none_held.to_string(), "scdlfs-hints 4\nchunk-rows 4096\n");
+        // A version 3 daemon's announcement says the same with its own version.
+        let v3 = Announcement::parse(b"scdlfs-hints 3\nchunk-rows 4096\ncached 0 4\n").unwrap();
+        assert_eq!((v3.version, v3.holds(3), v3.holds(4)), (3, true, false));
         assert_eq!(none_held.cached, Some(vec![]));
         assert_eq!(
             Announcement::parse(none_held.to_string().as_bytes()),

@@ -35,6 +35,8 @@ pub struct EpochCursor {
     lookahead: usize,
     /// How many steps of the share the hint file has been told of.
     announced: usize,
+    /// The share position of the plan's first step: `reading` lines count from it.
+    plan_start: usize,
     /// The share position of the next step to enter.
     next_step: usize,
     /// The current step's rows, cut to its share.
@@ -90,6 +92,7 @@ impl EpochCursor {
             share,
             lookahead,
             announced: 0,
+            plan_start: 0,
             next_step: 0,
             rows: Vec::new(),
             position: 0,
@@ -112,6 +115,7 @@ impl EpochCursor {
         // announcement is handed to the writer, so the daemon hears of it first.
         cursor.next_step = current + usize::from(resume_in.is_some());
         cursor.announced = current;
+        cursor.plan_start = current;
         let greeting = vec![HintLine::Plan {
             epoch: cursor.plan.epoch(),
         }];
@@ -178,7 +182,10 @@ impl EpochCursor {
                 return false;
             }
             self.enter(self.next_step);
-            self.announce(hints, Vec::new());
+            // Said at every step: a reader whose rows the daemon stored into the page
+            // cache ahead of it makes no reads the daemon could follow it by.
+            let step = (self.next_step - 1 - self.plan_start) as u64;
+            self.announce(hints, vec![HintLine::Reading { step }]);
         }
         true
     }
@@ -194,12 +201,16 @@ impl EpochCursor {
 
     /// Writes `lines`, then the steps not yet announced up to `lookahead` steps from
     /// the current one, all in one go (handed to the hint writer's thread). Steps are
-    /// topped up only once fewer than half the lookahead remain announced ahead: one
-    /// write per several small steps keeps the daemon from taking a FUSE write per step.
+    /// topped up only once fewer than half the lookahead remain announced ahead, so
+    /// that the daemon parses each step once in a few writes; the position alone
+    /// (`reading`) is one short line a step.
     fn announce(&mut self, hints: &mut HintWriter, mut lines: Vec<HintLine>) {
         // The step being read; before any is entered, the first one to be.
         let current = self.next_step.saturating_sub(1);
-        if lines.is_empty() && self.announced > current + self.lookahead / 2 {
+        if self.announced > current + self.lookahead / 2 {
+            if !lines.is_empty() {
+                hints.write_lines(&lines);
+            }
             return;
         }
         // Never below `announced`: `current` only grows.

@@ -38,13 +38,33 @@ fn share_lines(plan: &EpochPlan, shard: &Shard, workers: &Workers) -> Vec<HintLi
         .collect()
 }
 
+/// The lines without the reader's position (`reading`), which the sampler says at
+/// every step it enters.
+fn without_positions(lines: Vec<HintLine>) -> Vec<HintLine> {
+    lines
+        .into_iter()
+        .filter(|l| !matches!(l, HintLine::Reading { .. }))
+        .collect()
+}
+
+/// The steps the `reading` lines name, in order.
+fn positions(lines: &[HintLine]) -> Vec<u64> {
+    lines
+        .iter()
+        .filter_map(|l| match l {
+            HintLine::Reading { step } => Some(*step),
+            _ => None,
+        })
+        .collect()
+}
+
 /// How many steps the lines after the last `plan` announce.
 fn steps_in_current_plan(lines: &[HintLine]) -> usize {
     let plan_at = lines
         .iter()
         .rposition(|l| matches!(l, HintLine::Plan { .. }))
         .unwrap();
-    lines[plan_at + 1..].len()
+    without_positions(lines[plan_at + 1..].to_vec()).len()
 }
 
 proptest! {
@@ -67,8 +87,13 @@ proptest! {
         let plan = EpochPlan::new(scdl_sampler::ChunkLayout::new(rows, chunk_size as u64).unwrap(), order, epoch);
         let mut expected = opening(chunk_size as u64);
         expected.push(HintLine::Plan { epoch });
-        expected.extend(share_lines(&plan, &shard, &workers));
-        prop_assert_eq!(hint_lines(dataset.path()), expected);
+        let share = share_lines(&plan, &shard, &workers);
+        let steps = share.len() as u64;
+        expected.extend(share);
+        let lines = hint_lines(dataset.path());
+        prop_assert_eq!(without_positions(lines.clone()), expected);
+        // Each step after the first is said as it is entered, in order.
+        prop_assert_eq!(positions(&lines), (1..steps).collect::<Vec<_>>());
         prop_assert!(sampler.take_hint_error().is_none());
         prop_assert_eq!(visited as u64, worker_share(&plan, &shard, &workers).iter().map(|s| s.rows).sum::<u64>());
     }
@@ -150,7 +175,7 @@ fn every_epoch_starts_a_new_plan_on_the_same_handle() {
     expected.extend(steps(1)); // 5 windows, all within the default lookahead of 8
     expected.push(HintLine::Plan { epoch: 2 });
     expected.extend(steps(2));
-    assert_eq!(hint_lines(dataset.path()), expected);
+    assert_eq!(without_positions(hint_lines(dataset.path())), expected);
     assert_eq!(
         fs::read_to_string(dataset.path().join(HINT_FILE))
             .unwrap()

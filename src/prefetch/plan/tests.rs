@@ -446,3 +446,36 @@ fn row_steps_map_to_the_chunks_they_span() {
     while !plan.observe(&chunks(&[3]), &l) {}
     assert_eq!(plan.position, 1);
 }
+
+/// A writer's `reading` line moves the position forward to the step it names, counted
+/// from the `plan` line however many steps were retired since, and never back.
+#[test]
+fn the_writer_says_which_step_it_reads() {
+    let l = layout(8, 10);
+    let mut plan = Plan::default();
+    let steps: Vec<HintLine> = (0..6).map(|c| window(&[c])).collect();
+    let mut lines = vec![HintLine::Plan { epoch: 0 }];
+    lines.extend(steps);
+    plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
+    assert!(plan.reading(3));
+    assert_eq!(plan.position, 3);
+    assert!(!plan.reading(2), "never back");
+    assert!(!plan.reading(3), "already there");
+    // Steps 0 and 1 are retired (the one just left, 2, stays): step 4 is now index 2.
+    plan.apply(&[window(&[6])], &l, Room::UNLIMITED).unwrap();
+    assert_eq!(plan.position, 1);
+    assert!(plan.reading(4));
+    assert_eq!(plan.position, 2);
+    assert_eq!(plan.steps[plan.position], Step::Window(vec![4]));
+    assert!(plan.reading(100), "clamped to the plan's end");
+    assert_eq!(plan.position, plan.steps.len());
+    // A new plan counts from 0 again.
+    plan.apply(
+        &[HintLine::Plan { epoch: 1 }, window(&[0]), window(&[1])],
+        &l,
+        Room::UNLIMITED,
+    )
+    .unwrap();
+    assert!(plan.reading(1));
+    assert_eq!(plan.position, 1);
+}

@@ -1,0 +1,438 @@
+//! Planned ranges: the exact bytes a plan's rows need, fetched on their own instead of
+//! with their whole parts, and held in memory until they are in the kernel's page
+//! cache.
+//!
+//! A `rows` step of scDataset's block order reads about 300 KB of each of a few dozen
+//! parts of 8 MiB. When the dataset is many times the disk cache, each such part is
+//! evicted long before the plan comes back to its other blocks, and fetched again for
+//! each: a cache of a tenth of the dataset fetched it five times over. The plan names
+//! every row, so the prefetcher asks for the bytes of those rows alone
+//! ([`Fetcher::prefetch_planned`]); they are pinned to the object's version like any
+//! GET ([`crate::object::pinned_get`]), never written to the disk cache, held here
+//! under the fetcher's memory budget and a cap of their own ([`PLANNED_BYTES_HELD`]),
+//! served to reads like any bytes the fetcher holds, and given up once the read-around
+//! has stored them in the page cache ([`Fetcher::release_planned`]), where the reader's
+//! memory map finds them without a FUSE read.
+//!
+//! Small ranges need many requests in flight to fill a link (at 20 ms a response,
+//! 50 of 200 KB for 500 MB/s), so they are bounded by the bytes on the wire
+//! ([`PLANNED_BYTES_IN_FLIGHT`]), beside the download slots that whole parts take.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::{watch, Semaphore};
+
+use super::Fetcher;
+use crate::metrics::Metrics;
+use crate::object::ObjectInfo;
+use crate::parts::{GroupId, PartKey};
+
+/// Planned bytes held in memory at most, not yet stored in the page cache: beyond,
+/// the ones held longest are dropped (a reader of them fetches them again).
+pub const PLANNED_BYTES_HELD: u64 = 64 << 20;
+
+/// Planned bytes on the wire at most: a link of 1.6 GB/s at 20 ms a response.
+pub const PLANNED_BYTES_IN_FLIGHT: u64 = 32 << 20;
+
+/// Ranges remembered as stored into the page cache, at most: a top-up that walks their
+/// step again (its plan moved) does not fetch them again. About 6 MiB of entries.
+pub const PLANNED_STORED_KEPT: usize = 1 << 16;
+
+/// One planned range: its bytes once they have arrived, the watch its fetch closes
+/// when it ends (whatever the outcome), or the note that the page cache has it.
+enum Entry {
+    Held { bytes: Bytes, since: u64 },
+    Coming(watch::Receiver<()>),
+    Stored { since: u64 },
+}
+
+/// The planned ranges of every part, by their first byte in the part.
+#[derive(Default)]
+pub(super) struct PlannedRanges {
+    by_part: HashMap<PartKey, BTreeMap<u64, (u64, Entry)>>,
+    /// Bytes held (arrived, not yet released).
+    held: u64,
+    /// Bytes asked for and not arrived yet.
+    coming: u64,
+    /// Orders the held ranges by arrival, for dropping the oldest past the cap.
+    arrivals: BTreeMap<u64, (PartKey, u64)>,
+    /// Orders the stored ranges likewise, for forgetting the oldest past their bound.
+    stored: BTreeMap<u64, (PartKey, u64)>,
+    next_arrival: u64,
+}
+
+/// What a planned range covering some bytes holds now.
+pub(super) enum Covered {
+    Held {
+        offset: u64,
+        bytes: Bytes,
+    },
+    Coming(watch::Receiver<()>),
+    /// In the page cache: a read of it found the kernel had dropped it.
+    Stored,
+}
+
+impl PlannedRanges {
+    /// The range of the part that covers `within`, if one is held or coming.
+    pub(super) fn covering(&self, key: PartKey, within: &Range<u64>) -> Option<Covered> {
+        let ranges = self.by_part.get(&key)?;
+        // Ranges of one part may overlap (two plans, or a range asked again after it
+        // was dropped): look back from the last one starting at or before `within`.
+        ranges
+            .range(..=within.start)
+            .rev()
+            .find(|(_, (end, _))| *end >= within.end)
+            .map(|(&start, (_, entry))| match entry {
+                Entry::Held { bytes, .. } => Covered::Held {
+                    offset: start,
+                    bytes: bytes.clone(),
+                },
+                Entry::Coming(done) => Covered::Coming(done.clone()),
+                Entry::Stored { .. } => Covered::Stored,
+            })
+    }
+
+    /// Records that bytes `within` of the part are coming; `false` if another range
+    /// starting there is still coming (its fetch will record it).
+    fn insert_coming(
+        &mut self,
+        key: PartKey,
+        within: Range<u64>,
+        done: watch::Receiver<()>,
+    ) -> bool {
+        match self.by_part.get(&key).and_then(|r| r.get(&within.start)) {
+            Some((_, Entry::Coming(_))) => return false,
+            Some(_) => self.remove(key, within.start),
+            None => {}
+        }
+        self.coming += within.end - within.start;
+        self.by_part
+            .entry(key)
+            .or_default()
+            .insert(within.start, (within.end, Entry::Coming(done)));
+        true
+    }
+
+    /// Whether `len` more bytes may be asked for: held and coming stay within
+    /// [`PLANNED_BYTES_HELD`].
+    fn has_room_for(&self, len: u64) -> bool {
+        self.held + self.coming + len <= PLANNED_BYTES_HELD
+    }
+
+    /// Records the range's bytes (or its failure: `None`) and drops the oldest held
+    /// ranges beyond [`PLANNED_BYTES_HELD`].
+    fn arrived(&mut self, key: PartKey, start: u64, len: u64, bytes: Option<Bytes>) {
+        self.coming -= len;
+        let Some(ranges) = self.by_part.get_mut(&key) else {
+            return;
+        };
+        match bytes {
+            Some(bytes) => {
+                let since = self.next_arrival;
+                self.next_arrival += 1;
+                self.held += bytes.len() as u64;
+                self.arrivals.insert(since, (key, start));
+                match ranges.get_mut(&start) {
+                    Some((end, entry)) if *end - start == bytes.len() as u64 => {
+                        *entry = Entry::Held { bytes, since };
+                    }
+                    _ => {
+                        self.held -= bytes.len() as u64;
+                        self.arrivals.remove(&since);
+                    }
+                }
+            }
+            None => {
+                if matches!(ranges.get(&start), Some((_, Entry::Coming(_)))) {
+                    ranges.remove(&start);
+                }
+                if ranges.is_empty() {
+                    self.by_part.remove(&key);
+                }
+            }
+        }
+        while self.held > PLANNED_BYTES_HELD {
+            let Some((_, (key, start))) = self.arrivals.pop_first() else {
+                break;
+            };
+            self.remove(key, start);
+        }
+    }
+
+    /// Forgets the held or stored range of the part that starts at `start` (a range
+    /// still coming is left to its fetch).
+    fn remove(&mut self, key: PartKey, start: u64) {
+        let Some(ranges) = self.by_part.get_mut(&key) else {
+            return;
+        };
+        match ranges.get(&start) {
+            Some((_, Entry::Held { bytes, since })) => {
+                self.held -= bytes.len() as u64;
+                self.arrivals.remove(since);
+                ranges.remove(&start);
+            }
+            Some((_, Entry::Stored { since })) => {
+                self.stored.remove(since);
+                ranges.remove(&start);
+            }
+            Some((_, Entry::Coming(_))) | None => {}
+        }
+        if ranges.is_empty() {
+            self.by_part.remove(&key);
+        }
+    }
+
+    /// Gives up the bytes of the held ranges of the part that lie within `within`,
+    /// remembering them as stored (the oldest forgotten past [`PLANNED_STORED_KEPT`]).
+    fn release(&mut self, key: PartKey, within: &Range<u64>) {
+        let Some(ranges) = self.by_part.get_mut(&key) else {
+            return;
+        };
+        for (&start, (end, entry)) in ranges.range_mut(within.start..within.end) {
+            if *end > within.end {
+                continue;
+            }
+            if let Entry::Held { bytes, since } = entry {
+                self.held -= bytes.len() as u64;
+                self.arrivals.remove(since);
+                let since = self.next_arrival;
+                self.next_arrival += 1;
+                self.stored.insert(since, (key, start));
+                *entry = Entry::Stored { since };
+            }
+        }
+        while self.stored.len() > PLANNED_STORED_KEPT {
+            let Some((_, (key, start))) = self.stored.pop_first() else {
+                break;
+            };
+            self.remove(key, start);
+        }
+    }
+
+    pub(super) fn held_bytes(&self) -> u64 {
+        self.held
+    }
+
+    /// Bytes asked for and not arrived yet.
+    #[cfg(test)]
+    pub(super) fn coming_bytes(&self) -> u64 {
+        self.coming
+    }
+}
+
+/// The bound on planned bytes on the wire.
+pub(super) fn in_flight_bound() -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(PLANNED_BYTES_IN_FLIGHT as usize))
+}
+
+/// What [`Fetcher::prefetch_planned`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Planned {
+    /// Asked for: its `done` runs once the bytes are held.
+    Started,
+    /// Cached, or held in memory.
+    Local,
+    /// On its way: its part's download, or another planned range covering it.
+    Coming,
+    /// Not asked for: the memory budget has no room now.
+    Refused,
+}
+
+impl Fetcher {
+    /// Fetches bytes `range` of the object (within one part) on their own, at prefetch
+    /// priority, and holds them for reads until [`Fetcher::release_planned`]; `done`
+    /// runs once they are held (only if the request was [`Planned::Started`]). Not if
+    /// the part is cached or downloading, the bytes are held or coming already, or the
+    /// memory budget has no room now.
+    pub fn prefetch_planned(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        range: Range<u64>,
+        done: impl FnOnce() + Send + 'static,
+    ) -> Planned {
+        let index = range.start / self.part_size;
+        let key = Self::key(object, index);
+        let part_start = index * self.part_size;
+        debug_assert!(
+            range.end <= part_start + self.part_size,
+            "a planned range within one part"
+        );
+        let within = range.start - part_start..range.end - part_start;
+        if self.cache.contains(key) {
+            return Planned::Local;
+        }
+        if self.is_in_flight(key) {
+            return Planned::Coming;
+        }
+        let len = range.end - range.start;
+        let memory = {
+            let mut planned = self.planned.lock();
+            match planned.covering(key, &within) {
+                Some(Covered::Held { .. } | Covered::Stored) => return Planned::Local,
+                Some(Covered::Coming(_)) => return Planned::Coming,
+                None => {}
+            }
+            if !planned.has_room_for(len) {
+                return Planned::Refused;
+            }
+            let Some(memory) = self.memory.try_reserve(len) else {
+                return Planned::Refused;
+            };
+            let (sender, done_watch) = watch::channel(());
+            if !planned.insert_coming(key, within.clone(), done_watch) {
+                return Planned::Coming;
+            }
+            // Dropped when the fetch ends, however: readers waiting on it look again.
+            (memory, sender)
+        };
+        let (this, object) = (self.clone(), object.clone());
+        let on_the_wire = self.planned_in_flight.clone();
+        self.runtime.spawn(async move {
+            let (memory, _closes_on_end) = memory;
+            let Ok(_wire) = on_the_wire.acquire_many_owned(len as u32).await else {
+                return;
+            };
+            Metrics::add(&this.metrics.planned_requests, 1);
+            let fetched = this.get_range(&object, range, memory).await.ok();
+            let arrived = fetched.is_some();
+            this.planned.lock().arrived(key, within.start, len, fetched);
+            if arrived {
+                Metrics::add(&this.metrics.planned_bytes, len);
+                done();
+            }
+        });
+        Planned::Started
+    }
+
+    /// Gives up the planned bytes held of the part within `within`: they are in the
+    /// page cache now.
+    pub fn release_planned(&self, key: PartKey, within: &Range<u64>) {
+        self.planned.lock().release(key, within);
+    }
+
+    /// The plans fetch the rows of chunk `group` exactly: a reader's few bytes of its
+    /// parts (a row the plan does not name, the kernel's read-around of one it does)
+    /// are asked for alone, as its whole part would be evicted before the plans come
+    /// back to it.
+    pub fn read_exactly(&self, group: GroupId) {
+        self.exact_groups.lock().insert(group);
+    }
+
+    /// Whether a reader's few bytes of the object are asked for alone.
+    pub(super) fn is_read_exactly(&self, object: &ObjectInfo) -> bool {
+        object
+            .group
+            .is_some_and(|group| self.exact_groups.lock().contains(&group))
+    }
+
+    /// Planned bytes held in memory now.
+    pub fn planned_bytes_held(&self) -> u64 {
+        self.planned.lock().held_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parts::ObjectId;
+
+    fn key(index: u64) -> PartKey {
+        PartKey {
+            object: ObjectId(1),
+            index,
+        }
+    }
+
+    fn held(ranges: &PlannedRanges, part: u64, within: Range<u64>) -> Option<(u64, usize)> {
+        match ranges.covering(key(part), &within)? {
+            Covered::Held { offset, bytes } => Some((offset, bytes.len())),
+            Covered::Coming(_) | Covered::Stored => None,
+        }
+    }
+
+    fn arrive(ranges: &mut PlannedRanges, part: u64, within: Range<u64>) {
+        let (_sender, done) = watch::channel(());
+        ranges.insert_coming(key(part), within.clone(), done);
+        let len = within.end - within.start;
+        let bytes = Bytes::from(vec![7u8; len as usize]);
+        ranges.arrived(key(part), within.start, len, Some(bytes));
+    }
+
+    #[test]
+    fn a_read_is_served_by_the_range_that_covers_it_whole() {
+        let mut ranges = PlannedRanges::default();
+        arrive(&mut ranges, 0, 4096..8192);
+        arrive(&mut ranges, 0, 0..16384);
+        assert_eq!(held(&ranges, 0, 5000..6000), Some((4096, 4096)));
+        assert_eq!(held(&ranges, 0, 5000..9000), Some((0, 16384)));
+        assert_eq!(held(&ranges, 0, 16000..17000), None);
+        assert_eq!(held(&ranges, 1, 0..10), None, "another part");
+    }
+
+    #[test]
+    fn a_failed_range_leaves_nothing_behind() {
+        let mut ranges = PlannedRanges::default();
+        let (_sender, done) = watch::channel(());
+        ranges.insert_coming(key(0), 0..100, done);
+        assert!(matches!(
+            ranges.covering(key(0), &(10..20)),
+            Some(Covered::Coming(_))
+        ));
+        ranges.arrived(key(0), 0, 100, None);
+        assert!(ranges.covering(key(0), &(10..20)).is_none());
+        assert!(ranges.by_part.is_empty());
+    }
+
+    #[test]
+    fn held_bytes_past_the_cap_drop_the_oldest_ranges_first() {
+        let mut ranges = PlannedRanges::default();
+        let third = PLANNED_BYTES_HELD / 3;
+        for part in 0..4 {
+            arrive(&mut ranges, part, 0..third);
+        }
+        assert!(ranges.held_bytes() <= PLANNED_BYTES_HELD);
+        assert_eq!(held(&ranges, 0, 0..1), None, "the oldest went");
+        assert!(held(&ranges, 3, 0..1).is_some());
+    }
+
+    #[test]
+    fn released_ranges_give_their_bytes_back_and_are_remembered_as_stored() {
+        let mut ranges = PlannedRanges::default();
+        arrive(&mut ranges, 0, 0..4096);
+        arrive(&mut ranges, 0, 8192..12288);
+        ranges.release(key(0), &(0..8192));
+        assert_eq!(ranges.held_bytes(), 4096);
+        assert_eq!(held(&ranges, 0, 0..10), None);
+        assert!(matches!(
+            ranges.covering(key(0), &(0..10)),
+            Some(Covered::Stored)
+        ));
+        assert!(held(&ranges, 0, 9000..9010).is_some());
+    }
+
+    #[test]
+    fn stored_ranges_past_their_bound_are_forgotten_oldest_first() {
+        let mut ranges = PlannedRanges::default();
+        for part in 0..PLANNED_STORED_KEPT as u64 + 3 {
+            arrive(&mut ranges, part, 0..1);
+            ranges.release(key(part), &(0..1));
+        }
+        assert_eq!(ranges.stored.len(), PLANNED_STORED_KEPT);
+        assert!(ranges.covering(key(0), &(0..1)).is_none());
+        let last = PLANNED_STORED_KEPT as u64 + 2;
+        assert!(ranges.covering(key(last), &(0..1)).is_some());
+    }
+
+    #[test]
+    fn asking_stops_at_the_cap_of_held_and_coming_bytes() {
+        let mut ranges = PlannedRanges::default();
+        let (_sender, done) = watch::channel(());
+        assert!(ranges.insert_coming(key(0), 0..PLANNED_BYTES_HELD / 2, done));
+        arrive(&mut ranges, 1, 0..PLANNED_BYTES_HELD / 4);
+        assert!(ranges.has_room_for(PLANNED_BYTES_HELD / 4));
+        assert!(!ranges.has_room_for(PLANNED_BYTES_HELD / 4 + 1));
+    }
+}

@@ -1,0 +1,186 @@
+//! Planned pages: the exact bytes of a plan's rows, stored into the page cache of the
+//! flat files as soon as the fetcher holds them ([`crate::prefetch::exact`]), so that
+//! the reader's memory map finds them without a FUSE read, and the kernel never reads
+//! around them.
+//!
+//! A store notification names an inode, so the flat files are remembered as they are
+//! opened (at most [`FILES_KEPT`]); bytes of a file nobody opened stay with the fetcher
+//! and are served by reads. One thread of its own does the stores, in arrival order
+//! (a store waits for pages the kernel has locked for reads in flight, which the FUSE
+//! threads answer). Once stored, the bytes are given back to the fetcher's budget: the
+//! page cache holds them now, and a page the kernel drops before it is read is read
+//! through FUSE like any other.
+
+use std::num::NonZeroUsize;
+use std::ops::Range;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+use scdl_format::ArrayKind;
+
+use super::read_around::{Given, PageCache};
+use crate::catalog::{FileContent, FlatDataset, Node, NodeKind};
+use crate::metrics::Metrics;
+use crate::prefetch::PlannedPages;
+use crate::read::ReadPath;
+use crate::view::plan_read;
+
+/// Flat files remembered for stores: two per dataset version a reader opened.
+pub const FILES_KEPT: usize = 256;
+
+/// Bytes stored at once: one write of the FUSE device each.
+const STORE_SLICE: u64 = 1 << 20;
+
+/// A flat file as a store names it: its inode, and its node (which holds the dataset).
+type FlatFile = (u64, Arc<Node>);
+
+/// A flat array: its dataset's address, and which of its arrays.
+type FileKey = (usize, ArrayKind);
+
+/// A range of a flat file to store.
+struct Store {
+    ino: u64,
+    node: Arc<Node>,
+    bytes: Range<u64>,
+}
+
+pub struct PlannedPusher {
+    /// (dataset, array) → the inode and node of its flat file. The node holds the
+    /// dataset, so the address a key is made of is not reused while it is kept.
+    files: Mutex<lru::LruCache<FileKey, FlatFile>>,
+    queue: OnceLock<Mutex<Sender<Store>>>,
+    read_path: Arc<ReadPath>,
+    metrics: Arc<Metrics>,
+    given: Arc<Given>,
+    page: u64,
+}
+
+fn file_key(dataset: &Arc<FlatDataset>, kind: ArrayKind) -> FileKey {
+    (Arc::as_ptr(dataset) as usize, kind)
+}
+
+impl PlannedPusher {
+    pub(super) fn new(
+        read_path: Arc<ReadPath>,
+        metrics: Arc<Metrics>,
+        given: Arc<Given>,
+        page: u64,
+    ) -> PlannedPusher {
+        PlannedPusher {
+            files: Mutex::new(lru::LruCache::new(NonZeroUsize::new(FILES_KEPT).unwrap())),
+            queue: OnceLock::new(),
+            read_path,
+            metrics,
+            given,
+            page,
+        }
+    }
+
+    /// Remembers an opened file if it is a flat array of values or column ids.
+    pub fn opened(&self, ino: u64, node: &Arc<Node>) {
+        let NodeKind::File(file) = &node.kind else {
+            return;
+        };
+        if let FileContent::FlatArray(dataset, kind @ (ArrayKind::Data | ArrayKind::ColPtr)) =
+            &file.content
+        {
+            self.files
+                .lock()
+                .put(file_key(dataset, *kind), (ino, node.clone()));
+        }
+    }
+
+    /// Starts the thread that stores into `page_cache` (once); it ends when the pusher
+    /// is dropped.
+    pub(super) fn connect(self: &Arc<Self>, page_cache: Arc<dyn PageCache>) {
+        let (sender, receiver) = channel();
+        if self.queue.set(Mutex::new(sender)).is_err() {
+            return;
+        }
+        let worker = StoreWorker {
+            read_path: self.read_path.clone(),
+            metrics: self.metrics.clone(),
+            given: self.given.clone(),
+            page: self.page,
+            page_cache,
+            buffer: Vec::with_capacity(STORE_SLICE as usize),
+        };
+        let spawned = std::thread::Builder::new()
+            .name("scdlfs-planned".into())
+            .spawn(move || worker.run(receiver));
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "cannot start the planned pages' thread");
+        }
+    }
+}
+
+impl PlannedPages for PlannedPusher {
+    fn arrived(&self, dataset: &Arc<FlatDataset>, kind: ArrayKind, file_bytes: Range<u64>) {
+        let (Some(queue), Some((ino, node))) = (
+            self.queue.get(),
+            self.files.lock().get(&file_key(dataset, kind)).cloned(),
+        ) else {
+            return;
+        };
+        // The thread ends only with the pusher: a send fails only while it is dropped.
+        let _ = queue.lock().send(Store {
+            ino,
+            node,
+            bytes: file_bytes,
+        });
+    }
+}
+
+struct StoreWorker {
+    read_path: Arc<ReadPath>,
+    metrics: Arc<Metrics>,
+    given: Arc<Given>,
+    page: u64,
+    page_cache: Arc<dyn PageCache>,
+    buffer: Vec<u8>,
+}
+
+impl StoreWorker {
+    fn run(mut self, queue: Receiver<Store>) {
+        while let Ok(store) = queue.recv() {
+            self.store(&store);
+        }
+    }
+
+    /// Stores the range a slice at a time if every byte is local (the fetcher may have
+    /// dropped some past its cap), then gives the fetcher's copies back.
+    fn store(&mut self, store: &Store) {
+        let NodeKind::File(file) = &store.node.kind else {
+            return;
+        };
+        let bytes = &store.bytes;
+        let whole = plan_read(
+            &file.content,
+            file.size,
+            bytes.start,
+            bytes.end - bytes.start,
+        );
+        if !self.read_path.is_local(&whole) {
+            return;
+        }
+        let mut start = bytes.start;
+        while start < bytes.end {
+            let end = (start + STORE_SLICE).min(bytes.end);
+            let slice = plan_read(&file.content, file.size, start, end - start);
+            match self.read_path.read_around(&slice, &mut self.buffer) {
+                Some(Ok(())) if self.buffer.len() as u64 == end - start => {}
+                _ => return,
+            }
+            if let Err(error) = self.page_cache.store(store.ino, start, &self.buffer) {
+                tracing::debug!(ino = store.ino, ?bytes, %error, "planned pages refused");
+                return;
+            }
+            let pages = start / self.page..end.div_ceil(self.page);
+            self.given.pages.lock().give(store.ino, pages);
+            Metrics::add(&self.metrics.planned_bytes_pushed, end - start);
+            start = end;
+        }
+        self.read_path.release_planned(&whole);
+    }
+}

@@ -1,0 +1,182 @@
+//! Exact rows: when a dataset is larger than the disk cache, a plan's rows are fetched
+//! as the bytes they need, not as the parts that hold them, and stored into the page
+//! cache of the flat files as they arrive.
+//!
+//! Whole parts pay when the cache keeps them until the plan has read every row it
+//! names in them: with the dataset's values in the cache, each part is fetched once
+//! however the plan visits it. With a dataset ten times the cache, a part of 8 MiB
+//! that a block of 32 rows touches is evicted long before the plan comes back to its
+//! other blocks, and is fetched again for each (a cache of a tenth of the dataset
+//! fetched it five times over). So when the values of a dataset do not fit the cache,
+//! a row step asks for the bytes of its rows alone, rounded out to whole pages of the
+//! flat file ([`crate::fetch::Fetcher::prefetch_planned`]), unless they are most of
+//! their part, which is then fetched whole as before.
+//!
+//! The kernel reads around every fault of a memory-mapped file (half its read-ahead on
+//! either side, and a window ahead of a reader going in order): exact bytes served
+//! through FUSE reads would make it ask for as much again around each block, bytes no
+//! plan names. Stored into the page cache before the reader comes ([`PlannedPages`]),
+//! the rows' pages are found there and the kernel asks for nothing.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use scdl_format::flat::FlatPiece;
+use scdl_format::ArrayKind;
+
+use super::Prefetcher;
+use crate::catalog::FlatDataset;
+use crate::fetch::{Fetcher, Planned};
+use crate::object::ObjectInfo;
+use crate::parts::PartKey;
+
+/// The page the kernel caches files in.
+const PAGE: u64 = 4096;
+
+/// Where the exact bytes of a plan's rows go once they have arrived: the mount's page
+/// cache, which the filesystem layer reaches.
+pub trait PlannedPages: Send + Sync {
+    /// Bytes `file_bytes` of `dataset`'s flat array `kind` are all held by the fetcher.
+    fn arrived(&self, dataset: &Arc<FlatDataset>, kind: ArrayKind, file_bytes: Range<u64>);
+}
+
+/// One exact range of a step: bytes of a flat array, whole pages of the file.
+pub(super) struct ExactRange {
+    pub(super) kind: ArrayKind,
+    pub(super) file_bytes: Range<u64>,
+}
+
+/// What issuing one exact range did.
+pub(super) struct Issued {
+    /// Every byte is cached, held or on its way.
+    pub(super) all: bool,
+    /// Bytes newly asked for.
+    pub(super) bytes: u64,
+    /// The parts the range touches, for matching reads to steps.
+    pub(super) parts: Vec<PartKey>,
+}
+
+impl Prefetcher {
+    /// Whether a plan's rows of `dataset` are fetched exactly: its values and column ids
+    /// do not fit the disk cache.
+    pub(super) fn fetches_rows_exactly(&self, dataset: &FlatDataset) -> bool {
+        let values =
+            dataset.layout.file_len(ArrayKind::Data) + dataset.layout.file_len(ArrayKind::ColPtr);
+        values > self.config.cache_bytes
+    }
+
+    /// The exact ranges of a row range's values in one chunk (`values`: element
+    /// offsets within the chunk), in the flat files, rounded out to whole pages.
+    pub(super) fn exact_ranges(
+        &self,
+        dataset: &FlatDataset,
+        chunk: usize,
+        values: &Range<u64>,
+    ) -> Vec<ExactRange> {
+        let chunk_start = dataset.layout.nnz_before(chunk);
+        [ArrayKind::Data, ArrayKind::ColPtr]
+            .into_iter()
+            .map(|kind| {
+                let width = dataset.layout.width(kind);
+                let file_len = dataset.layout.file_len(kind);
+                let start = (chunk_start + values.start) * width / PAGE * PAGE;
+                let end = ((chunk_start + values.end) * width)
+                    .div_ceil(PAGE)
+                    .saturating_mul(PAGE)
+                    .min(file_len);
+                ExactRange {
+                    kind,
+                    file_bytes: start..end,
+                }
+            })
+            .filter(|range| !range.file_bytes.is_empty())
+            .collect()
+    }
+
+    /// Asks for the bytes of `range` that are neither cached nor held, part by part;
+    /// once every piece is held, hands the range to the page cache. A piece that is most
+    /// of its part is fetched with its part (cached as any part).
+    pub(super) fn issue_exact(&self, dataset: &Arc<FlatDataset>, range: ExactRange) -> Issued {
+        let read = dataset.layout.map(
+            range.kind,
+            range.file_bytes.start,
+            range.file_bytes.end - range.file_bytes.start,
+        );
+        let mut pieces: Vec<(Arc<ObjectInfo>, Range<u64>)> = Vec::new();
+        for piece in read.pieces {
+            if let FlatPiece::Chunk {
+                chunk,
+                array,
+                range,
+                ..
+            } = piece
+            {
+                let object = dataset.array(chunk, array);
+                if let Some(group) = object.group {
+                    self.fetcher.read_exactly(group);
+                }
+                for index in self.fetcher.parts_of(&range) {
+                    let part = self.fetcher.part_range(object, index);
+                    let within = range.start.max(part.start)..range.end.min(part.end);
+                    pieces.push((object.clone(), within));
+                }
+            }
+        }
+        let mut issued = Issued {
+            all: true,
+            bytes: 0,
+            parts: Vec::new(),
+        };
+        // The range goes to the page cache when its last piece is held (the count
+        // includes this call's own, dropped after every piece is issued).
+        let waiting = Arc::new(AtomicUsize::new(pieces.len() + 1));
+        let arrive = {
+            let (pages, dataset) = (self.planned_pages.get().cloned(), dataset.clone());
+            let kind = range.kind;
+            let file_bytes = range.file_bytes.clone();
+            let waiting = waiting.clone();
+            move || {
+                if waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    if let Some(pages) = &pages {
+                        pages.arrived(&dataset, kind, file_bytes.clone());
+                    }
+                }
+            }
+        };
+        let arrive = Arc::new(arrive);
+        for (object, within) in pieces {
+            let index = within.start / self.fetcher.part_size();
+            let key = Fetcher::key(&object, index);
+            issued.parts.push(key);
+            let part = self.fetcher.part_range(&object, index);
+            let part_len = part.end - part.start;
+            if 2 * (within.end - within.start) > part_len {
+                // Most of the part: fetched whole (and cached) like a window's.
+                if self.fetcher.prefetch(&object, index) {
+                    issued.bytes += part_len;
+                } else if !self.cache.contains(key) && !self.fetcher.is_in_flight(key) {
+                    issued.all = false;
+                }
+                arrive();
+                continue;
+            }
+            let on_arrival = arrive.clone();
+            match self
+                .fetcher
+                .prefetch_planned(&object, within.clone(), move || on_arrival())
+            {
+                Planned::Started => issued.bytes += within.end - within.start,
+                // Local, or on its way for another range: the push finds it, or
+                // leaves those pages to the reader's faults.
+                Planned::Local | Planned::Coming => arrive(),
+                Planned::Refused => {
+                    issued.all = false;
+                    arrive();
+                }
+            }
+        }
+        arrive();
+        issued
+    }
+}
