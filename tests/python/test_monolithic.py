@@ -61,7 +61,7 @@ def test_the_sampler_over_a_monolithic_dataset_on_a_mount_gives_hints_the_daemon
     extra = ["--read-part-size", "64KiB"]
     with H.ScdlfsMount(mono_bucket, tmp_path / "mnt", tmp_path / "cache", moto.endpoint, extra=extra) as mount:
         path = mount.mountpoint / "mono" / NAME
-        assert (path / ".scdlfs-hints").read_text().startswith("scdlfs-hints 3\nchunk-rows ")
+        assert (path / ".scdlfs-hints").read_text().startswith("scdlfs-hints 4\nchunk-rows ")
         sampler = scdlfs.ChunkWindowSampler(str(path), chunks_per_window=1, seed=3)
         assert sampler.dataset_kind == "monolithic dataset on a mount"
         mounted = SingleCellMemMapDataset(str(path))
