@@ -6,7 +6,8 @@ s3fs-fuse in the same order, and a cache of half the dataset (the cold epoch, th
 next one against the floor). --quick reads 8 chunks of about 3 MB.
 
 The `small-cache` system (issue 39) reads the same dataset through the same link with a
-cache of a tenth of it: the blocks and random orders with their `rows` plans, and the
+cache of a tenth of it: the blocks and random orders with their `rows` plans (random rows
+in steps of 1,024, scDataset's fetch factor of 16 minibatches), and the
 windows order in windows of one chunk (two windows fit the cache on the main dataset,
 whose chunks are 4,096 rows; the large chunks' do not)."""
 
@@ -80,7 +81,9 @@ def sys_small_cache(ctx, order, run_i):
     large = large_ctx(ctx)
     prefix = "%s, %s, " % (LARGE, SMALL_CACHE)
     results = []
-    small = large.but(cache_size=str(int(large.info["bytes"] * SMALL_CACHE_SHARE)), order_args=[])
+    # Random rows in steps of 1,024 (16 minibatches of 64), as scDataset fetches them.
+    small = large.but(cache_size=str(int(large.info["bytes"] * SMALL_CACHE_SHARE)),
+                      order_args=["--random-fetch-factor", "16"])
     for rows_order in ("blocks", "random"):
         results += sys_scdlfs(small, rows_order, run_i, True, dataset=large.name, prefix=prefix, warm=False)
     results = with_link(results, large)

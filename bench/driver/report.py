@@ -488,8 +488,8 @@ def small_cache_section(rep, results):
     w = lines.append
     w("Issue 39: fresh mounts whose `--cache-size` is %.0f%% of the dataset, cold epochs with the readers' plans, "
       "page cache dropped. *large chunks*: %d chunks of about 180 MB behind a link of its own (%.0f MB/s + %.0f ms), "
-      "in the blocks order (blocks of 32 rows, fetches of 1,024) and uniformly random rows (minibatches of 64), "
-      "both announcing `rows` steps; the windows order reads the main dataset in windows of one chunk (two fit the "
+      "in the blocks order (blocks of 32 rows, fetches of 1,024) and uniformly random rows (minibatches of 64, "
+      "steps of 1,024), both announcing `rows` steps; the windows order reads the main dataset in windows of one chunk (two fit the "
       "cache) through the main link. *× link*: epoch s ÷ that dataset's link limit; *GETs/GB*: requests sent per GB "
       "the reader got. Measured %s on %s, medians of %d run(s); epochs stop after %.0f s (then ~, extrapolated)." % (
           100 * SMALL_CACHE_SHARE, LARGE_CHUNKS, LARGE_RATE_MBPS, LARGE_LATENCY_MS, saved["date"], saved["host"],

@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-from .config import (BUCKET, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN, RESTART_END, SYSTEM_NAMES,
-                     TORCH_BEGIN, TORCH_END)
+from .config import (BUCKET, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN, RESTART_END, SMALL_BEGIN, SMALL_END,
+                     SYSTEM_NAMES, TORCH_BEGIN, TORCH_END)
 from .measure import SERVER_FILES, disk_read_ahead_kib
 from .procs import cleanup, log
 from .quick import quick_checks

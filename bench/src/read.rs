@@ -44,18 +44,29 @@ pub struct EpochArgs {
     /// Chunks per window of the windows order (the large-chunk case reads windows of 2).
     #[arg(long, default_value_t = 4)]
     chunks_per_window: u32,
+    /// Minibatches per step of the random order (1: a step per minibatch; the
+    /// small-cache case reads steps of 16, as scDataset's fetch factor).
+    #[arg(long, default_value_t = 1)]
+    random_fetch_factor: u64,
 }
 
 impl EpochArgs {
     fn order(&self) -> Result<Order, String> {
         let chunks_per_window = NonZeroU32::new(self.chunks_per_window)
             .ok_or("--chunks-per-window must be at least 1")?;
-        Ok(self.order.order(self.seed, chunks_per_window))
+        let fetch_factor = NonZeroU64::new(self.random_fetch_factor)
+            .ok_or("--random-fetch-factor must be at least 1")?;
+        Ok(self.order.order(self.seed, chunks_per_window, fetch_factor))
     }
 }
 
 impl OrderKind {
-    pub fn order(self, seed: u64, chunks_per_window: NonZeroU32) -> Order {
+    pub fn order(
+        self,
+        seed: u64,
+        chunks_per_window: NonZeroU32,
+        random_fetch_factor: NonZeroU64,
+    ) -> Order {
         let n64 = |n| NonZeroU64::new(n).unwrap();
         match self {
             OrderKind::Windows => Order::ChunkWindows(ChunkWindowOrder {
@@ -74,7 +85,7 @@ impl OrderKind {
                 seed,
                 block_size: n64(1),
                 batch_size: n64(64),
-                fetch_factor: n64(1),
+                fetch_factor: random_fetch_factor,
             }),
         }
     }

@@ -16,7 +16,8 @@
 //!
 //! Small ranges need many requests in flight to fill a link (at 20 ms a response,
 //! 50 of 200 KB for 500 MB/s), so they are bounded by the bytes on the wire
-//! ([`PLANNED_BYTES_IN_FLIGHT`]), beside the download slots that whole parts take.
+//! ([`PLANNED_BYTES_IN_FLIGHT`], each request weighing at least
+//! [`PLANNED_REQUEST_WEIGHT`]), beside the download slots that whole parts take.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -30,12 +31,18 @@ use crate::metrics::Metrics;
 use crate::object::ObjectInfo;
 use crate::parts::{GroupId, PartKey};
 
-/// Planned bytes held in memory at most, not yet stored in the page cache: beyond,
-/// the ones held longest are dropped (a reader of them fetches them again).
-pub const PLANNED_BYTES_HELD: u64 = 64 << 20;
+/// Planned bytes held in memory or asked for at most, not yet stored in the page
+/// cache: no more is asked for beyond, and past it the ones held longest are dropped (a
+/// reader of them fetches them again).
+pub const PLANNED_BYTES_HELD: u64 = 32 << 20;
 
-/// Planned bytes on the wire at most: a link of 1.6 GB/s at 20 ms a response.
-pub const PLANNED_BYTES_IN_FLIGHT: u64 = 32 << 20;
+/// Planned bytes on the wire at most: a link of 800 MB/s at 20 ms a response.
+pub const PLANNED_BYTES_IN_FLIGHT: u64 = 16 << 20;
+
+/// What a request counts against [`PLANNED_BYTES_IN_FLIGHT`] at least, so that at most
+/// 256 are on the wire: with 8,000 single rows of 6 KB in flight, the daemon's
+/// connections and tasks held 300 MiB.
+const PLANNED_REQUEST_WEIGHT: u64 = 64 << 10;
 
 /// Ranges remembered as stored into the page cache, at most: a top-up that walks their
 /// step again (its plan moved) does not fetch them again. About 6 MiB of entries.
@@ -62,6 +69,9 @@ pub(super) struct PlannedRanges {
     /// Orders the stored ranges likewise, for forgetting the oldest past their bound.
     stored: BTreeMap<u64, (PartKey, u64)>,
     next_arrival: u64,
+    /// A range was refused for lack of room since bytes were last given back: the
+    /// prefetcher is woken when some are, to ask again.
+    refused: bool,
 }
 
 /// What a planned range covering some bytes holds now.
@@ -117,9 +127,11 @@ impl PlannedRanges {
     }
 
     /// Whether `len` more bytes may be asked for: held and coming stay within
-    /// [`PLANNED_BYTES_HELD`].
-    fn has_room_for(&self, len: u64) -> bool {
-        self.held + self.coming + len <= PLANNED_BYTES_HELD
+    /// [`PLANNED_BYTES_HELD`]. A refusal is remembered ([`PlannedRanges::release`]).
+    fn has_room_for(&mut self, len: u64) -> bool {
+        let room = self.held + self.coming + len <= PLANNED_BYTES_HELD;
+        self.refused |= !room;
+        room
     }
 
     /// Records the range's bytes (or its failure: `None`) and drops the oldest held
@@ -187,9 +199,11 @@ impl PlannedRanges {
 
     /// Gives up the bytes of the held ranges of the part that lie within `within`,
     /// remembering them as stored (the oldest forgotten past [`PLANNED_STORED_KEPT`]).
-    fn release(&mut self, key: PartKey, within: &Range<u64>) {
+    /// Returns whether a range was refused for lack of the room this gives back.
+    fn release(&mut self, key: PartKey, within: &Range<u64>) -> bool {
+        let refused = std::mem::take(&mut self.refused);
         let Some(ranges) = self.by_part.get_mut(&key) else {
-            return;
+            return refused;
         };
         for (&start, (end, entry)) in ranges.range_mut(within.start..within.end) {
             if *end > within.end {
@@ -210,6 +224,7 @@ impl PlannedRanges {
             };
             self.remove(key, start);
         }
+        refused
     }
 
     pub(super) fn held_bytes(&self) -> u64 {
@@ -292,7 +307,8 @@ impl Fetcher {
         let on_the_wire = self.planned_in_flight.clone();
         self.runtime.spawn(async move {
             let (memory, _closes_on_end) = memory;
-            let Ok(_wire) = on_the_wire.acquire_many_owned(len as u32).await else {
+            let weight = len.clamp(PLANNED_REQUEST_WEIGHT, PLANNED_BYTES_IN_FLIGHT);
+            let Ok(_wire) = on_the_wire.acquire_many_owned(weight as u32).await else {
                 return;
             };
             Metrics::add(&this.metrics.planned_requests, 1);
@@ -308,9 +324,18 @@ impl Fetcher {
     }
 
     /// Gives up the planned bytes held of the part within `within`: they are in the
-    /// page cache now.
+    /// page cache now. Wakes the prefetcher if a range waits for that room.
     pub fn release_planned(&self, key: PartKey, within: &Range<u64>) {
-        self.planned.lock().release(key, within);
+        if self.planned.lock().release(key, within) {
+            self.planner_wake.ring();
+        }
+    }
+
+    /// Whether `len` more planned bytes may be asked for now: a range is asked for
+    /// whole or not at all, so that no piece of it is held waiting for another that
+    /// found no room.
+    pub fn has_planned_room_for(&self, len: u64) -> bool {
+        self.planned.lock().has_room_for(len)
     }
 
     /// The plans fetch the rows of chunk `group` exactly: a reader's few bytes of its
@@ -403,7 +428,7 @@ mod tests {
         let mut ranges = PlannedRanges::default();
         arrive(&mut ranges, 0, 0..4096);
         arrive(&mut ranges, 0, 8192..12288);
-        ranges.release(key(0), &(0..8192));
+        assert!(!ranges.release(key(0), &(0..8192)), "nothing was refused");
         assert_eq!(ranges.held_bytes(), 4096);
         assert_eq!(held(&ranges, 0, 0..10), None);
         assert!(matches!(
@@ -434,5 +459,7 @@ mod tests {
         arrive(&mut ranges, 1, 0..PLANNED_BYTES_HELD / 4);
         assert!(ranges.has_room_for(PLANNED_BYTES_HELD / 4));
         assert!(!ranges.has_room_for(PLANNED_BYTES_HELD / 4 + 1));
+        assert!(ranges.release(key(1), &(0..1)), "the refusal is told once");
+        assert!(!ranges.release(key(1), &(0..1)));
     }
 }

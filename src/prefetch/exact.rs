@@ -58,6 +58,15 @@ pub(super) struct Issued {
 }
 
 impl Prefetcher {
+    /// Whether bytes `within` of the object (within one part) are most of their part,
+    /// which is then fetched whole.
+    fn most_of_its_part(&self, object: &ObjectInfo, within: &Range<u64>) -> bool {
+        let part = self
+            .fetcher
+            .part_range(object, within.start / self.fetcher.part_size());
+        2 * (within.end - within.start) > part.end - part.start
+    }
+
     /// Whether a plan's rows of `dataset` are fetched exactly: its values and column ids
     /// do not fit the disk cache.
     pub(super) fn fetches_rows_exactly(&self, dataset: &FlatDataset) -> bool {
@@ -128,6 +137,17 @@ impl Prefetcher {
             bytes: 0,
             parts: Vec::new(),
         };
+        let asked: u64 = pieces
+            .iter()
+            .filter(|(object, within)| !self.most_of_its_part(object, within))
+            .map(|(_, within)| within.end - within.start)
+            .sum();
+        if !self.fetcher.has_planned_room_for(asked) {
+            // Whole or not at all: a piece held while another found no room could not
+            // be stored, and would hold its room until dropped.
+            issued.all = false;
+            return issued;
+        }
         // The range goes to the page cache when its last piece is held (the count
         // includes this call's own, dropped after every piece is issued).
         let waiting = Arc::new(AtomicUsize::new(pieces.len() + 1));
@@ -149,12 +169,11 @@ impl Prefetcher {
             let index = within.start / self.fetcher.part_size();
             let key = Fetcher::key(&object, index);
             issued.parts.push(key);
-            let part = self.fetcher.part_range(&object, index);
-            let part_len = part.end - part.start;
-            if 2 * (within.end - within.start) > part_len {
+            if self.most_of_its_part(&object, &within) {
                 // Most of the part: fetched whole (and cached) like a window's.
                 if self.fetcher.prefetch(&object, index) {
-                    issued.bytes += part_len;
+                    let part = self.fetcher.part_range(&object, index);
+                    issued.bytes += part.end - part.start;
                 } else if !self.cache.contains(key) && !self.fetcher.is_in_flight(key) {
                     issued.all = false;
                 }
