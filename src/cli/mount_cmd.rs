@@ -6,7 +6,7 @@ use anyhow::{anyhow, bail, Context};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{daemon, logging, notify, MountArgs, View};
+use super::{daemon, lifetime, logging, notify, MountArgs, View};
 use crate::catalog::DirMode;
 use crate::metrics_http;
 use crate::mount::{check_mountpoint, Mount, MountSettings};
@@ -22,6 +22,11 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         Some(dir) => dir.clone(),
         None => default_cache_dir(&args.mountpoint)?,
     };
+    let scratch = args
+        .scratch_dir
+        .as_deref()
+        .map(|dir| lifetime::Scratch::check(dir, &args.mountpoint, &cache_dir))
+        .transpose()?;
     // Here too (`mount::assemble` checks every mount's), before the log file goes there.
     crate::cache_dir_check::prepare(&cache_dir)?;
     if !args.foreground {
@@ -36,18 +41,21 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     crate::process_memory::limit_heap_arenas();
     let served =
         logging::init(&args.log_settings()).and_then(|()| serve(&args, &source, &cache_dir));
-    match served {
-        Ok(()) => Ok(()),
-        Err(error) => {
-            let message = format!("{error:#}");
-            tracing::error!("{message}");
-            daemon::report(&message);
-            Err(error)
-        }
+    if let Err(error) = &served {
+        let message = format!("{error:#}");
+        tracing::error!("{message}");
+        daemon::report(&message);
     }
+    // Only after an unmount: after a failure the log says why, and a mount that did
+    // not start leaves its starter alive to clean up.
+    if let (Ok(()), Some(scratch)) = (&served, scratch) {
+        scratch.remove();
+    }
+    served
 }
 
 fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<()> {
+    let users = lifetime::Users::watch(&args.exit_with_pid)?;
     if args.read_part_size < 4096 || !args.read_part_size.is_multiple_of(4096) {
         bail!("--read-part-size must be a positive multiple of 4KiB");
     }
@@ -159,20 +167,23 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
         settings.fs_name,
         mount.mountpoint().display()
     ));
-    let signalled = mount.runtime().block_on(async {
+    let stopped = mount.runtime().block_on(async {
         let mut interval = tokio::time::interval(Duration::from_millis(200));
+        let users_gone = users.all_exited();
+        tokio::pin!(users_gone);
         loop {
             tokio::select! {
                 _ = interrupt.recv() => return Some("SIGINT"),
                 _ = terminate.recv() => return Some("SIGTERM"),
+                () = &mut users_gone => return Some("the exit of every --exit-with-pid process"),
                 _ = interval.tick() => if mount.has_ended() { return None },
             }
         }
     });
-    match signalled {
-        Some(signal) => {
-            notify::stopping(&format!("Unmounting after {signal}"));
-            tracing::info!(signal, "unmounting");
+    match stopped {
+        Some(reason) => {
+            notify::stopping(&format!("Unmounting after {reason}"));
+            tracing::info!(after = reason, "unmounting");
         }
         None => {
             notify::stopping("Unmounted from outside");
