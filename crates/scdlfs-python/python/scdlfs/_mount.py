@@ -8,12 +8,19 @@ reports readiness (or the message of the error that stopped it) on a pipe, the
 mechanism ``scdlfs mount`` itself uses to detach. Keyword options are the mount
 command's flags with underscores (``cache_size="20GiB"``, ``allow_other=True``); their
 list comes from the binary (``scdlfs mount-flags``), so it is never written twice.
+
+However this process ends, the daemon does not outlive it: it is started with
+``--exit-with-pid`` (it unmounts once this process has exited, killed included, when no
+exit handler runs) and ``--scratch-dir`` (it removes the temporary mountpoint, cache and
+log after unmounting). The source reaches it in its environment (``env:SCDLFS_SOURCE``),
+never on its command line, and messages show it without its credentials.
 """
 
 from __future__ import annotations
 
 import atexit
 import difflib
+import errno
 import functools
 import json
 import os
@@ -24,13 +31,19 @@ import subprocess
 import tempfile
 import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Mount", "MountError", "mount", "open_dataset", "scdlfs_binary"]
+__all__ = ["Mount", "MountError", "mount", "open_dataset", "redact", "scdlfs_binary"]
 
 #: Options the wrapper sets itself.
-_OWN_FLAGS = {"foreground", "cache-dir", "cache-size"}
+_OWN_FLAGS = {"foreground", "cache-dir", "cache-size", "exit-with-pid", "scratch-dir"}
+
+#: The variable that hands the daemon its source (``env:`` on its command line), as
+#: ``scdlfs mount`` does for the daemon it detaches: an environment is readable by its
+#: owner only, a command line by every local user.
+_SOURCE_VAR = "SCDLFS_SOURCE"
 
 
 class MountError(RuntimeError):
@@ -53,6 +66,34 @@ def scdlfs_binary() -> str:
     if found is None:
         raise MountError("no scdlfs binary: install the scdlfs wheel, put scdlfs on PATH or set SCDLFS_BIN")
     return found
+
+
+def redact(text: str) -> str:
+    """``text`` with every URL's userinfo (``user:password@``) and query (a presigned
+    URL's signature) replaced by ``REDACTED``, as the daemon shows URLs."""
+    out = []
+    rest = text
+    while (scheme_end := rest.find("://")) >= 0:
+        out.append(rest[: scheme_end + 3])
+        after = rest[scheme_end + 3 :]
+        url_len = next((i for i, c in enumerate(after) if c.isspace() or c in "\"'<>),"), len(after))
+        out.append(_redact_one(after[:url_len]))
+        rest = after[url_len:]
+    out.append(rest)
+    return "".join(out)
+
+
+def _redact_one(url: str) -> str:
+    """One URL after its ``scheme://``."""
+    authority_len = next((i for i, c in enumerate(url) if c in "/?#"), len(url))
+    authority, path = url[:authority_len], url[authority_len:]
+    at = authority.rfind("@")
+    out = f"REDACTED@{authority[at + 1:]}" if at >= 0 else authority
+    if "?" in path:
+        path, query = path.split("?", 1)
+        fragment = "#" + query.split("#", 1)[1] if "#" in query else ""
+        return f"{out}{path}?REDACTED{fragment}"
+    return out + path
 
 
 def _is_script(path: str) -> bool:
@@ -101,32 +142,40 @@ def mount_arguments(options: dict[str, Any], binary: str | None = None) -> list[
 
 # Mounts this process started and has not finished with: unmounted at interpreter exit
 # even when nothing refers to them any more (a dropped Mount must not leave its daemon
-# serving), and their temporary directories removed once their daemons are gone.
+# serving). A forked child inherits none: they are its parent's.
 _LIVE: set[Mount] = set()
+os.register_at_fork(after_in_child=_LIVE.clear)
 
 
 @atexit.register
 def _unmount_all() -> None:
+    """At a normal exit: the datasets :func:`open_dataset` returned are closed, then each
+    mount stopped. Files still open then (a sampler's hint file, rows a caller kept)
+    close as this process exits: the daemon detaches at once, serves them until then,
+    and removes its temporary directories itself once they close."""
     for m in list(_LIVE):
+        m._close_datasets()
         try:
-            m.unmount(timeout=10)
+            m._stop(timeout=10, linger=0)
         except MountError:
             pass
-        m._forget_if_stopped(wait=2)
 
 
 class Mount:
     """A running mount: ``mountpoint`` is the mounted directory. Unmounted by
-    :meth:`unmount`, at the end of a ``with`` block, or when the interpreter exits."""
+    :meth:`unmount`, at the end of a ``with`` block, when the interpreter exits, or by
+    the daemon itself once this process has exited, however it ended. It belongs to the
+    process that started it: in a forked child, :meth:`unmount` does nothing."""
 
     def __init__(self, source: str, mountpoint: Path, process: subprocess.Popen, log: Path,
-                 scratch: Path | None, binary: str) -> None:  # fmt: skip
+                 binary: str) -> None:  # fmt: skip
         self.source = source
         self.mountpoint = mountpoint
         self.log = log
         self.binary = binary
         self._process = process
-        self._scratch = scratch
+        self._owner = os.getpid()
+        self._datasets: list[weakref.ref] = []
         _LIVE.add(self)
 
     @property
@@ -149,8 +198,19 @@ class Mount:
     def unmount(self, timeout: float = 60.0) -> None:
         """Stops the daemon, which unmounts, and waits at most ``timeout`` seconds for it.
         With files still open on the mount (a dataset's memory maps), the mountpoint is
-        detached at once and the daemon serves those files until they close, then exits:
-        this returns once detached, with a warning."""
+        detached at once and the daemon serves those files until they close, then exits
+        and removes the temporary directories: this returns once detached, with a
+        warning. In a process other than the one that mounted (a forked child), this
+        does nothing: the mount is its creator's."""
+        if os.getpid() != self._owner:
+            return
+        if self._stop(timeout, linger=2):
+            warnings.warn(f"files are still open on {self.mountpoint}: it is detached, and its "
+                          f"daemon (pid {self.pid}) exits once they are closed", stacklevel=2)  # fmt: skip
+
+    def _stop(self, timeout: float, linger: float) -> bool:
+        """Stops the daemon; returns whether it still serves files of the detached mount
+        after ``linger`` more seconds for files that were closing as it was stopped."""
         if self._process.poll() is None:
             self._process.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + timeout
@@ -158,30 +218,36 @@ class Mount:
                 if time.monotonic() > deadline:
                     raise MountError(f"the daemon did not stop within {timeout}s; see {self.log}")
                 if not _is_mounted(self.mountpoint) and _detached_lazily(self.log):
-                    try:  # files that were closing as the daemon was stopped
-                        self._process.wait(2)
+                    try:
+                        self._process.wait(linger)
                     except subprocess.TimeoutExpired:
-                        warnings.warn(f"files are still open on {self.mountpoint}: it is detached, and its "
-                                      f"daemon (pid {self.pid}) exits once they are closed", stacklevel=2)  # fmt: skip
+                        return True
                     break
                 time.sleep(0.05)
-        if self._process.returncode not in (0, None):
-            _LIVE.discard(self)
-            raise MountError(f"unmounting {self.mountpoint} failed: {_last_error(self.log)}")
-        self._forget_if_stopped(wait=0)
-
-    def _forget_if_stopped(self, wait: float) -> None:
-        """Once the daemon has exited: removes the temporary directories and stops
-        tracking the mount. A daemon still serving files of a detached mount is kept
-        track of, to clean up after at exit."""
-        try:
-            self._process.wait(wait)
-        except subprocess.TimeoutExpired:
-            return
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-            self._scratch = None
+        # The daemon removed the temporary directories as it exited (--scratch-dir).
         _LIVE.discard(self)
+        if self._process.returncode != 0:
+            raise MountError(f"unmounting {self.mountpoint} failed: {_last_error(self.log)}")
+        return False
+
+    def _close_datasets(self) -> None:
+        """Drops the memory maps of the datasets :func:`open_dataset` opened here, so that
+        the mount can go at once: a dataset is unusable after."""
+        import numpy as np
+
+        closed = False
+        for ref in self._datasets:
+            dataset = ref()
+            if dataset is None:
+                continue
+            for name, value in list(vars(dataset).items()):
+                if isinstance(value, np.memmap):
+                    setattr(dataset, name, None)
+                    closed = True
+        if closed:
+            import gc
+
+            gc.collect()
 
     def __enter__(self) -> Mount:
         return self
@@ -199,7 +265,7 @@ class Mount:
 
     def __repr__(self) -> str:
         state = "mounted" if self.mounted else "unmounted"
-        return f"<scdlfs.Mount {self.source} at {self.mountpoint}, {state}>"
+        return f"<scdlfs.Mount {redact(self.source)} at {self.mountpoint}, {state}>"
 
 
 def _is_mounted(path: Path) -> bool:
@@ -266,32 +332,35 @@ def mount(
         if cache_size is not None:
             flags += ["--cache-size", str(cache_size)]
         mountpoint = Path(mountpoint).absolute()
+        # The daemon removes the scratch directory once it has unmounted, whoever stops
+        # it: this process, or its own watch on this process's end.
+        flags += ["--exit-with-pid", str(os.getpid()), "--scratch-dir", str(scratch)]
         log = scratch / "scdlfs.log"
         ready_fd_var = _mount_flags(binary)["ready_fd_var"]
         process, report = _start(binary, os.fspath(source), mountpoint, flags, log, ready_fd_var, timeout)
+        if report != "ready":
+            # The daemon exits after reporting why it could not mount.
+            code = process.wait(30)
+            raise MountError(report or f"the daemon exited ({code}) before the mount was ready: {_last_error(log)}")
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    if report != "ready":
-        # The daemon exits after reporting why it could not mount.
-        code = process.wait(30)
-        message = report or f"the daemon exited ({code}) before the mount was ready: {_last_error(log)}"
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise MountError(message)
-    return Mount(os.fspath(source), mountpoint, process, log, scratch, binary)
+    return Mount(os.fspath(source), mountpoint, process, log, binary)
 
 
 def _start(binary: str, source: str, mountpoint: Path, flags: list[str], log: Path, ready_fd_var: str,
            timeout: float) -> tuple[subprocess.Popen, str]:  # fmt: skip
     """Starts ``scdlfs mount --foreground`` and reads its verdict: "ready", its error
-    message, or "" when it exited without one. Stops it when no verdict comes in time."""
+    message, or "" when it exited without one. Stops it, leaving no mount, when no
+    verdict comes in time or the wait is interrupted (Ctrl-C)."""
+    was_mounted = _is_mounted(mountpoint)
     read_end, write_end = os.pipe()
     try:
         with open(log, "ab") as log_file:
             process = subprocess.Popen(
-                [binary, "mount", "--foreground", source, str(mountpoint), *flags],
+                [binary, "mount", "--foreground", f"env:{_SOURCE_VAR}", str(mountpoint), *flags],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, pass_fds=(write_end,),
-                env={**os.environ, ready_fd_var: str(write_end)}, start_new_session=True,
+                env={**os.environ, _SOURCE_VAR: source, ready_fd_var: str(write_end)}, start_new_session=True,
             )  # fmt: skip
     finally:
         os.close(write_end)
@@ -301,15 +370,37 @@ def _start(binary: str, source: str, mountpoint: Path, flags: list[str], log: Pa
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([read_end], [], [], left)[0]:
-                process.kill()
-                process.wait(30)
-                raise MountError(f"{source} was not mounted within {timeout}s: {_last_error(log)}")
+                raise MountError(f"{redact(source)} was not mounted within {timeout}s: {_last_error(log)}")
             chunk = os.read(read_end, 65536)
             if not chunk:
                 return process, b"".join(chunks).decode(errors="replace").strip()
             chunks.append(chunk)
+    except BaseException:
+        _stop_starting(process, binary, mountpoint, was_mounted)
+        raise
     finally:
         os.close(read_end)
+
+
+#: How long a daemon that has not reported is given to stop before it is killed: its
+#: mount's start, through which a stop waits (the root's listing, within --read-timeout),
+#: and the unmount.
+_STOP_STARTING_SECONDS = 30
+
+
+def _stop_starting(process: subprocess.Popen, binary: str, mountpoint: Path, was_mounted: bool) -> None:
+    """Stops a daemon that has not reported: SIGTERM, which it takes once its mount (if
+    it got that far) has started, and unmounts; a daemon that does not stop in time is
+    killed, and the dead mount it may leave (ENOTCONN) detached."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(_STOP_STARTING_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(_STOP_STARTING_SECONDS)
+    if not was_mounted and _is_mounted(mountpoint):
+        subprocess.run([binary, "unmount", "--lazy", str(mountpoint)], capture_output=True,
+                       timeout=_STOP_STARTING_SECONDS, stdin=subprocess.DEVNULL)  # fmt: skip
 
 
 def open_dataset(
@@ -317,28 +408,54 @@ def open_dataset(
     mountpoint: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_size: int | str | None = None,
+    *,
+    timeout: float = 120.0,
     **options: Any,
 ):
     """Opens the dataset at ``url`` (e.g. ``s3://BUCKET/PREFIX/NAME``) as bionemo-scdl's
     ``SingleCellMemMapDataset`` on a mount of ``url``'s parent that this call starts
     (arguments as :func:`mount`). The mount is the dataset's ``scdlfs_mount`` attribute;
-    it is unmounted at interpreter exit, or by ``dataset.scdlfs_mount.unmount()`` once the
-    dataset is closed."""
+    it is unmounted at interpreter exit, after the dataset is closed, or by
+    ``dataset.scdlfs_mount.unmount()`` once the dataset is dropped.
+
+    A large dataset's first lookup can outlast the mount's ``read_timeout`` (EIO) while
+    its listing goes on: the lookup is tried again while the mount lives, within
+    ``timeout`` seconds from the call (the mount's start included; the default, 120,
+    is the listing's own bound at the default ``read_timeout``)."""
     from bionemo.scdl.io.single_cell_memmap_dataset import SingleCellMemMapDataset
 
+    deadline = time.monotonic() + timeout
     parent, _, name = url.rstrip("/").rpartition("/")
     if not name or parent.endswith(":/") or parent.endswith(":"):
-        raise ValueError(f"{url!r} names no dataset: give the dataset's own URL, e.g. s3://bucket/prefix/name")
-    m = mount(parent, mountpoint, cache_dir, cache_size, **options)
+        raise ValueError(f"{redact(url)!r} names no dataset: give the dataset's own URL, e.g. s3://bucket/prefix/name")
+    m = mount(parent, mountpoint, cache_dir, cache_size, timeout=timeout, **options)
     try:
         directory = m.mountpoint / name
         # The reader would create a missing directory rather than fail.
-        if not (directory / "header.sch").is_file():
+        if not _holds_dataset(m, directory, deadline):
             found = sorted(p.name for p in m.mountpoint.iterdir() if (p / "header.sch").is_file())
-            raise FileNotFoundError(f"no SCDL dataset {name!r} in {parent}; it holds {found or 'none'}")
+            raise FileNotFoundError(f"no SCDL dataset {name!r} in {redact(parent)}; it holds {found or 'none'}")
         dataset = SingleCellMemMapDataset(str(directory))
     except BaseException:
         m.unmount()
         raise
     dataset.scdlfs_mount = m
+    m._datasets.append(weakref.ref(dataset))
     return dataset
+
+
+#: Between lookups that failed at once (not at a deadline), so that they do not spin.
+_LOOKUP_RETRY_SECONDS = 0.2
+
+
+def _holds_dataset(m: Mount, directory: Path, deadline: float) -> bool:
+    """Whether ``directory`` holds a dataset's header, its lookup tried again after EIO
+    while the mount lives, until ``deadline``."""
+    while True:
+        try:
+            return (directory / "header.sch").is_file()
+        except OSError as error:
+            if error.errno != errno.EIO or time.monotonic() >= deadline or not m.mounted:
+                raise
+        time.sleep(_LOOKUP_RETRY_SECONDS)
+
