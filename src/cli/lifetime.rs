@@ -1,76 +1,11 @@
-//! A daemon started on a program's behalf (the Python package's mounts) ends with it:
-//! `--exit-with-pid` unmounts once every listed process has exited, however it ended (a
-//! SIGKILL, the OOM killer, a lost session run no exit handler), and `--scratch-dir`
+//! A daemon started on a program's behalf (the Python package's mounts) ends with it
+//! (`--exit-with-pid`, [`crate::users`]) and leaves nothing behind: `--scratch-dir`
 //! removes the directory holding the temporary mountpoint, cache and log after the
-//! unmount. Each process is watched through a pidfd (Linux 5.3): unlike a parent-death
-//! signal it follows a process, not the thread that started the daemon, and any number
-//! of them.
+//! unmount.
 
-use anyhow::{bail, Context};
-use std::os::fd::OwnedFd;
+use anyhow::bail;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-
-use rustix::process::{pidfd_open, Pid, PidfdFlags};
-use tokio::io::unix::AsyncFd;
-use tokio::io::Interest;
-
-/// The processes the daemon lives for, as pidfds; `given` is false without
-/// `--exit-with-pid`, when the daemon lives until it is stopped.
-pub struct Users {
-    fds: Vec<OwnedFd>,
-    given: bool,
-}
-
-impl Users {
-    /// Opens a pidfd on each process: before mounting, so that one ending meanwhile is
-    /// seen, and a pid reused later is not mistaken for it. A process gone already
-    /// counts as exited.
-    pub fn watch(pids: &[i32]) -> anyhow::Result<Users> {
-        let mut fds = Vec::with_capacity(pids.len());
-        for &pid in pids {
-            let raw = Pid::from_raw(pid).context("--exit-with-pid: a pid is positive")?;
-            match pidfd_open(raw, PidfdFlags::NONBLOCK) {
-                Ok(fd) => fds.push(fd),
-                Err(rustix::io::Errno::SRCH) => {
-                    tracing::info!(pid, "--exit-with-pid: the process is gone already")
-                }
-                Err(error) => {
-                    return Err(error).with_context(|| {
-                        format!("--exit-with-pid {pid}: cannot watch the process (pidfd_open needs Linux 5.3)")
-                    })
-                }
-            }
-        }
-        Ok(Users {
-            fds,
-            given: !pids.is_empty(),
-        })
-    }
-
-    /// Resolves once every watched process has exited (at once if they all have);
-    /// never when none was given. Runs inside a Tokio runtime.
-    pub async fn all_exited(self) {
-        if !self.given {
-            return std::future::pending().await;
-        }
-        for fd in self.fds {
-            // SAFETY: the AsyncFd owns the pidfd, so it stays open, the same process's,
-            // for the registration's whole life.
-            let registered = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) };
-            // A pidfd polls readable once its process has exited.
-            let exited = match registered {
-                Ok(fd) => fd.readable().await.map(drop),
-                Err(error) => Err(error.into()),
-            };
-            if let Err(error) = exited {
-                // Serving on is the safe side: stopping would break a job still running.
-                tracing::warn!(%error, "--exit-with-pid: cannot poll a pidfd; serving until stopped");
-                return std::future::pending().await;
-            }
-        }
-    }
-}
 
 /// A directory made for one mount (`--scratch-dir`), removed after its unmount.
 pub struct Scratch(PathBuf);

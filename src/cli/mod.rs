@@ -316,8 +316,10 @@ pub struct MountArgs {
 
     /// Unmount and exit once this process has exited, however it ended (killed
     /// included), or with several, once all of them have; one gone already counts as
-    /// exited. Files still open keep the detached mount served until they close, as at
-    /// any stop. For a mount started on a program's behalf (the Python package's).
+    /// exited. More can attach later (`+PID` into the root's user.scdlfs.users
+    /// attribute) and leave (`-PID`). Files still open keep the detached mount served
+    /// until they close, as at any stop. For a mount started on a program's behalf (the
+    /// Python package's).
     #[arg(long, value_name = "PID", value_parser = clap::value_parser!(i32).range(1..), help_heading = "Lifetime")]
     pub exit_with_pid: Vec<i32>,
     /// A directory made for this mount alone (e.g. by mktemp -d) that holds the

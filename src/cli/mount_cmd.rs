@@ -4,6 +4,7 @@
 
 use anyhow::{anyhow, bail, Context};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{daemon, lifetime, logging, notify, MountArgs, View};
@@ -12,6 +13,7 @@ use crate::metrics_http;
 use crate::mount::{check_mountpoint, Mount, MountSettings};
 use crate::store::Source;
 use crate::units::format_size;
+use crate::users::Users;
 
 const MIN_DEFAULT_CACHE: u64 = 256 << 20;
 
@@ -55,7 +57,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
 }
 
 fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<()> {
-    let users = lifetime::Users::watch(&args.exit_with_pid)?;
+    let users = Arc::new(Users::watching(&args.exit_with_pid)?);
     if args.read_part_size < 4096 || !args.read_part_size.is_multiple_of(4096) {
         bail!("--read-part-size must be a positive multiple of 4KiB");
     }
@@ -125,6 +127,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
             .cache_read_around
             .unwrap_or_else(|| default_read_around(cache_dir)),
         metadata_ttl: args.metadata_ttl,
+        users: users.clone(),
     };
     // Each resident part keeps its file open while the limit allows; the rest are
     // reopened when read, which a higher limit spares.
@@ -169,14 +172,18 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
     ));
     let stopped = mount.runtime().block_on(async {
         let mut interval = tokio::time::interval(Duration::from_millis(200));
-        let users_gone = users.all_exited();
-        tokio::pin!(users_gone);
         loop {
             tokio::select! {
                 _ = interrupt.recv() => return Some("SIGINT"),
                 _ = terminate.recv() => return Some("SIGTERM"),
-                () = &mut users_gone => return Some("the exit of every --exit-with-pid process"),
-                _ = interval.tick() => if mount.has_ended() { return None },
+                _ = interval.tick() => {
+                    if mount.has_ended() {
+                        return None;
+                    }
+                    if users.all_gone() {
+                        return Some("every process it lived for has gone");
+                    }
+                }
             }
         }
     });

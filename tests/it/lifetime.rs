@@ -1,5 +1,6 @@
 //! A daemon that lives for other processes (`--exit-with-pid`, the Python package's
-//! mounts): it unmounts and exits once the last of them has exited, however it ended,
+//! mounts, and processes attached later through the root's `user.scdlfs.users`): it
+//! unmounts and exits once the last of them has exited, however it ended, or left,
 //! lazily if a file is still open, and then removes its `--scratch-dir`; a scratch
 //! directory that could hold anything but this mount is refused before anything starts.
 //! Through the real binary, mounting a local folder in the foreground.
@@ -16,6 +17,7 @@ use common::process::{
     PATIENCE,
 };
 use common::write_source;
+use scdlfs::users::USERS_XATTR as USERS;
 
 /// How long a daemon whose users live is watched to still be serving.
 const STILL_SERVING: Duration = Duration::from_millis(600);
@@ -171,4 +173,84 @@ fn a_scratch_dir_that_could_hold_anything_else_is_refused_and_kept() {
     std::fs::set_permissions(&layout.scratch, std::fs::Permissions::from_mode(0o755)).unwrap();
     let stderr = refused("a directory other users can enter");
     assert!(stderr.contains("0700"), "{stderr}");
+}
+
+fn users_of(mountpoint: &Path) -> serde_json::Value {
+    let mut buf = vec![0u8; 4096];
+    let len = rustix::fs::getxattr(mountpoint, USERS, &mut buf).unwrap();
+    serde_json::from_slice(&buf[..len]).unwrap()
+}
+
+fn write_users(mountpoint: &Path, value: &str) -> rustix::io::Result<()> {
+    rustix::fs::setxattr(
+        mountpoint,
+        USERS,
+        value.as_bytes(),
+        rustix::fs::XattrFlags::empty(),
+    )
+}
+
+#[test]
+fn a_process_attached_later_keeps_the_mount_until_it_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = layout(dir.path());
+    let mut cleanup = Cleanup::unmounting(layout.mountpoint.clone());
+    let (starter, later) = (user(), user());
+    let daemon = cleanup.spawn(&mut mount_living_for(&layout, &[starter.id()]));
+    wait_until_mounted(&layout.mountpoint, daemon);
+
+    write_users(&layout.mountpoint, &format!("+{}", later.id())).unwrap();
+    let users = users_of(&layout.mountpoint);
+    assert_eq!(users["daemon"], daemon.id());
+    assert_eq!(
+        users["users"],
+        serde_json::json!([starter.id(), later.id()])
+    );
+    assert_eq!(
+        write_users(&layout.mountpoint, "+0"),
+        Err(rustix::io::Errno::INVAL),
+        "a pid that names no process"
+    );
+
+    end(starter);
+    std::thread::sleep(STILL_SERVING);
+    assert!(
+        daemon.try_wait().unwrap().is_none() && is_mount_point(&layout.mountpoint),
+        "the daemon stopped while a process attached later lived"
+    );
+    assert_eq!(
+        users_of(&layout.mountpoint)["users"],
+        serde_json::json!([later.id()])
+    );
+
+    // Leaving, not exiting: the last user's leave stops the mount.
+    write_users(&layout.mountpoint, &format!("-{}", later.id())).unwrap();
+    let status = exit_of(
+        daemon,
+        "the daemon to exit after its last user left",
+        PATIENCE,
+    );
+    assert!(status.success(), "the daemon failed: {status}");
+    assert!(!is_mount_point(&layout.mountpoint) && !layout.scratch.exists());
+    end(later);
+}
+
+#[test]
+fn a_mount_without_exit_with_pid_takes_no_users() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = layout(dir.path());
+    let mut cleanup = Cleanup::unmounting(layout.mountpoint.clone());
+    let daemon = cleanup.spawn(&mut foreground_mount(
+        &layout.source,
+        &layout.mountpoint,
+        &dir.path().join("cache"),
+        &[],
+    ));
+    wait_until_mounted(&layout.mountpoint, daemon);
+    let me = std::process::id();
+    assert_eq!(
+        write_users(&layout.mountpoint, &format!("+{me}")),
+        Err(rustix::io::Errno::INVAL)
+    );
+    assert_eq!(users_of(&layout.mountpoint)["users"], serde_json::json!([]));
 }

@@ -5,8 +5,10 @@ on a real mount of the moto bucket: killed by SIGTERM, SIGKILL, SIGHUP or SIGINT
 `with scdlfs.mount(...)`; exiting normally after `open_dataset` (at once and without a
 warning); forking a child that exits normally (the parent's mount stays whole);
 interrupted by Ctrl-C, or timing out, while the mount starts. The source is on no
-command line, and with its password in no message; and a dataset whose listing outlasts
-the mount's read timeout is waited for, not given up with the mount."""
+command line, and with its password in no message; a dataset whose listing outlasts
+the mount's read timeout is waited for, not given up with the mount; and the ranks of
+a node (4 under torchrun) share one daemon, which fetches the dataset once and goes
+with the last of them."""
 
 from __future__ import annotations
 
@@ -400,3 +402,78 @@ def test_open_dataset_waits_for_a_listing_longer_than_the_read_timeout(bucket, m
             m.unmount()
     finally:
         proxy.close()
+
+
+# --------------------------------------------------------------------------
+# One mount per node, shared by its ranks
+
+RANK_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+import scdlfs
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+dataset = scdlfs.open_dataset(sys.argv[1] + "/synth_3k", cache_size="64MiB", endpoint_url=sys.argv[2])
+m = dataset.scdlfs_mount
+for row in range(rank, len(dataset), world):
+    dataset.get_row(row)
+dist.barrier()  # every rank holds the mount and has read its share
+report = {"rank": rank, "daemon": m.pid, "mountpoint": str(m.mountpoint)}
+if rank == 0:
+    report["users"] = json.loads(os.getxattr(m.mountpoint, "user.scdlfs.users"))["users"]
+    report["fetched"] = m.status()["counters"]["bytes_fetched"]
+print(json.dumps(report), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_the_ranks_of_a_node_share_one_daemon_that_fetches_once_and_goes_with_the_last(bucket, moto, tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    runtime = tmp_path / "run"
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "TMPDIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(script),
+         bucket.source, moto.endpoint], capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    reports = sorted((json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")),
+                     key=lambda r: r["rank"])  # fmt: skip
+    assert [r["rank"] for r in reports] == [0, 1, 2, 3], out.stdout
+    assert len({(r["daemon"], r["mountpoint"]) for r in reports}) == 1, f"several daemons: {reports}"
+    assert len(reports[0]["users"]) == 4, reports[0]
+    stored = sum(size for key, (_, size, _) in bucket.snapshot.items() if key.startswith(f"{bucket.prefix}/{NAME}/"))
+    assert reports[0]["fetched"] <= 1.05 * stored, f"fetched {reports[0]['fetched']} of a dataset of {stored} bytes"
+    daemon, scratch = reports[0]["daemon"], Path(reports[0]["mountpoint"]).parent
+    wait_until("the shared mount to go with the last rank", lambda: not left_behind(daemon, scratch))
+
+
+def test_a_later_process_attaches_and_the_mount_outlives_its_starter(bucket, moto, tmp_path, monkeypatch):
+    """The first process to mount starts the daemon; a second, asking for the same
+    source and options, attaches to it; the mount goes only when both have gone,
+    whichever leaves first. Other options make another mount."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    script = """
+import json, sys, scdlfs
+m = scdlfs.mount(sys.argv[1], cache_size="64MiB", endpoint_url=sys.argv[2])
+print(json.dumps({"daemon": m.pid, "mountpoint": str(m.mountpoint)}), flush=True)
+sys.stdin.read()
+"""
+    starter = Job(script, bucket.source, moto.endpoint, tmp=tmp_path, env={"XDG_RUNTIME_DIR": str(tmp_path / "run")})
+    started = starter.report()
+    m = scdlfs.mount(bucket.source, cache_size="64MiB", endpoint_url=moto.endpoint)
+    other = scdlfs.mount(bucket.source, cache_size="32MiB", endpoint_url=moto.endpoint)
+    try:
+        assert (m.pid, str(m.mountpoint)) == (started["daemon"], started["mountpoint"])
+        assert other.pid != m.pid, "a mount with other options was shared"
+        starter.proc.kill()  # the starter goes first, however: the mount stays for this process
+        starter.end()
+        time.sleep(1)
+        assert m.mounted and (m.mountpoint / NAME / "header.sch").is_file()
+    finally:
+        other.unmount()
+        m.unmount()
+    scratch = m.mountpoint.parent
+    assert not left_behind(m.pid, scratch), left_behind(m.pid, scratch)

@@ -19,14 +19,18 @@ never on its command line, and messages show it without its credentials.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import difflib
 import errno
+import fcntl
 import functools
+import hashlib
 import json
 import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -35,7 +39,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Mount", "MountError", "mount", "open_dataset", "redact", "scdlfs_binary"]
+__all__ = ["Mount", "MountError", "mount", "open_dataset", "redact", "runtime_dir", "scdlfs_binary"]
 
 #: Options the wrapper sets itself.
 _OWN_FLAGS = {"foreground", "cache-dir", "cache-size", "exit-with-pid", "scratch-dir"}
@@ -44,6 +48,10 @@ _OWN_FLAGS = {"foreground", "cache-dir", "cache-size", "exit-with-pid", "scratch
 #: ``scdlfs mount`` does for the daemon it detaches: an environment is readable by its
 #: owner only, a command line by every local user.
 _SOURCE_VAR = "SCDLFS_SOURCE"
+
+#: The root's attribute through which a process attaches to a shared mount (``+PID``)
+#: and leaves it (``-PID``); reading it gives ``{"daemon": PID, "users": [PID, ...]}``.
+_USERS_XATTR = "user.scdlfs.users"
 
 
 class MountError(RuntimeError):
@@ -144,7 +152,11 @@ def mount_arguments(options: dict[str, Any], binary: str | None = None) -> list[
 # even when nothing refers to them any more (a dropped Mount must not leave its daemon
 # serving). A forked child inherits none: they are its parent's.
 _LIVE: set[Mount] = set()
+# How many live Mounts of this process use each shared mount (by its lock file): the
+# process leaves the mount when the last goes.
+_SHARED_USES: dict[Path, int] = {}
 os.register_at_fork(after_in_child=_LIVE.clear)
+os.register_at_fork(after_in_child=_SHARED_USES.clear)
 
 
 @atexit.register
@@ -167,25 +179,40 @@ class Mount:
     the daemon itself once this process has exited, however it ended. It belongs to the
     process that started it: in a forked child, :meth:`unmount` does nothing."""
 
-    def __init__(self, source: str, mountpoint: Path, process: subprocess.Popen, log: Path,
-                 binary: str) -> None:  # fmt: skip
+    def __init__(self, source: str, mountpoint: Path, process: subprocess.Popen | None, log: Path,
+                 binary: str, daemon: int, shared: Path | None) -> None:  # fmt: skip
         self.source = source
         self.mountpoint = mountpoint
         self.log = log
         self.binary = binary
+        # The daemon, when this process started it; None when attached to another's.
         self._process = process
+        self._daemon = daemon
+        # A shared mount's lock file: leaving it happens under the lock.
+        self._shared = shared
         self._owner = os.getpid()
         self._datasets: list[weakref.ref] = []
+        if shared is not None:
+            _SHARED_USES[shared] = _SHARED_USES.get(shared, 0) + 1
         _LIVE.add(self)
 
     @property
     def pid(self) -> int:
-        return self._process.pid
+        """The daemon's pid."""
+        return self._daemon
 
     @property
     def mounted(self) -> bool:
         """Whether the mountpoint is still attached to this mount's daemon."""
-        return self._process.poll() is None and _is_mounted(self.mountpoint)
+        return self._daemon_alive() and _is_mounted(self.mountpoint)
+
+    def _daemon_alive(self) -> bool:
+        if self._process is not None:
+            return self._process.poll() is None
+        try:  # not this process's child: an exited daemon is gone or a zombie
+            return Path(f"/proc/{self._daemon}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
 
     def status(self) -> dict[str, Any]:
         """The mount's counters (``scdlfs status --json``)."""
@@ -200,8 +227,10 @@ class Mount:
         With files still open on the mount (a dataset's memory maps), the mountpoint is
         detached at once and the daemon serves those files until they close, then exits
         and removes the temporary directories: this returns once detached, with a
-        warning. In a process other than the one that mounted (a forked child), this
-        does nothing: the mount is its creator's."""
+        warning. A shared mount (one :func:`mount` made without a mountpoint) is only
+        left while other processes use it: it stops when the last one leaves or exits.
+        In a process other than the one that mounted (a forked child), this does
+        nothing: the mount is its creator's."""
         if os.getpid() != self._owner:
             return
         if self._stop(timeout, linger=2):
@@ -209,24 +238,48 @@ class Mount:
                           f"daemon (pid {self.pid}) exits once they are closed", stacklevel=2)  # fmt: skip
 
     def _stop(self, timeout: float, linger: float) -> bool:
-        """Stops the daemon; returns whether it still serves files of the detached mount
-        after ``linger`` more seconds for files that were closing as it was stopped."""
-        if self._process.poll() is None:
-            self._process.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while self._process.poll() is None:
-                if time.monotonic() > deadline:
-                    raise MountError(f"the daemon did not stop within {timeout}s; see {self.log}")
-                if not _is_mounted(self.mountpoint) and _detached_lazily(self.log):
-                    try:
-                        self._process.wait(linger)
-                    except subprocess.TimeoutExpired:
-                        return True
-                    break
-                time.sleep(0.05)
+        """Stops the daemon (leaves a shared mount); returns whether it still serves
+        files of the detached mount after ``linger`` more seconds for files that were
+        closing as it was stopped."""
+        deadline = time.monotonic() + timeout
+        if self._shared is None:
+            if self._process.poll() is None:
+                self._process.send_signal(signal.SIGTERM)
+            return self._wait_stopped(deadline, linger)
+        if self not in _LIVE:  # left already
+            return False
+        _LIVE.discard(self)
+        _SHARED_USES[self._shared] -= 1
+        if _SHARED_USES[self._shared] > 0:
+            return False
+        # Under the lock, so that nobody attaches between this leave and the stop the
+        # last one starts.
+        with _locked(self._shared, deadline):
+            try:
+                os.setxattr(self.mountpoint, _USERS_XATTR, f"-{os.getpid()}".encode())
+                others = json.loads(os.getxattr(self.mountpoint, _USERS_XATTR))["users"]
+            except OSError:  # stopping already, or gone
+                others = []
+            if others:
+                return False
+            return self._wait_stopped(deadline, linger)
+
+    def _wait_stopped(self, deadline: float, linger: float) -> bool:
+        while self._daemon_alive():
+            if time.monotonic() > deadline:
+                raise MountError(f"the daemon did not stop in time; see {self.log}")
+            if not _is_mounted(self.mountpoint) and _detached_lazily(self.log):
+                if self._process is None:
+                    return True
+                try:
+                    self._process.wait(linger)
+                except subprocess.TimeoutExpired:
+                    return True
+                break
+            time.sleep(0.05)
         # The daemon removed the temporary directories as it exited (--scratch-dir).
         _LIVE.discard(self)
-        if self._process.returncode != 0:
+        if self._process is not None and self._process.returncode != 0:
             raise MountError(f"unmounting {self.mountpoint} failed: {_last_error(self.log)}")
         return False
 
@@ -303,13 +356,21 @@ def mount(
     ``file:///PATH`` or a local folder) and returns once the mount answers; use it as a
     context manager or call :meth:`Mount.unmount`.
 
+    Without a mountpoint the mount is shared on this node: a process that asks for the
+    same source with the same options (another rank of the job) attaches to the mount
+    a first one started instead of starting its own, and the mount goes when the last
+    of them leaves or exits, however it exits. The first to arrive starts it under a
+    lock in :func:`runtime_dir`, where the others find it.
+
     Args:
-        mountpoint: an empty directory; by default a new temporary one, removed after.
+        mountpoint: an empty directory, this call's alone; by default a new temporary
+            one, shared as above and removed after.
         cache_dir: the cache (it outlives the mount, and a later mount of the same source
             adopts it); by default the mount command's own for a given mountpoint, and
             a temporary one, removed after, for a temporary mountpoint.
         cache_size: the cache budget in bytes or as ``"20GiB"``.
-        timeout: seconds to wait for the mount to answer.
+        timeout: seconds to wait for the mount to answer (and for another process
+            starting the same shared mount).
         options: any ``scdlfs mount`` flag with underscores, e.g.
             ``endpoint_url="http://127.0.0.1:9000"``, ``allow_other=True``,
             ``read_part_size="8MiB"``.
@@ -320,24 +381,106 @@ def mount(
     """
     binary = scdlfs_binary()
     flags = mount_arguments(options, binary)
+    if cache_dir is not None:
+        flags += ["--cache-dir", os.fspath(cache_dir)]
+    if cache_size is not None:
+        flags += ["--cache-size", str(cache_size)]
+    source = os.fspath(source)
+    if mountpoint is not None:
+        return _new_mount(binary, source, Path(mountpoint).absolute(), flags, timeout, shared=None)
+    deadline = time.monotonic() + timeout
+    # Local folders by their absolute path: the same text from another directory is
+    # another source.
+    where = source if "://" in source else os.path.abspath(source)
+    key = hashlib.sha256(json.dumps([binary, where, flags, cache_dir is None]).encode()).hexdigest()[:32]
+    runtime = runtime_dir()
+    lock, pointer = runtime / f"{key}.lock", runtime / f"{key}.json"
+    with _locked(lock, deadline):
+        attached = _attach(pointer, source, binary, lock)
+        if attached is not None:
+            return attached
+        m = _new_mount(binary, source, None, flags, deadline - time.monotonic(), shared=lock,
+                       temporary_cache=cache_dir is None)  # fmt: skip
+        pointer.write_text(json.dumps({"mountpoint": str(m.mountpoint), "log": str(m.log)}))
+        return m
+
+
+def runtime_dir() -> Path:
+    """Where this user's shared mounts on this node are found (a lock and a note per
+    source and options): ``$XDG_RUNTIME_DIR/scdlfs``, else ``/run/scdlfs`` for root,
+    else ``scdlfs-UID`` in the temporary directory; private to the user."""
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        directory = Path(os.environ["XDG_RUNTIME_DIR"]) / "scdlfs"
+    elif os.geteuid() == 0:
+        directory = Path("/run/scdlfs")
+    else:
+        directory = Path(tempfile.gettempdir()) / f"scdlfs-{os.geteuid()}"
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = directory.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise MountError(f"{directory} is not a directory of this user's alone (mode 0700): no shared mounts there")
+    return directory
+
+
+@contextlib.contextmanager
+def _locked(path: Path, deadline: float):
+    """Holds ``path``'s lock (flock, released however this process ends) until the
+    block ends; waits for it until ``deadline``."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise MountError(f"{path} stayed locked: another process took too long to start or stop "
+                                     "this shared mount") from None  # fmt: skip
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _attach(pointer: Path, source: str, binary: str, lock: Path) -> Mount | None:
+    """The shared mount ``pointer`` notes, with this process attached to it; None when
+    there is none to attach to (never started, stopping, or dead: then detached)."""
+    try:
+        noted = json.loads(pointer.read_text())
+    except (OSError, ValueError):
+        return None
+    mountpoint = Path(noted["mountpoint"])
+    if not _is_mounted(mountpoint):
+        return None
+    try:
+        os.setxattr(mountpoint, _USERS_XATTR, f"+{os.getpid()}".encode())
+        daemon = json.loads(os.getxattr(mountpoint, _USERS_XATTR))["daemon"]
+    except OSError as error:
+        if error.errno == errno.ENOTCONN:  # its daemon was killed outright
+            subprocess.run([binary, "unmount", "--lazy", str(mountpoint)], capture_output=True,
+                           timeout=_STOP_STARTING_SECONDS, stdin=subprocess.DEVNULL)  # fmt: skip
+            shutil.rmtree(mountpoint.parent, ignore_errors=True)
+        return None  # EBUSY: its last user has gone, and it is stopping
+    return Mount(source, mountpoint, None, Path(noted["log"]), binary, daemon, shared=lock)
+
+
+def _new_mount(binary: str, source: str, mountpoint: Path | None, flags: list[str], timeout: float,
+               shared: Path | None, temporary_cache: bool = False) -> Mount:  # fmt: skip
+    """Starts a daemon for this process, with a new temporary mountpoint when none is
+    given (and a temporary cache with it if asked)."""
     scratch = Path(tempfile.mkdtemp(prefix="scdlfs-"))
     try:
         if mountpoint is None:
             mountpoint = scratch / "mnt"
             mountpoint.mkdir()
-            if cache_dir is None:
-                cache_dir = scratch / "cache"
-        if cache_dir is not None:
-            flags += ["--cache-dir", os.fspath(cache_dir)]
-        if cache_size is not None:
-            flags += ["--cache-size", str(cache_size)]
-        mountpoint = Path(mountpoint).absolute()
+            if temporary_cache:
+                flags = [*flags, "--cache-dir", str(scratch / "cache")]
         # The daemon removes the scratch directory once it has unmounted, whoever stops
         # it: this process, or its own watch on this process's end.
-        flags += ["--exit-with-pid", str(os.getpid()), "--scratch-dir", str(scratch)]
+        flags = [*flags, "--exit-with-pid", str(os.getpid()), "--scratch-dir", str(scratch)]
         log = scratch / "scdlfs.log"
         ready_fd_var = _mount_flags(binary)["ready_fd_var"]
-        process, report = _start(binary, os.fspath(source), mountpoint, flags, log, ready_fd_var, timeout)
+        process, report = _start(binary, source, mountpoint, flags, log, ready_fd_var, timeout)
         if report != "ready":
             # The daemon exits after reporting why it could not mount.
             code = process.wait(30)
@@ -345,7 +488,7 @@ def mount(
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    return Mount(os.fspath(source), mountpoint, process, log, binary)
+    return Mount(source, mountpoint, process, log, binary, process.pid, shared)
 
 
 def _start(binary: str, source: str, mountpoint: Path, flags: list[str], log: Path, ready_fd_var: str,
