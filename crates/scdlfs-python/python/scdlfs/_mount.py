@@ -1,7 +1,10 @@
 """Mounting from Python: :func:`mount` starts the ``scdlfs`` daemon (the binary in this
 package when the wheel carries one, else ``SCDLFS_BIN``, else ``scdlfs`` on ``PATH``),
 waits until the mount answers, and unmounts on exit; :func:`open_dataset` opens a
-dataset of a bucket as a ``SingleCellMemMapDataset`` on a mount of its own.
+dataset of a bucket as a ``SingleCellMemMapDataset`` on such a mount. Without a
+mountpoint, a mount is shared by the processes of a node that ask for the same source
+and options (the ranks of a job): the first starts the daemon, the others attach to it
+through the root's ``user.scdlfs.users`` attribute, and it goes with the last.
 
 The daemon runs in the foreground of a new session, as a child of this process, and
 reports readiness (or the message of the error that stopped it) on a pipe, the
@@ -556,8 +559,9 @@ def open_dataset(
     **options: Any,
 ):
     """Opens the dataset at ``url`` (e.g. ``s3://BUCKET/PREFIX/NAME``) as bionemo-scdl's
-    ``SingleCellMemMapDataset`` on a mount of ``url``'s parent that this call starts
-    (arguments as :func:`mount`). The mount is the dataset's ``scdlfs_mount`` attribute;
+    ``SingleCellMemMapDataset`` on a mount of ``url``'s parent (arguments as
+    :func:`mount`: without a mountpoint, the node's processes opening datasets of the
+    same parent with the same options share it). The mount is the dataset's ``scdlfs_mount`` attribute;
     it is unmounted at interpreter exit, after the dataset is closed, or by
     ``dataset.scdlfs_mount.unmount()`` once the dataset is dropped.
 
