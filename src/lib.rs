@@ -55,5 +55,6 @@ pub mod store;
 pub mod synthetic;
 pub mod units;
 pub mod unmount;
+pub mod users;
 pub mod view;
 pub mod warm;

@@ -27,6 +27,7 @@ use crate::read::ReadPath;
 use crate::row_offset_check::RowOffsetCheck;
 use crate::status::{Observer, Status};
 use crate::store::wrapper::{GetRequest, HookedStore, StoreHook};
+use crate::users::Users;
 use crate::warm::Warmer;
 
 /// The read-ahead the kernel gives a FUSE mount unless told otherwise.
@@ -70,6 +71,9 @@ pub struct MountSettings {
     /// How long a directory listing stands before the store is listed again
     /// ([`crate::catalog::tree`]); `None`: for the mount's life.
     pub metadata_ttl: Option<Duration>,
+    /// The processes the mount lives for ([`crate::users`]), attached and left through
+    /// the root's attribute.
+    pub users: Arc<Users>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -241,6 +245,7 @@ pub fn assemble(
         metrics,
         observer: observer.clone(),
         warmer,
+        users: settings.users.clone(),
     };
     let core = FsCore::new(components, settings.ownership, settings.read_timeout);
     Ok((core, observer))

@@ -6,6 +6,7 @@ mod chunk_cmd;
 mod daemon;
 mod demo;
 mod generated;
+mod lifetime;
 mod logging;
 mod mount_cmd;
 mod mount_flags;
@@ -312,6 +313,20 @@ pub struct MountArgs {
     /// authentication: keep it on loopback [default: off].
     #[arg(long, value_name = "ADDR", help_heading = "Monitoring")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+
+    /// Unmount and exit once this process has exited, however it ended (killed
+    /// included), or with several, once all of them have; one gone already counts as
+    /// exited. More can attach later (`+PID` into the root's user.scdlfs.users
+    /// attribute) and leave (`-PID`). Files still open keep the detached mount served
+    /// until they close, as at any stop. For a mount started on a program's behalf (the
+    /// Python package's).
+    #[arg(long, value_name = "PID", value_parser = clap::value_parser!(i32).range(1..), help_heading = "Lifetime")]
+    pub exit_with_pid: Vec<i32>,
+    /// A directory made for this mount alone (e.g. by mktemp -d) that holds the
+    /// mountpoint, and maybe the cache and the log: removed with all it holds once the
+    /// daemon has unmounted. Refused if it holds any other directory.
+    #[arg(long, value_name = "DIR", help_heading = "Lifetime")]
+    pub scratch_dir: Option<PathBuf>,
 }
 
 impl MountArgs {

@@ -4,14 +4,16 @@
 
 use anyhow::{anyhow, bail, Context};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::{daemon, logging, notify, MountArgs, View};
+use super::{daemon, lifetime, logging, notify, MountArgs, View};
 use crate::catalog::DirMode;
 use crate::metrics_http;
 use crate::mount::{check_mountpoint, Mount, MountSettings};
 use crate::store::Source;
 use crate::units::format_size;
+use crate::users::Users;
 
 const MIN_DEFAULT_CACHE: u64 = 256 << 20;
 
@@ -22,6 +24,11 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         Some(dir) => dir.clone(),
         None => default_cache_dir(&args.mountpoint)?,
     };
+    let scratch = args
+        .scratch_dir
+        .as_deref()
+        .map(|dir| lifetime::Scratch::check(dir, &args.mountpoint, &cache_dir))
+        .transpose()?;
     // Here too (`mount::assemble` checks every mount's), before the log file goes there.
     crate::cache_dir_check::prepare(&cache_dir)?;
     if !args.foreground {
@@ -36,18 +43,21 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     crate::process_memory::limit_heap_arenas();
     let served =
         logging::init(&args.log_settings()).and_then(|()| serve(&args, &source, &cache_dir));
-    match served {
-        Ok(()) => Ok(()),
-        Err(error) => {
-            let message = format!("{error:#}");
-            tracing::error!("{message}");
-            daemon::report(&message);
-            Err(error)
-        }
+    if let Err(error) = &served {
+        let message = format!("{error:#}");
+        tracing::error!("{message}");
+        daemon::report(&message);
     }
+    // Only after an unmount: after a failure the log says why, and a mount that did
+    // not start leaves its starter alive to clean up.
+    if let (Ok(()), Some(scratch)) = (&served, scratch) {
+        scratch.remove();
+    }
+    served
 }
 
 fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<()> {
+    let users = Arc::new(Users::watching(&args.exit_with_pid)?);
     if args.read_part_size < 4096 || !args.read_part_size.is_multiple_of(4096) {
         bail!("--read-part-size must be a positive multiple of 4KiB");
     }
@@ -117,6 +127,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
             .cache_read_around
             .unwrap_or_else(|| default_read_around(cache_dir)),
         metadata_ttl: args.metadata_ttl,
+        users: users.clone(),
     };
     // Each resident part keeps its file open while the limit allows; the rest are
     // reopened when read, which a higher limit spares.
@@ -159,20 +170,27 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
         settings.fs_name,
         mount.mountpoint().display()
     ));
-    let signalled = mount.runtime().block_on(async {
+    let stopped = mount.runtime().block_on(async {
         let mut interval = tokio::time::interval(Duration::from_millis(200));
         loop {
             tokio::select! {
                 _ = interrupt.recv() => return Some("SIGINT"),
                 _ = terminate.recv() => return Some("SIGTERM"),
-                _ = interval.tick() => if mount.has_ended() { return None },
+                _ = interval.tick() => {
+                    if mount.has_ended() {
+                        return None;
+                    }
+                    if users.all_gone() {
+                        return Some("every process it lived for has gone");
+                    }
+                }
             }
         }
     });
-    match signalled {
-        Some(signal) => {
-            notify::stopping(&format!("Unmounting after {signal}"));
-            tracing::info!(signal, "unmounting");
+    match stopped {
+        Some(reason) => {
+            notify::stopping(&format!("Unmounting after {reason}"));
+            tracing::info!(after = reason, "unmounting");
         }
         None => {
             notify::stopping("Unmounted from outside");

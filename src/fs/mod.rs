@@ -46,6 +46,7 @@ use crate::prefetch::sequential::SequentialWindow;
 use crate::prefetch::{Prefetcher, Viewer};
 use crate::read::ReadPath;
 use crate::status::{Observer, STATUS_XATTR};
+use crate::users::{Users, USERS_XATTR};
 use crate::view::plan_read;
 use crate::warm::{Warmer, WARM_XATTR};
 pub use fuse::ScdlFs;
@@ -96,6 +97,7 @@ pub struct CoreComponents {
     pub metrics: Arc<Metrics>,
     pub observer: Observer,
     pub warmer: Arc<Warmer>,
+    pub users: Arc<Users>,
 }
 
 pub struct FsCore {
@@ -436,9 +438,13 @@ impl FsCore {
     }
 
     /// The root carries the mount's status as JSON (as user `uid` may see it: their
-    /// own plans, or all for root and the mounting user), a dataset directory the
-    /// progress of its warm job ([`crate::warm`]); nothing else has attributes.
+    /// own plans, or all for root and the mounting user) and its users
+    /// ([`crate::users`]), a dataset directory the progress of its warm job
+    /// ([`crate::warm`]); nothing else has attributes.
     pub async fn getxattr(&self, ino: u64, name: &OsStr, uid: u32) -> FsResult<Vec<u8>> {
+        if ino == INodeNo::ROOT.0 && name == USERS_XATTR {
+            return Ok(self.components.users.describe());
+        }
         if ino == INodeNo::ROOT.0 && name == STATUS_XATTR {
             let viewer = if uid == 0 || uid == self.mounting_uid {
                 Viewer::All
@@ -456,9 +462,13 @@ impl FsCore {
         Err(FsError::NoSuchAttribute)
     }
 
-    /// Writing a dataset directory's warm attribute starts or stops its warm job; no
-    /// other attribute can be set.
+    /// Writing a dataset directory's warm attribute starts or stops its warm job, the
+    /// root's users attribute attaches or lets go a process; no other attribute can be
+    /// set.
     pub async fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8]) -> FsResult<()> {
+        if ino == INodeNo::ROOT.0 && name == USERS_XATTR {
+            return self.components.users.request(value);
+        }
         if name != WARM_XATTR {
             return Err(FsError::ReadOnly);
         }
@@ -482,7 +492,7 @@ impl FsCore {
     /// Extended attribute names, each NUL-terminated.
     pub fn listxattr(&self, ino: u64) -> Vec<u8> {
         if ino == INodeNo::ROOT.0 {
-            format!("{STATUS_XATTR}\0").into_bytes()
+            format!("{STATUS_XATTR}\0{USERS_XATTR}\0").into_bytes()
         } else {
             Vec::new()
         }

@@ -741,6 +741,7 @@ mod tests {
             read_ahead: None,
             cache_read_around: 0,
             metadata_ttl: None,
+            users: Arc::new(crate::users::Users::unwatched()),
         };
         let (core, _observer) =
             tokio::task::block_in_place(|| assemble(store, ObjectPath::from(""), &settings, None))

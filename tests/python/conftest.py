@@ -106,6 +106,15 @@ def workdir(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.fixture(scope="session", autouse=True)
+def runtime_dir(tmp_path_factory) -> Path:
+    """Where the shared mounts' locks and notes go (scdlfs.runtime_dir()): the session's
+    own directory, inherited by the jobs the tests run, rather than /run/scdlfs."""
+    d = tmp_path_factory.mktemp("run")
+    os.environ["XDG_RUNTIME_DIR"] = str(d)
+    return d
+
+
 @pytest.fixture(scope="session")
 def adatas():
     return {

@@ -49,7 +49,7 @@ from typing import Any, Literal
 from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, NativeSampler, NotADatasetError, RowSubset
 from scdlfs._native import read_cached_chunks
 from scdlfs._native import split_by_chunk as _split_by_chunk
-from scdlfs._mount import Mount, MountError, mount, open_dataset, scdlfs_binary
+from scdlfs._mount import Mount, MountError, mount, open_dataset, redact, runtime_dir, scdlfs_binary
 
 try:  # The samplers are torch Samplers when torch is installed, as it is for training.
     from torch.utils.data import Sampler as _TorchSampler
@@ -69,6 +69,8 @@ __all__ = [
     "mount",
     "open_dataset",
     "read_cached_chunks",
+    "redact",
+    "runtime_dir",
     "scdlfs_binary",
     "split_by_chunk",
 ]

@@ -1,36 +1,60 @@
 """Mounting from Python: :func:`mount` starts the ``scdlfs`` daemon (the binary in this
 package when the wheel carries one, else ``SCDLFS_BIN``, else ``scdlfs`` on ``PATH``),
 waits until the mount answers, and unmounts on exit; :func:`open_dataset` opens a
-dataset of a bucket as a ``SingleCellMemMapDataset`` on a mount of its own.
+dataset of a bucket as a ``SingleCellMemMapDataset`` on such a mount. Without a
+mountpoint, a mount is shared by the processes of a node that ask for the same source
+and options (the ranks of a job): the first starts the daemon, the others attach to it
+through the root's ``user.scdlfs.users`` attribute, and it goes with the last.
 
 The daemon runs in the foreground of a new session, as a child of this process, and
 reports readiness (or the message of the error that stopped it) on a pipe, the
 mechanism ``scdlfs mount`` itself uses to detach. Keyword options are the mount
 command's flags with underscores (``cache_size="20GiB"``, ``allow_other=True``); their
 list comes from the binary (``scdlfs mount-flags``), so it is never written twice.
+
+However this process ends, the daemon does not outlive it: it is started with
+``--exit-with-pid`` (it unmounts once this process has exited, killed included, when no
+exit handler runs) and ``--scratch-dir`` (it removes the temporary mountpoint, cache and
+log after unmounting). The source reaches it in its environment (``env:SCDLFS_SOURCE``),
+never on its command line, and messages show it without its credentials.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import difflib
+import errno
+import fcntl
 import functools
+import hashlib
 import json
 import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Mount", "MountError", "mount", "open_dataset", "scdlfs_binary"]
+__all__ = ["Mount", "MountError", "mount", "open_dataset", "redact", "runtime_dir", "scdlfs_binary"]
 
 #: Options the wrapper sets itself.
-_OWN_FLAGS = {"foreground", "cache-dir", "cache-size"}
+_OWN_FLAGS = {"foreground", "cache-dir", "cache-size", "exit-with-pid", "scratch-dir"}
+
+#: The variable that hands the daemon its source (``env:`` on its command line), as
+#: ``scdlfs mount`` does for the daemon it detaches: an environment is readable by its
+#: owner only, a command line by every local user.
+_SOURCE_VAR = "SCDLFS_SOURCE"
+
+#: The root's attribute through which a process attaches to a shared mount (``+PID``)
+#: and leaves it (``-PID``); reading it gives ``{"daemon": PID, "users": [PID, ...]}``.
+_USERS_XATTR = "user.scdlfs.users"
 
 
 class MountError(RuntimeError):
@@ -53,6 +77,34 @@ def scdlfs_binary() -> str:
     if found is None:
         raise MountError("no scdlfs binary: install the scdlfs wheel, put scdlfs on PATH or set SCDLFS_BIN")
     return found
+
+
+def redact(text: str) -> str:
+    """``text`` with every URL's userinfo (``user:password@``) and query (a presigned
+    URL's signature) replaced by ``REDACTED``, as the daemon shows URLs."""
+    out = []
+    rest = text
+    while (scheme_end := rest.find("://")) >= 0:
+        out.append(rest[: scheme_end + 3])
+        after = rest[scheme_end + 3 :]
+        url_len = next((i for i, c in enumerate(after) if c.isspace() or c in "\"'<>),"), len(after))
+        out.append(_redact_one(after[:url_len]))
+        rest = after[url_len:]
+    out.append(rest)
+    return "".join(out)
+
+
+def _redact_one(url: str) -> str:
+    """One URL after its ``scheme://``."""
+    authority_len = next((i for i, c in enumerate(url) if c in "/?#"), len(url))
+    authority, path = url[:authority_len], url[authority_len:]
+    at = authority.rfind("@")
+    out = f"REDACTED@{authority[at + 1:]}" if at >= 0 else authority
+    if "?" in path:
+        path, query = path.split("?", 1)
+        fragment = "#" + query.split("#", 1)[1] if "#" in query else ""
+        return f"{out}{path}?REDACTED{fragment}"
+    return out + path
 
 
 def _is_script(path: str) -> bool:
@@ -101,42 +153,69 @@ def mount_arguments(options: dict[str, Any], binary: str | None = None) -> list[
 
 # Mounts this process started and has not finished with: unmounted at interpreter exit
 # even when nothing refers to them any more (a dropped Mount must not leave its daemon
-# serving), and their temporary directories removed once their daemons are gone.
+# serving). A forked child inherits none: they are its parent's.
 _LIVE: set[Mount] = set()
+# How many live Mounts of this process use each shared mount (by its lock file): the
+# process leaves the mount when the last goes.
+_SHARED_USES: dict[Path, int] = {}
+os.register_at_fork(after_in_child=_LIVE.clear)
+os.register_at_fork(after_in_child=_SHARED_USES.clear)
 
 
 @atexit.register
 def _unmount_all() -> None:
+    """At a normal exit: the datasets :func:`open_dataset` returned are closed, then each
+    mount stopped. Files still open then (a sampler's hint file, rows a caller kept)
+    close as this process exits: the daemon detaches at once, serves them until then,
+    and removes its temporary directories itself once they close."""
     for m in list(_LIVE):
+        m._close_datasets()
         try:
-            m.unmount(timeout=10)
+            m._stop(timeout=10, linger=0)
         except MountError:
             pass
-        m._forget_if_stopped(wait=2)
 
 
 class Mount:
     """A running mount: ``mountpoint`` is the mounted directory. Unmounted by
-    :meth:`unmount`, at the end of a ``with`` block, or when the interpreter exits."""
+    :meth:`unmount`, at the end of a ``with`` block, when the interpreter exits, or by
+    the daemon itself once this process has exited, however it ended. It belongs to the
+    process that started it: in a forked child, :meth:`unmount` does nothing."""
 
-    def __init__(self, source: str, mountpoint: Path, process: subprocess.Popen, log: Path,
-                 scratch: Path | None, binary: str) -> None:  # fmt: skip
+    def __init__(self, source: str, mountpoint: Path, process: subprocess.Popen | None, log: Path,
+                 binary: str, daemon: int, shared: Path | None) -> None:  # fmt: skip
         self.source = source
         self.mountpoint = mountpoint
         self.log = log
         self.binary = binary
+        # The daemon, when this process started it; None when attached to another's.
         self._process = process
-        self._scratch = scratch
+        self._daemon = daemon
+        # A shared mount's lock file: leaving it happens under the lock.
+        self._shared = shared
+        self._owner = os.getpid()
+        self._datasets: list[weakref.ref] = []
+        if shared is not None:
+            _SHARED_USES[shared] = _SHARED_USES.get(shared, 0) + 1
         _LIVE.add(self)
 
     @property
     def pid(self) -> int:
-        return self._process.pid
+        """The daemon's pid."""
+        return self._daemon
 
     @property
     def mounted(self) -> bool:
         """Whether the mountpoint is still attached to this mount's daemon."""
-        return self._process.poll() is None and _is_mounted(self.mountpoint)
+        return self._daemon_alive() and _is_mounted(self.mountpoint)
+
+    def _daemon_alive(self) -> bool:
+        if self._process is not None:
+            return self._process.poll() is None
+        try:  # not this process's child: an exited daemon is gone or a zombie
+            return Path(f"/proc/{self._daemon}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
 
     def status(self) -> dict[str, Any]:
         """The mount's counters (``scdlfs status --json``)."""
@@ -149,39 +228,82 @@ class Mount:
     def unmount(self, timeout: float = 60.0) -> None:
         """Stops the daemon, which unmounts, and waits at most ``timeout`` seconds for it.
         With files still open on the mount (a dataset's memory maps), the mountpoint is
-        detached at once and the daemon serves those files until they close, then exits:
-        this returns once detached, with a warning."""
-        if self._process.poll() is None:
-            self._process.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while self._process.poll() is None:
-                if time.monotonic() > deadline:
-                    raise MountError(f"the daemon did not stop within {timeout}s; see {self.log}")
-                if not _is_mounted(self.mountpoint) and _detached_lazily(self.log):
-                    try:  # files that were closing as the daemon was stopped
-                        self._process.wait(2)
-                    except subprocess.TimeoutExpired:
-                        warnings.warn(f"files are still open on {self.mountpoint}: it is detached, and its "
-                                      f"daemon (pid {self.pid}) exits once they are closed", stacklevel=2)  # fmt: skip
-                    break
-                time.sleep(0.05)
-        if self._process.returncode not in (0, None):
-            _LIVE.discard(self)
-            raise MountError(f"unmounting {self.mountpoint} failed: {_last_error(self.log)}")
-        self._forget_if_stopped(wait=0)
-
-    def _forget_if_stopped(self, wait: float) -> None:
-        """Once the daemon has exited: removes the temporary directories and stops
-        tracking the mount. A daemon still serving files of a detached mount is kept
-        track of, to clean up after at exit."""
-        try:
-            self._process.wait(wait)
-        except subprocess.TimeoutExpired:
+        detached at once and the daemon serves those files until they close, then exits
+        and removes the temporary directories: this returns once detached, with a
+        warning. A shared mount (one :func:`mount` made without a mountpoint) is only
+        left while other processes use it: it stops when the last one leaves or exits.
+        In a process other than the one that mounted (a forked child), this does
+        nothing: the mount is its creator's."""
+        if os.getpid() != self._owner:
             return
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-            self._scratch = None
+        if self._stop(timeout, linger=2):
+            warnings.warn(f"files are still open on {self.mountpoint}: it is detached, and its "
+                          f"daemon (pid {self.pid}) exits once they are closed", stacklevel=2)  # fmt: skip
+
+    def _stop(self, timeout: float, linger: float) -> bool:
+        """Stops the daemon (leaves a shared mount); returns whether it still serves
+        files of the detached mount after ``linger`` more seconds for files that were
+        closing as it was stopped."""
+        deadline = time.monotonic() + timeout
+        if self._shared is None:
+            if self._process.poll() is None:
+                self._process.send_signal(signal.SIGTERM)
+            return self._wait_stopped(deadline, linger)
+        if self not in _LIVE:  # left already
+            return False
         _LIVE.discard(self)
+        _SHARED_USES[self._shared] -= 1
+        if _SHARED_USES[self._shared] > 0:
+            return False
+        # Under the lock, so that nobody attaches between this leave and the stop the
+        # last one starts.
+        with _locked(self._shared, deadline):
+            try:
+                os.setxattr(self.mountpoint, _USERS_XATTR, f"-{os.getpid()}".encode())
+                others = json.loads(os.getxattr(self.mountpoint, _USERS_XATTR))["users"]
+            except OSError:  # stopping already, or gone
+                others = []
+            if others:
+                return False
+            return self._wait_stopped(deadline, linger)
+
+    def _wait_stopped(self, deadline: float, linger: float) -> bool:
+        while self._daemon_alive():
+            if time.monotonic() > deadline:
+                raise MountError(f"the daemon did not stop in time; see {self.log}")
+            if not _is_mounted(self.mountpoint) and _detached_lazily(self.log):
+                if self._process is None:
+                    return True
+                try:
+                    self._process.wait(linger)
+                except subprocess.TimeoutExpired:
+                    return True
+                break
+            time.sleep(0.05)
+        # The daemon removed the temporary directories as it exited (--scratch-dir).
+        _LIVE.discard(self)
+        if self._process is not None and self._process.returncode != 0:
+            raise MountError(f"unmounting {self.mountpoint} failed: {_last_error(self.log)}")
+        return False
+
+    def _close_datasets(self) -> None:
+        """Drops the memory maps of the datasets :func:`open_dataset` opened here, so that
+        the mount can go at once: a dataset is unusable after."""
+        import numpy as np
+
+        closed = False
+        for ref in self._datasets:
+            dataset = ref()
+            if dataset is None:
+                continue
+            for name, value in list(vars(dataset).items()):
+                if isinstance(value, np.memmap):
+                    setattr(dataset, name, None)
+                    closed = True
+        if closed:
+            import gc
+
+            gc.collect()
 
     def __enter__(self) -> Mount:
         return self
@@ -199,7 +321,7 @@ class Mount:
 
     def __repr__(self) -> str:
         state = "mounted" if self.mounted else "unmounted"
-        return f"<scdlfs.Mount {self.source} at {self.mountpoint}, {state}>"
+        return f"<scdlfs.Mount {redact(self.source)} at {self.mountpoint}, {state}>"
 
 
 def _is_mounted(path: Path) -> bool:
@@ -237,13 +359,21 @@ def mount(
     ``file:///PATH`` or a local folder) and returns once the mount answers; use it as a
     context manager or call :meth:`Mount.unmount`.
 
+    Without a mountpoint the mount is shared on this node: a process that asks for the
+    same source with the same options (another rank of the job) attaches to the mount
+    a first one started instead of starting its own, and the mount goes when the last
+    of them leaves or exits, however it exits. The first to arrive starts it under a
+    lock in :func:`runtime_dir`, where the others find it.
+
     Args:
-        mountpoint: an empty directory; by default a new temporary one, removed after.
+        mountpoint: an empty directory, this call's alone; by default a new temporary
+            one, shared as above and removed after.
         cache_dir: the cache (it outlives the mount, and a later mount of the same source
             adopts it); by default the mount command's own for a given mountpoint, and
             a temporary one, removed after, for a temporary mountpoint.
         cache_size: the cache budget in bytes or as ``"20GiB"``.
-        timeout: seconds to wait for the mount to answer.
+        timeout: seconds to wait for the mount to answer (and for another process
+            starting the same shared mount).
         options: any ``scdlfs mount`` flag with underscores, e.g.
             ``endpoint_url="http://127.0.0.1:9000"``, ``allow_other=True``,
             ``read_part_size="8MiB"``.
@@ -254,44 +384,129 @@ def mount(
     """
     binary = scdlfs_binary()
     flags = mount_arguments(options, binary)
+    if cache_dir is not None:
+        flags += ["--cache-dir", os.fspath(cache_dir)]
+    if cache_size is not None:
+        flags += ["--cache-size", str(cache_size)]
+    source = os.fspath(source)
+    if mountpoint is not None:
+        return _new_mount(binary, source, Path(mountpoint).absolute(), flags, timeout, shared=None)
+    deadline = time.monotonic() + timeout
+    # Local folders by their absolute path: the same text from another directory is
+    # another source.
+    where = source if "://" in source else os.path.abspath(source)
+    key = hashlib.sha256(json.dumps([binary, where, flags, cache_dir is None]).encode()).hexdigest()[:32]
+    runtime = runtime_dir()
+    lock, pointer = runtime / f"{key}.lock", runtime / f"{key}.json"
+    with _locked(lock, deadline):
+        attached = _attach(pointer, source, binary, lock)
+        if attached is not None:
+            return attached
+        m = _new_mount(binary, source, None, flags, deadline - time.monotonic(), shared=lock,
+                       temporary_cache=cache_dir is None)  # fmt: skip
+        pointer.write_text(json.dumps({"mountpoint": str(m.mountpoint), "log": str(m.log)}))
+        return m
+
+
+def runtime_dir() -> Path:
+    """Where this user's shared mounts on this node are found (a lock and a note per
+    source and options): ``$XDG_RUNTIME_DIR/scdlfs``, else ``/run/scdlfs`` for root,
+    else ``scdlfs-UID`` in the temporary directory; private to the user."""
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        directory = Path(os.environ["XDG_RUNTIME_DIR"]) / "scdlfs"
+    elif os.geteuid() == 0:
+        directory = Path("/run/scdlfs")
+    else:
+        directory = Path(tempfile.gettempdir()) / f"scdlfs-{os.geteuid()}"
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = directory.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise MountError(f"{directory} is not a directory of this user's alone (mode 0700): no shared mounts there")
+    return directory
+
+
+@contextlib.contextmanager
+def _locked(path: Path, deadline: float):
+    """Holds ``path``'s lock (flock, released however this process ends) until the
+    block ends; waits for it until ``deadline``."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise MountError(f"{path} stayed locked: another process took too long to start or stop "
+                                     "this shared mount") from None  # fmt: skip
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _attach(pointer: Path, source: str, binary: str, lock: Path) -> Mount | None:
+    """The shared mount ``pointer`` notes, with this process attached to it; None when
+    there is none to attach to (never started, stopping, or dead: then detached)."""
+    try:
+        noted = json.loads(pointer.read_text())
+    except (OSError, ValueError):
+        return None
+    mountpoint = Path(noted["mountpoint"])
+    if not _is_mounted(mountpoint):
+        return None
+    try:
+        os.setxattr(mountpoint, _USERS_XATTR, f"+{os.getpid()}".encode())
+        daemon = json.loads(os.getxattr(mountpoint, _USERS_XATTR))["daemon"]
+    except OSError as error:
+        if error.errno == errno.ENOTCONN:  # its daemon was killed outright
+            subprocess.run([binary, "unmount", "--lazy", str(mountpoint)], capture_output=True,
+                           timeout=_STOP_STARTING_SECONDS, stdin=subprocess.DEVNULL)  # fmt: skip
+            shutil.rmtree(mountpoint.parent, ignore_errors=True)
+        return None  # EBUSY: its last user has gone, and it is stopping
+    return Mount(source, mountpoint, None, Path(noted["log"]), binary, daemon, shared=lock)
+
+
+def _new_mount(binary: str, source: str, mountpoint: Path | None, flags: list[str], timeout: float,
+               shared: Path | None, temporary_cache: bool = False) -> Mount:  # fmt: skip
+    """Starts a daemon for this process, with a new temporary mountpoint when none is
+    given (and a temporary cache with it if asked)."""
     scratch = Path(tempfile.mkdtemp(prefix="scdlfs-"))
     try:
         if mountpoint is None:
             mountpoint = scratch / "mnt"
             mountpoint.mkdir()
-            if cache_dir is None:
-                cache_dir = scratch / "cache"
-        if cache_dir is not None:
-            flags += ["--cache-dir", os.fspath(cache_dir)]
-        if cache_size is not None:
-            flags += ["--cache-size", str(cache_size)]
-        mountpoint = Path(mountpoint).absolute()
+            if temporary_cache:
+                flags = [*flags, "--cache-dir", str(scratch / "cache")]
+        # The daemon removes the scratch directory once it has unmounted, whoever stops
+        # it: this process, or its own watch on this process's end.
+        flags = [*flags, "--exit-with-pid", str(os.getpid()), "--scratch-dir", str(scratch)]
         log = scratch / "scdlfs.log"
         ready_fd_var = _mount_flags(binary)["ready_fd_var"]
-        process, report = _start(binary, os.fspath(source), mountpoint, flags, log, ready_fd_var, timeout)
+        process, report = _start(binary, source, mountpoint, flags, log, ready_fd_var, timeout)
+        if report != "ready":
+            # The daemon exits after reporting why it could not mount.
+            code = process.wait(30)
+            raise MountError(report or f"the daemon exited ({code}) before the mount was ready: {_last_error(log)}")
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    if report != "ready":
-        # The daemon exits after reporting why it could not mount.
-        code = process.wait(30)
-        message = report or f"the daemon exited ({code}) before the mount was ready: {_last_error(log)}"
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise MountError(message)
-    return Mount(os.fspath(source), mountpoint, process, log, scratch, binary)
+    return Mount(source, mountpoint, process, log, binary, process.pid, shared)
 
 
 def _start(binary: str, source: str, mountpoint: Path, flags: list[str], log: Path, ready_fd_var: str,
            timeout: float) -> tuple[subprocess.Popen, str]:  # fmt: skip
     """Starts ``scdlfs mount --foreground`` and reads its verdict: "ready", its error
-    message, or "" when it exited without one. Stops it when no verdict comes in time."""
+    message, or "" when it exited without one. Stops it, leaving no mount, when no
+    verdict comes in time or the wait is interrupted (Ctrl-C)."""
+    was_mounted = _is_mounted(mountpoint)
     read_end, write_end = os.pipe()
     try:
         with open(log, "ab") as log_file:
             process = subprocess.Popen(
-                [binary, "mount", "--foreground", source, str(mountpoint), *flags],
+                [binary, "mount", "--foreground", f"env:{_SOURCE_VAR}", str(mountpoint), *flags],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, pass_fds=(write_end,),
-                env={**os.environ, ready_fd_var: str(write_end)}, start_new_session=True,
+                env={**os.environ, _SOURCE_VAR: source, ready_fd_var: str(write_end)}, start_new_session=True,
             )  # fmt: skip
     finally:
         os.close(write_end)
@@ -301,15 +516,37 @@ def _start(binary: str, source: str, mountpoint: Path, flags: list[str], log: Pa
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([read_end], [], [], left)[0]:
-                process.kill()
-                process.wait(30)
-                raise MountError(f"{source} was not mounted within {timeout}s: {_last_error(log)}")
+                raise MountError(f"{redact(source)} was not mounted within {timeout}s: {_last_error(log)}")
             chunk = os.read(read_end, 65536)
             if not chunk:
                 return process, b"".join(chunks).decode(errors="replace").strip()
             chunks.append(chunk)
+    except BaseException:
+        _stop_starting(process, binary, mountpoint, was_mounted)
+        raise
     finally:
         os.close(read_end)
+
+
+#: How long a daemon that has not reported is given to stop before it is killed: its
+#: mount's start, through which a stop waits (the root's listing, within --read-timeout),
+#: and the unmount.
+_STOP_STARTING_SECONDS = 30
+
+
+def _stop_starting(process: subprocess.Popen, binary: str, mountpoint: Path, was_mounted: bool) -> None:
+    """Stops a daemon that has not reported: SIGTERM, which it takes once its mount (if
+    it got that far) has started, and unmounts; a daemon that does not stop in time is
+    killed, and the dead mount it may leave (ENOTCONN) detached."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(_STOP_STARTING_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(_STOP_STARTING_SECONDS)
+    if not was_mounted and _is_mounted(mountpoint):
+        subprocess.run([binary, "unmount", "--lazy", str(mountpoint)], capture_output=True,
+                       timeout=_STOP_STARTING_SECONDS, stdin=subprocess.DEVNULL)  # fmt: skip
 
 
 def open_dataset(
@@ -317,28 +554,55 @@ def open_dataset(
     mountpoint: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_size: int | str | None = None,
+    *,
+    timeout: float = 120.0,
     **options: Any,
 ):
     """Opens the dataset at ``url`` (e.g. ``s3://BUCKET/PREFIX/NAME``) as bionemo-scdl's
-    ``SingleCellMemMapDataset`` on a mount of ``url``'s parent that this call starts
-    (arguments as :func:`mount`). The mount is the dataset's ``scdlfs_mount`` attribute;
-    it is unmounted at interpreter exit, or by ``dataset.scdlfs_mount.unmount()`` once the
-    dataset is closed."""
+    ``SingleCellMemMapDataset`` on a mount of ``url``'s parent (arguments as
+    :func:`mount`: without a mountpoint, the node's processes opening datasets of the
+    same parent with the same options share it). The mount is the dataset's ``scdlfs_mount`` attribute;
+    it is unmounted at interpreter exit, after the dataset is closed, or by
+    ``dataset.scdlfs_mount.unmount()`` once the dataset is dropped.
+
+    A large dataset's first lookup can outlast the mount's ``read_timeout`` (EIO) while
+    its listing goes on: the lookup is tried again while the mount lives, within
+    ``timeout`` seconds from the call (the mount's start included; the default, 120,
+    is the listing's own bound at the default ``read_timeout``)."""
     from bionemo.scdl.io.single_cell_memmap_dataset import SingleCellMemMapDataset
 
+    deadline = time.monotonic() + timeout
     parent, _, name = url.rstrip("/").rpartition("/")
     if not name or parent.endswith(":/") or parent.endswith(":"):
-        raise ValueError(f"{url!r} names no dataset: give the dataset's own URL, e.g. s3://bucket/prefix/name")
-    m = mount(parent, mountpoint, cache_dir, cache_size, **options)
+        raise ValueError(f"{redact(url)!r} names no dataset: give the dataset's own URL, e.g. s3://bucket/prefix/name")
+    m = mount(parent, mountpoint, cache_dir, cache_size, timeout=timeout, **options)
     try:
         directory = m.mountpoint / name
         # The reader would create a missing directory rather than fail.
-        if not (directory / "header.sch").is_file():
+        if not _holds_dataset(m, directory, deadline):
             found = sorted(p.name for p in m.mountpoint.iterdir() if (p / "header.sch").is_file())
-            raise FileNotFoundError(f"no SCDL dataset {name!r} in {parent}; it holds {found or 'none'}")
+            raise FileNotFoundError(f"no SCDL dataset {name!r} in {redact(parent)}; it holds {found or 'none'}")
         dataset = SingleCellMemMapDataset(str(directory))
     except BaseException:
         m.unmount()
         raise
     dataset.scdlfs_mount = m
+    m._datasets.append(weakref.ref(dataset))
     return dataset
+
+
+#: Between lookups that failed at once (not at a deadline), so that they do not spin.
+_LOOKUP_RETRY_SECONDS = 0.2
+
+
+def _holds_dataset(m: Mount, directory: Path, deadline: float) -> bool:
+    """Whether ``directory`` holds a dataset's header, its lookup tried again after EIO
+    while the mount lives, until ``deadline``."""
+    while True:
+        try:
+            return (directory / "header.sch").is_file()
+        except OSError as error:
+            if error.errno != errno.EIO or time.monotonic() >= deadline or not m.mounted:
+                raise
+        time.sleep(_LOOKUP_RETRY_SECONDS)
+
