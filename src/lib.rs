@@ -18,8 +18,8 @@
 //!   warm jobs.
 //! - [`catalog`], [`fetch`]: the inode tree from store listings, dataset discovery and
 //!   checks; one download per part, demand before prefetch, hard deadlines.
-//! - [`object`], [`cache`]: an object as pinned, and the one pinned GET; parts on local
-//!   disk under a byte budget.
+//! - [`object`], [`cache`], [`users`]: an object as pinned, and the one pinned GET;
+//!   parts on local disk under a byte budget; the processes a mount lives for.
 //! - [`error`]: the error type, its payloads neutral (no layer's own types).
 //! - [`store`], [`parts`], [`planner_wake`], [`metrics`]: the object client for S3,
 //!   GCS, HTTP and local folders; part ids and geometry; the bell the layers below ring

@@ -199,11 +199,19 @@ impl PlannedRanges {
 
     /// Gives up the bytes of the held ranges of the part that lie within `within`,
     /// remembering them as stored (the oldest forgotten past [`PLANNED_STORED_KEPT`]).
-    /// Returns whether a range was refused for lack of the room this gives back.
+    /// Returns whether a range was refused for lack of room since, and half the room is
+    /// free again: the prefetcher then asks for a batch, where waking it at every
+    /// release walked its plans once per range.
     fn release(&mut self, key: PartKey, within: &Range<u64>) -> bool {
-        let refused = std::mem::take(&mut self.refused);
+        self.release_ranges(key, within);
+        let wake = self.refused && 2 * (self.held + self.coming) <= PLANNED_BYTES_HELD;
+        self.refused &= !wake;
+        wake
+    }
+
+    fn release_ranges(&mut self, key: PartKey, within: &Range<u64>) {
         let Some(ranges) = self.by_part.get_mut(&key) else {
-            return refused;
+            return;
         };
         for (&start, (end, entry)) in ranges.range_mut(within.start..within.end) {
             if *end > within.end {
@@ -224,7 +232,6 @@ impl PlannedRanges {
             };
             self.remove(key, start);
         }
-        refused
     }
 
     pub(super) fn held_bytes(&self) -> u64 {
@@ -452,14 +459,20 @@ mod tests {
     }
 
     #[test]
-    fn asking_stops_at_the_cap_of_held_and_coming_bytes() {
+    fn asking_stops_at_the_cap_and_wakes_the_prefetcher_once_half_is_free() {
         let mut ranges = PlannedRanges::default();
         let (_sender, done) = watch::channel(());
-        assert!(ranges.insert_coming(key(0), 0..PLANNED_BYTES_HELD / 2, done));
-        arrive(&mut ranges, 1, 0..PLANNED_BYTES_HELD / 4);
-        assert!(ranges.has_room_for(PLANNED_BYTES_HELD / 4));
-        assert!(!ranges.has_room_for(PLANNED_BYTES_HELD / 4 + 1));
-        assert!(ranges.release(key(1), &(0..1)), "the refusal is told once");
-        assert!(!ranges.release(key(1), &(0..1)));
+        let coming = PLANNED_BYTES_HELD / 4 * 3;
+        assert!(ranges.insert_coming(key(0), 0..coming, done));
+        arrive(&mut ranges, 1, 0..PLANNED_BYTES_HELD / 8);
+        assert!(ranges.has_room_for(PLANNED_BYTES_HELD / 8));
+        assert!(!ranges.has_room_for(PLANNED_BYTES_HELD / 8 + 1));
+        assert!(
+            !ranges.release(key(1), &(0..PLANNED_BYTES_HELD)),
+            "three quarters still coming: not yet"
+        );
+        ranges.arrived(key(0), 0, coming, None);
+        assert!(ranges.release(key(1), &(0..1)), "the room is free");
+        assert!(!ranges.release(key(1), &(0..1)), "told once");
     }
 }

@@ -275,7 +275,13 @@ async fn catalog_lists_directories_and_refuses_what_a_read_only_tree_must() {
     ));
     assert!(core.core.listxattr(tiny.ino.0).is_empty());
     let names = core.core.listxattr(ROOT);
-    let name = OsStr::new(std::str::from_utf8(&names).unwrap().trim_end_matches('\0'));
+    let names: Vec<&str> = std::str::from_utf8(&names)
+        .unwrap()
+        .trim_end_matches('\0')
+        .split('\0')
+        .collect();
+    assert!(names.contains(&"user.scdlfs.status"), "{names:?}");
+    let name = OsStr::new("user.scdlfs.status");
     let status: serde_json::Value =
         serde_json::from_slice(&core.core.getxattr(ROOT, name, 0).await.unwrap()).unwrap();
     assert_eq!(
