@@ -216,7 +216,7 @@ impl EpochCursor {
         // Never below `announced`: `current` only grows.
         let through = (current + self.lookahead).min(self.share.len());
         for share_step in &self.share[self.announced..through] {
-            lines.extend(self.plan.steps()[share_step.step].hint_lines());
+            lines.extend(self.plan.step(share_step.step).hint_lines());
         }
         self.announced = through;
         if !lines.is_empty() {

@@ -34,7 +34,7 @@ fn sampler_of(dir: &std::path::Path, order: Order, shard: Shard, workers: Worker
 fn share_lines(plan: &EpochPlan, shard: &Shard, workers: &Workers) -> Vec<HintLine> {
     worker_share(plan, shard, workers)
         .iter()
-        .flat_map(|s| plan.steps()[s.step].hint_lines())
+        .flat_map(|s| plan.step(s.step).hint_lines())
         .collect()
 }
 
