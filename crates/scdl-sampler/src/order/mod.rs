@@ -101,16 +101,13 @@ pub enum Step {
 }
 
 impl Step {
-    /// The hint line that announces this step: a `window` line, or a `rows` line with
-    /// the fetch's blocks.
+    /// The hint lines that announce this step: a `window` line, or a `rows` line with
+    /// the fetch's blocks, preceded by `window+` or `rows+` lines when the step is
+    /// longer than a line (a fetch of thousands of single rows).
     pub fn hint_lines(&self) -> Vec<HintLine> {
         match self {
-            Step::Window { chunks } => vec![HintLine::Window {
-                chunks: chunks.clone(),
-            }],
-            Step::Fetch { blocks } => vec![HintLine::Rows {
-                ranges: blocks.clone(),
-            }],
+            Step::Window { chunks } => HintLine::window_step(chunks),
+            Step::Fetch { blocks } => HintLine::rows_step(blocks),
         }
     }
 }
