@@ -3,20 +3,23 @@
 //!
 //! An epoch of uniformly random rows of a 10^8-row dataset is 10^8 block ids: shuffling
 //! them in a vector costs 800 MB and seconds per rank before the first row. Instead an
-//! order evaluates a keyed bijection at the positions it needs: a balanced Feistel
-//! network over the smallest power of four not below `n` (at most `4n`), made a
-//! bijection of `[0, n)` itself by cycle-walking (applying it again while the value
-//! falls outside, which ends because the element's cycle returns to it). Expected
-//! walks are below four applications; memory is a few keys.
+//! order evaluates a keyed bijection at the positions it needs: a Feistel network over
+//! the smallest power of two not below `n` (below `2n`), its bits cut into two halves
+//! (one longer by a bit when their count is odd), made a bijection of `[0, n)` itself by
+//! cycle-walking (applying it again while the value falls outside, which ends because
+//! the element's cycle returns to it). Expected walks are below two applications;
+//! memory is a few keys. Each round replaces one half by itself xor a keyed function of
+//! the other, the halves taking turns: a bijection whatever the halves' lengths, undone
+//! by the same rounds in reverse order.
 //!
 //! The keys are drawn from the order's ChaCha stream for (seed, epoch, purpose), so a
 //! permutation is as reproducible as the shuffles it replaces. The round function is
 //! SplitMix64's finaliser: each round mixes its half-width input through the full 64
 //! bits before the key-dependent output is masked. Twelve rounds, where four make a
 //! large domain look random, because on a handful of elements (an epoch of five
-//! windows) six rounds made some orders twice as likely as others; with twelve the
-//! most frequent order of five elements comes out within 1.15× of uniform (measured
-//! over 240,000 keys), and cost about 0.1 µs per element.
+//! windows) six made some orders twice as likely as others; twelve keep every order of
+//! two to five elements within 20 % of uniform (the test below), at about 0.1 µs per
+//! element.
 
 use rand::RngCore;
 
@@ -26,8 +29,9 @@ const ROUNDS: usize = 12;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Permutation {
     n: u64,
-    /// Bits of each Feistel half: the network permutes `[0, 4^half_bits)`.
-    half_bits: u32,
+    /// Bits of the low half; the high half has the rest of the bits of `n - 1`.
+    low_bits: u32,
+    high_bits: u32,
     /// `None`: the identity (an order told not to shuffle).
     keys: Option<[u64; ROUNDS]>,
 }
@@ -38,7 +42,8 @@ impl Permutation {
         let bits = (u64::BITS - n.saturating_sub(1).leading_zeros()).max(2);
         Permutation {
             n,
-            half_bits: bits.div_ceil(2),
+            low_bits: bits / 2,
+            high_bits: bits - bits / 2,
             keys: Some(std::array::from_fn(|_| rng.next_u64())),
         }
     }
@@ -47,7 +52,8 @@ impl Permutation {
     pub(crate) fn identity(n: u64) -> Permutation {
         Permutation {
             n,
-            half_bits: 0,
+            low_bits: 0,
+            high_bits: 0,
             keys: None,
         }
     }
@@ -75,31 +81,44 @@ impl Permutation {
         x
     }
 
-    fn mask(&self) -> u64 {
-        (1u64 << self.half_bits) - 1
-    }
-
     fn forward(&self, keys: &[u64; ROUNDS], x: u64) -> u64 {
-        let mask = self.mask();
-        let (mut left, mut right) = (x >> self.half_bits, x & mask);
-        for &key in keys {
-            (left, right) = (right, left ^ (round(key, right) & mask));
+        let (mut high, mut low) = self.halves(x);
+        for (round, &key) in keys.iter().enumerate() {
+            self.round(round, key, &mut high, &mut low);
         }
-        (left << self.half_bits) | right
+        (high << self.low_bits) | low
     }
 
     fn backward(&self, keys: &[u64; ROUNDS], x: u64) -> u64 {
-        let mask = self.mask();
-        let (mut left, mut right) = (x >> self.half_bits, x & mask);
-        for &key in keys.iter().rev() {
-            (left, right) = (right ^ (round(key, left) & mask), left);
+        let (mut high, mut low) = self.halves(x);
+        for (round, &key) in keys.iter().enumerate().rev() {
+            self.round(round, key, &mut high, &mut low);
         }
-        (left << self.half_bits) | right
+        (high << self.low_bits) | low
+    }
+
+    fn halves(&self, x: u64) -> (u64, u64) {
+        (x >> self.low_bits, x & mask(self.low_bits))
+    }
+
+    /// Round `round`: the high half xor a function of the low one on even rounds, the
+    /// low half xor a function of the high one on odd rounds. Its own inverse.
+    fn round(&self, round: usize, key: u64, high: &mut u64, low: &mut u64) {
+        if round.is_multiple_of(2) {
+            *high ^= mix(key, *low) & mask(self.high_bits);
+        } else {
+            *low ^= mix(key, *high) & mask(self.low_bits);
+        }
     }
 }
 
+/// The low `bits` bits.
+fn mask(bits: u32) -> u64 {
+    (1u64 << bits) - 1
+}
+
 /// SplitMix64's output function of `half ^ key`.
-fn round(key: u64, half: u64) -> u64 {
+fn mix(key: u64, half: u64) -> u64 {
     let mut z = (half ^ key).wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
