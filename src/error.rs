@@ -114,6 +114,8 @@ pub enum PlanRefused {
     TooMuchWork { work: u64, limit: u64 },
     #[error("plans started faster than {per_second} a second (after a burst of {burst})")]
     StartsTooFast { per_second: u32, burst: u32 },
+    #[error("a step begun with window+ goes on with rows, or one begun with rows+ with window")]
+    MixedStep,
 }
 
 impl FsError {

@@ -265,7 +265,7 @@ impl Prefetcher {
             None => {
                 let mut plan = Plan::default();
                 plan.apply(lines, &geometry, room)?;
-                if plan.steps.is_empty() {
+                if plan.is_empty() {
                     // A greeting alone announces nothing.
                     return Ok(());
                 }

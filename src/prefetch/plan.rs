@@ -157,17 +157,26 @@ pub struct Plan {
     entries: usize,
     /// The work of the steps ([`Step::work`]), kept likewise.
     work: u64,
+    /// The first lines of a step not yet ended (`window+` or `rows+`, protocol
+    /// version 4): a step too long for one line may span writes, and becomes a step
+    /// only with its last line, so that the reader's position never lands in half of it.
+    partial: Option<Step>,
 }
 
 impl Plan {
-    /// The chunks and row ranges the plan holds.
+    /// The chunks and row ranges the plan holds, a step not yet ended included.
     pub fn entries(&self) -> usize {
-        self.entries
+        self.entries + self.partial.as_ref().map_or(0, Step::entries)
     }
 
     /// The work of the plan's steps ([`Step::work`]).
     pub fn work(&self) -> u64 {
         self.work
+    }
+
+    /// Whether the plan holds no step, not even the first lines of one.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty() && self.partial.is_none()
     }
 
     /// Applies a batch of protocol lines, all or nothing: on error the plan is unchanged.
@@ -191,25 +200,31 @@ impl Plan {
         };
         let mut replaced = false;
         let mut appended = Vec::new();
+        let mut partial = self.partial.clone();
         for line in lines {
-            match line {
+            let (step, ends) = match line {
                 // `cached` is the announcement's: the decoder refuses it from a writer.
                 // `reading` moves the position once the batch is in ([`Plan::reading`]).
-                HintLine::Greeting { .. } | HintLine::Cached { .. } | HintLine::Reading { .. } => {}
+                HintLine::Greeting { .. } | HintLine::Cached { .. } | HintLine::Reading { .. } => {
+                    continue
+                }
                 HintLine::ChunkRows { rows } if *rows != layout.chunk_size => {
                     return Err(PlanRefused::ChunkRows {
                         writer: *rows,
                         dataset: layout.chunk_size,
                     });
                 }
-                HintLine::ChunkRows { .. } => {}
+                HintLine::ChunkRows { .. } => continue,
                 HintLine::Plan { epoch } => {
                     next.epoch = *epoch;
                     next.position = 0;
                     replaced = true;
                     appended.clear();
+                    // A step begun in the old plan is no step of the new one.
+                    partial = None;
+                    continue;
                 }
-                HintLine::Window { chunks } => {
+                HintLine::Window { chunks } | HintLine::WindowPart { chunks } => {
                     if let Some(&chunk) = chunks.iter().find(|&&c| c as u64 >= layout.num_chunks())
                     {
                         return Err(PlanRefused::NoSuchChunk {
@@ -217,9 +232,16 @@ impl Plan {
                             chunks: layout.num_chunks(),
                         });
                     }
-                    appended.push(Step::Window(chunks.clone()));
+                    let mut all = match partial.take() {
+                        None => Vec::new(),
+                        Some(Step::Window(first)) => first,
+                        Some(Step::Rows(_)) => return Err(PlanRefused::MixedStep),
+                    };
+                    all.extend_from_slice(chunks);
+                    let ends = matches!(line, HintLine::Window { .. });
+                    (Step::Window(all), ends)
                 }
-                HintLine::Rows { ranges } => {
+                HintLine::Rows { ranges } | HintLine::RowsPart { ranges } => {
                     if let Some(bad) = ranges.iter().find(|r| r.end > layout.total_rows) {
                         return Err(PlanRefused::RowsPastEnd {
                             start: bad.start,
@@ -227,19 +249,26 @@ impl Plan {
                             rows: layout.total_rows,
                         });
                     }
-                    appended.push(Step::Rows(ranges.clone()));
+                    let mut all = match partial.take() {
+                        None => Vec::new(),
+                        Some(Step::Rows(first)) => first,
+                        Some(Step::Window(_)) => return Err(PlanRefused::MixedStep),
+                    };
+                    all.extend_from_slice(ranges);
+                    let ends = matches!(line, HintLine::Rows { .. });
+                    (Step::Rows(all), ends)
                 }
+            };
+            let work = step.work(layout);
+            if work > MAX_STEP_WORK {
+                return Err(PlanRefused::StepTooWide {
+                    work,
+                    limit: MAX_STEP_WORK,
+                });
             }
-            if let (HintLine::Window { .. } | HintLine::Rows { .. }, Some(step)) =
-                (line, appended.last())
-            {
-                let work = step.work(layout);
-                if work > MAX_STEP_WORK {
-                    return Err(PlanRefused::StepTooWide {
-                        work,
-                        limit: MAX_STEP_WORK,
-                    });
-                }
+            match ends {
+                true => appended.push(step),
+                false => partial = Some(step),
             }
         }
         // Steps the reader has passed are retired, so a plan that grows as the epoch
@@ -266,7 +295,7 @@ impl Plan {
             + appended.iter().map(Step::entries).sum::<usize>();
         let work = self.work - gone.iter().map(|s| s.work(layout)).sum::<u64>()
             + appended.iter().map(|s| s.work(layout)).sum::<u64>();
-        if entries > room.entries {
+        if entries + partial.as_ref().map_or(0, Step::entries) > room.entries {
             return Err(PlanRefused::TooManyEntries {
                 limit: MAX_PLANNED_ENTRIES,
             });
@@ -279,6 +308,7 @@ impl Plan {
         }
         self.entries = entries;
         self.work = work;
+        self.partial = partial;
         if replaced {
             self.steps.clear();
             self.parts.clear();

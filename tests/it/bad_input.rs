@@ -871,6 +871,11 @@ fn garbage_hint_writes_get_einval_and_the_mount_keeps_serving() {
             false,
             b"scdlfs-hints 5\n".to_vec(),
         ),
+        (
+            "a step part on a handle of version 1",
+            true,
+            b"plan 0\nrows+ 0 1\nrows 5 6\n".to_vec(),
+        ),
         ("a step before the greeting", false, b"window 0\n".to_vec()),
         ("not a greeting at all", false, b"hello\n".to_vec()),
         ("an unknown keyword", true, b"launch 3\n".to_vec()),

@@ -465,6 +465,48 @@ async fn hint_writes_are_all_or_nothing_and_a_plan_prefetches_its_steps() {
     );
 }
 
+/// Protocol version 4: a step too long for one line comes as `rows+` lines and a last
+/// `rows` line, here over two writes; it is one step, and its chunks, the first line's
+/// too, are fetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_written_in_several_lines_and_writes_is_one_step_and_prefetched() {
+    let core = core_of(&dataset_files("ds"), |s| s.prefetch_lookahead_steps = 1).await;
+    let hints = core.resolve(&format!("ds/{HINT_FILE}")).await.unwrap();
+    let h = core.core.open(hints.ino.0).unwrap().handle;
+    // Chunks of 300 rows: rows 1800.. are chunk 6, 900.. chunk 3, 1500.. chunk 5.
+    core.core
+        .write(h, b"scdlfs-hints 4\nplan 2\nrows+ 1800 1801\n")
+        .unwrap();
+    let steps = |core: &Core| {
+        let plans = core.observer.status().active_plans;
+        plans.iter().map(|p| p.steps).sum::<usize>()
+    };
+    assert_eq!(steps(&core), 0, "no step before its last line");
+    core.core
+        .write(h, b"rows+ 900 901\nrows 1500 1501\n")
+        .unwrap();
+    assert_eq!(steps(&core), 1);
+    let started = Instant::now();
+    let fetched = |chunk: &str| {
+        core.reads
+            .hook()
+            .snapshot()
+            .keys()
+            .any(|(k, _)| k.starts_with(&format!("ds/{chunk}/")))
+    };
+    while !["chunk_00006", "chunk_00003", "chunk_00005"]
+        .iter()
+        .all(|c| fetched(c))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the step's chunks were not all fetched"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    core.core.release(h);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequential_reader_gets_read_ahead_and_a_random_one_does_not() {
     let files = plain_files();

@@ -68,6 +68,8 @@ def test_the_sampler_over_a_monolithic_dataset_on_a_mount_gives_hints_the_daemon
         original = SingleCellMemMapDataset(str(monolithic[NAME]))
         rows = iter(sampler)
         first = next(rows)
+        # The hints are written by a thread of the sampler's: taking the error waits for them.
+        assert sampler.take_hint_error() is None
         plans = status(H.require_scdlfs(), mount.mountpoint)["active_plans"]
         assert any(p["dataset"].endswith(f"mono/{NAME}") for p in plans), plans
         seen = []

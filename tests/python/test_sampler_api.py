@@ -3,7 +3,8 @@ many drawn cases: a dataset object or a path; `num_replicas` and `drop_last`;
 `shuffle_chunks` and `shuffle_within_window`; `indices=` and splits by chunk (every row
 of the part once per epoch, ranks' shares disjoint, parts disjoint and covering, windows
 still local); `state_dict()`/`load_state_dict()` (a resumed epoch is the rest of the
-uninterrupted one); and `ChunkAwareSampler` by the remote-SCDL proposal's signature.
+uninterrupted one); `ChunkAwareSampler` by the remote-SCDL proposal's signature; and a
+hint the mount does not take, warned of once (an error where warnings are).
 
 The dataset is conftest's `synth_3k` (3000 rows), chunked by `scdlfs chunk` into 12
 chunks of 256 rows (the last short), read locally: the orders need only its header.
@@ -11,8 +12,11 @@ chunks of 256 rows (the last short), read locally: the orders need only its head
 
 from __future__ import annotations
 
+import itertools
+import os
 import pickle
 import random
+import shutil
 import warnings
 
 import pytest
@@ -102,10 +106,11 @@ def test_shuffle_chunks_and_shuffle_within_window_are_separate(path):
     chunks_only = rows(shuffle_chunks=True, shuffle_within_window=False)
     rows_only = rows(shuffle_chunks=False, shuffle_within_window=True)
     both = rows(shuffle_chunks=True, shuffle_within_window=True)
-    # Chunks shuffled, rows not: each chunk's rows come out whole and ascending.
-    runs = [chunks_only[i : i + CHUNK_ROWS] for i in range(0, len(chunks_only), CHUNK_ROWS)]
-    assert [chunk_of(r[0]) for r in runs] != list(range(CHUNKS))
-    assert all(r == list(range(r[0], r[0] + len(r))) for r in runs[:-1] if chunk_of(r[0]) != CHUNKS - 1)
+    # Chunks shuffled, rows not: each chunk's rows come out whole and ascending, the
+    # short last chunk wherever its window falls.
+    runs = [list(run) for _, run in itertools.groupby(chunks_only, key=chunk_of)]
+    assert len(runs) == CHUNKS and [chunk_of(r[0]) for r in runs] != list(range(CHUNKS))
+    assert all(r[0] % CHUNK_ROWS == 0 and r == list(range(r[0], r[0] + len(r))) for r in runs)
     # Rows shuffled, chunks not: window k holds chunks 2k and 2k + 1, in no row order.
     for k, window in enumerate(windows_of(rows_only, 2)):
         assert {chunk_of(r) for r in window} == {2 * k, 2 * k + 1}
@@ -296,3 +301,44 @@ def test_lightnings_wrapper_is_warned_of_once_with_the_fix(path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         list(wrapped)  # once per sampler
+
+
+# --------------------------------------------------------------------------
+# Hints the mount does not take
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def refusing(path, tmp_path) -> str:
+    """The dataset's header beside a hint file whose every write fails (/dev/full), as
+    a mount of another protocol version refuses the greeting."""
+    shutil.copy(os.path.join(path, "header.sch"), tmp_path / "header.sch")
+    os.symlink("/dev/full", tmp_path / ".scdlfs-hints")
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("kind", [scdlfs.ChunkWindowSampler, scdlfs.BlockSampler])
+def test_a_hint_the_mount_does_not_take_is_warned_of_once(kind, refusing):
+    sampler = kind(refusing, seed=1)
+    with pytest.warns(scdlfs.HintWarning, match=r"read-ahead hints.*No space left on device") as caught:
+        rows = list(sampler)
+    assert sorted(rows) == list(range(ROWS)), "rows are unaffected"
+    assert len([w for w in caught if issubclass(w.category, scdlfs.HintWarning)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sorted(sampler) == list(range(ROWS)), "once per sampler"
+    assert "No space left on device" in sampler.take_hint_error(), "the failure stays for take_hint_error"
+
+
+def test_a_hint_failure_raises_in_the_caller_when_warnings_are_errors(refusing):
+    sampler = scdlfs.BlockSampler(refusing, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", scdlfs.HintWarning)
+        with pytest.raises(scdlfs.HintWarning, match="No space left on device"):
+            list(sampler)
+
+
+def test_without_hints_a_refusing_hint_file_is_not_warned_of(refusing):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sorted(scdlfs.BlockSampler(refusing, seed=1, hints=False)) == list(range(ROWS))

@@ -11,6 +11,8 @@
 //! window 17 4 9             next step: read chunks 17, 4 and 9 (any order inside)
 //! rows 1024 1088 5120 5184  next step: read rows [1024, 1088) and [5120, 5184)
 //! reading 1                 (version 4) the writer now reads step 1 of its plan
+//! rows+ 0 1 7 8             (version 4) the next step begins with rows [0, 1), [7, 8) …
+//! rows 9 10                 … and ends with [9, 10): one step of three ranges
 //! ```
 //!
 //! A plan is the ordered list of steps written since the last `plan` line; `window` and
@@ -32,6 +34,13 @@
 //! from 0 at the `plan` line). Otherwise the daemon infers the position from the reads
 //! it serves, and a reader whose rows the daemon stored into the page cache ahead of it
 //! makes none.
+//!
+//! Version 4 also lets a step be longer than a line: `window+` and `rows+` lines hold the
+//! first chunks or ranges of a step that the next `window` or `rows` line ends. A fetch
+//! of 4,096 single rows of a 10^8-row dataset is about 80 KB of text, over the line
+//! limit; as several `rows` lines it would be several steps, which the daemon would
+//! take for a reader moving on while it still reads the first ones.
+//! [`HintLine::window_step`] and [`HintLine::rows_step`] cut a step into lines.
 //!
 //! The full specification, with the daemon's limits and error behaviour, is
 //! `docs/hint-protocol.md`; this module is its only implementation.
@@ -79,6 +88,14 @@ pub enum HintLine {
     Reading {
         step: u64,
     },
+    /// (Version 4) The first chunks of a window step that the next `window` line ends.
+    WindowPart {
+        chunks: Vec<u32>,
+    },
+    /// (Version 4) The first row ranges of a step that the next `rows` line ends.
+    RowsPart {
+        ranges: Vec<Range<u64>>,
+    },
 }
 
 /// Why a line was refused.
@@ -115,20 +132,10 @@ impl fmt::Display for HintLine {
             HintLine::Greeting { version } => write!(f, "{GREETING} {version}"),
             HintLine::ChunkRows { rows } => write!(f, "chunk-rows {rows}"),
             HintLine::Plan { epoch } => write!(f, "plan {epoch}"),
-            HintLine::Window { chunks } => {
-                f.write_str("window")?;
-                for c in chunks {
-                    write!(f, " {c}")?;
-                }
-                Ok(())
-            }
-            HintLine::Rows { ranges } => {
-                f.write_str("rows")?;
-                for r in ranges {
-                    write!(f, " {} {}", r.start, r.end)?;
-                }
-                Ok(())
-            }
+            HintLine::Window { chunks } => write_chunks(f, "window", chunks),
+            HintLine::WindowPart { chunks } => write_chunks(f, "window+", chunks),
+            HintLine::Rows { ranges } => write_ranges(f, "rows", ranges),
+            HintLine::RowsPart { ranges } => write_ranges(f, "rows+", ranges),
             HintLine::Cached { chunks } => {
                 f.write_str("cached")?;
                 for r in chunks {
@@ -139,6 +146,52 @@ impl fmt::Display for HintLine {
             HintLine::Reading { step } => write!(f, "reading {step}"),
         }
     }
+}
+
+fn write_chunks(f: &mut fmt::Formatter<'_>, keyword: &str, chunks: &[u32]) -> fmt::Result {
+    f.write_str(keyword)?;
+    for c in chunks {
+        write!(f, " {c}")?;
+    }
+    Ok(())
+}
+
+fn write_ranges(f: &mut fmt::Formatter<'_>, keyword: &str, ranges: &[Range<u64>]) -> fmt::Result {
+    f.write_str(keyword)?;
+    for r in ranges {
+        write!(f, " {} {}", r.start, r.end)?;
+    }
+    Ok(())
+}
+
+/// Bytes of `n` in decimal.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |log| log as usize + 1)
+}
+
+/// Cuts a step's items into lines of at most [`MAX_LINE_LEN`] bytes: `part` lines,
+/// then one `last` line, `width` giving an item's bytes with its leading space.
+fn cut_step<T: Clone>(
+    items: &[T],
+    width: impl Fn(&T) -> usize,
+    part: impl Fn(Vec<T>) -> HintLine,
+    last: impl Fn(Vec<T>) -> HintLine,
+    keyword_len: usize,
+) -> Vec<HintLine> {
+    let mut lines = Vec::new();
+    let mut line: Vec<T> = Vec::new();
+    let mut len = keyword_len;
+    for item in items {
+        let item_len = width(item);
+        if !line.is_empty() && len + item_len > MAX_LINE_LEN {
+            lines.push(part(std::mem::take(&mut line)));
+            len = keyword_len;
+        }
+        line.push(item.clone());
+        len += item_len;
+    }
+    lines.push(last(line));
+    lines
 }
 
 fn numbers<T: std::str::FromStr>(
@@ -155,7 +208,69 @@ fn numbers<T: std::str::FromStr>(
         .collect()
 }
 
+/// The chunk ids of a `window` or `window+` line: at least one.
+fn chunk_list(
+    keyword: &'static str,
+    words: std::str::SplitAsciiWhitespace<'_>,
+) -> Result<Vec<u32>, HintError> {
+    let chunks = numbers::<u32>(keyword, words)?;
+    if chunks.is_empty() {
+        return Err(HintError::BadArguments {
+            keyword,
+            reason: "names no chunk".into(),
+        });
+    }
+    Ok(chunks)
+}
+
+/// The row ranges of a `rows` or `rows+` line: pairs of start and end, each start
+/// below its end.
+fn row_ranges(
+    keyword: &'static str,
+    words: std::str::SplitAsciiWhitespace<'_>,
+) -> Result<Vec<Range<u64>>, HintError> {
+    let bounds = numbers::<u64>(keyword, words)?;
+    if bounds.is_empty() || bounds.len() % 2 != 0 {
+        return Err(HintError::BadArguments {
+            keyword,
+            reason: "takes pairs of start and end rows".into(),
+        });
+    }
+    let ranges: Vec<_> = bounds.chunks(2).map(|p| p[0]..p[1]).collect();
+    if ranges.iter().any(|r| r.start >= r.end) {
+        return Err(HintError::BadArguments {
+            keyword,
+            reason: "each start must be below its end".into(),
+        });
+    }
+    Ok(ranges)
+}
+
 impl HintLine {
+    /// The lines that announce a window step of `chunks` (not empty): one `window`
+    /// line, or, for more chunks than a line holds, `window+` lines before it.
+    pub fn window_step(chunks: &[u32]) -> Vec<HintLine> {
+        cut_step(
+            chunks,
+            |&c| 1 + digits(c as u64),
+            |chunks| HintLine::WindowPart { chunks },
+            |chunks| HintLine::Window { chunks },
+            "window+".len(),
+        )
+    }
+
+    /// The lines that announce a step of the row ranges `ranges` (not empty): one
+    /// `rows` line, or, for more ranges than a line holds, `rows+` lines before it.
+    pub fn rows_step(ranges: &[Range<u64>]) -> Vec<HintLine> {
+        cut_step(
+            ranges,
+            |r| 2 + digits(r.start) + digits(r.end),
+            |ranges| HintLine::RowsPart { ranges },
+            |ranges| HintLine::Rows { ranges },
+            "rows+".len(),
+        )
+    }
+
     /// Parses one line (without its newline). Blank lines are not lines: the caller
     /// skips them.
     pub fn parse(line: &[u8]) -> Result<HintLine, HintError> {
@@ -190,33 +305,18 @@ impl HintLine {
                     reason: "takes one epoch number".into(),
                 }),
             },
-            "window" => {
-                let chunks = numbers::<u32>("window", words)?;
-                if chunks.is_empty() {
-                    return Err(HintError::BadArguments {
-                        keyword: "window",
-                        reason: "names no chunk".into(),
-                    });
-                }
-                Ok(HintLine::Window { chunks })
-            }
-            "rows" => {
-                let bounds = numbers::<u64>("rows", words)?;
-                if bounds.is_empty() || bounds.len() % 2 != 0 {
-                    return Err(HintError::BadArguments {
-                        keyword: "rows",
-                        reason: "takes pairs of start and end rows".into(),
-                    });
-                }
-                let ranges: Vec<_> = bounds.chunks(2).map(|p| p[0]..p[1]).collect();
-                if ranges.iter().any(|r| r.start >= r.end) {
-                    return Err(HintError::BadArguments {
-                        keyword: "rows",
-                        reason: "each start must be below its end".into(),
-                    });
-                }
-                Ok(HintLine::Rows { ranges })
-            }
+            "window" => Ok(HintLine::Window {
+                chunks: chunk_list("window", words)?,
+            }),
+            "window+" => Ok(HintLine::WindowPart {
+                chunks: chunk_list("window+", words)?,
+            }),
+            "rows" => Ok(HintLine::Rows {
+                ranges: row_ranges("rows", words)?,
+            }),
+            "rows+" => Ok(HintLine::RowsPart {
+                ranges: row_ranges("rows+", words)?,
+            }),
             "reading" => match numbers::<u64>("reading", words)?.as_slice() {
                 [step] => Ok(HintLine::Reading { step: *step }),
                 _ => Err(HintError::BadArguments {
@@ -410,6 +510,20 @@ impl HintDecoder {
                         greeted: version,
                     });
                 }
+                (HintLine::WindowPart { .. }, Some(version)) if version < 4 => {
+                    return Err(HintError::NeedsVersion {
+                        keyword: "window+",
+                        needs: 4,
+                        greeted: version,
+                    });
+                }
+                (HintLine::RowsPart { .. }, Some(version)) if version < 4 => {
+                    return Err(HintError::NeedsVersion {
+                        keyword: "rows+",
+                        needs: 4,
+                        greeted: version,
+                    });
+                }
                 _ => {}
             }
             lines.push(parsed);
@@ -454,6 +568,10 @@ mod tests {
                 chunks: vec![0..2, 5..6],
             },
             HintLine::Reading { step: 17 },
+            HintLine::WindowPart { chunks: vec![8, 1] },
+            HintLine::RowsPart {
+                ranges: vec![0..1, 9..12],
+            },
         ] {
             assert_eq!(HintLine::parse(line.to_string().as_bytes()), Ok(line));
         }
@@ -524,7 +642,7 @@ mod tests {
                 },
             ]
         );
-        let v4 = b"scdlfs-hints 4\nchunk-rows 64\nplan 2\nrows 0 64\nrows 128 192\nreading 1\n";
+        let v4 = b"scdlfs-hints 4\nchunk-rows 64\nplan 2\nrows 0 64\nrows 128 192\nreading 1\nrows+ 0 1 7 8\nrows 9 10\nwindow+ 3\nwindow 0\n";
         assert_eq!(
             HintDecoder::default().feed(v4).unwrap(),
             vec![
@@ -538,8 +656,30 @@ mod tests {
                     ranges: std::iter::once(128..192).collect()
                 },
                 HintLine::Reading { step: 1 },
+                HintLine::RowsPart {
+                    ranges: vec![0..1, 7..8]
+                },
+                HintLine::Rows {
+                    ranges: std::iter::once(9..10).collect()
+                },
+                HintLine::WindowPart { chunks: vec![3] },
+                HintLine::Window { chunks: vec![0] },
             ]
         );
+        for (greeting, part) in [
+            (&b"scdlfs-hints 3\n"[..], &b"rows+ 0 1\n"[..]),
+            (b"scdlfs-hints 2\n", b"window+ 0\n"),
+        ] {
+            let mut decoder = HintDecoder::default();
+            decoder.feed(greeting).unwrap();
+            assert!(
+                matches!(
+                    decoder.feed(part),
+                    Err(HintError::NeedsVersion { needs: 4, .. })
+                ),
+                "{part:?}"
+            );
+        }
         assert_eq!(
             HintDecoder::default().feed(b"scdlfs-hints 3\nplan 0\nreading 0\n"),
             Err(HintError::NeedsVersion {
@@ -662,7 +802,60 @@ mod tests {
         }
     }
 
+    /// A fetch of 4,096 single rows of a 10^8-row dataset, about 80 KB as one line,
+    /// is announced in lines the decoder takes.
+    #[test]
+    fn a_step_longer_than_a_line_is_cut_into_lines_that_decode() {
+        let ranges: Vec<Range<u64>> = (0..4096u64)
+            .map(|i| 99_000_000 + 24_000 * i..99_000_001 + 24_000 * i)
+            .collect();
+        let lines = HintLine::rows_step(&ranges);
+        assert!(lines.len() > 1);
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        let mut decoder = HintDecoder::default();
+        decoder.feed(greeting().as_bytes()).unwrap();
+        assert_eq!(decoder.feed(text.as_bytes()).unwrap(), lines);
+    }
+
     proptest! {
+        /// A step's lines hold its items in order, each line within the limit, every
+        /// line but the last a part, and as few lines as the limit allows.
+        #[test]
+        fn a_step_is_cut_into_parts_then_its_last_line(
+            ranges in proptest::collection::vec((any::<u64>(), 1u64..1 << 20), 1..12_000),
+            chunks in proptest::collection::vec(any::<u32>(), 1..12_000),
+        ) {
+            let ranges: Vec<Range<u64>> = ranges.into_iter()
+                .map(|(start, len)| start.min(u64::MAX - len)..start.min(u64::MAX - len) + len)
+                .collect();
+            let rows = HintLine::rows_step(&ranges);
+            let windows = HintLine::window_step(&chunks);
+            for lines in [&rows, &windows] {
+                let encoded: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+                prop_assert!(encoded.iter().all(|l| l.len() <= MAX_LINE_LEN));
+                let total: usize = encoded.iter().map(String::len).sum();
+                prop_assert!(lines.len() <= total / (MAX_LINE_LEN - 50) + 1);
+                for line in &lines[..lines.len() - 1] {
+                    let is_part = matches!(line, HintLine::RowsPart { .. } | HintLine::WindowPart { .. });
+                    prop_assert!(is_part, "{:?}", line);
+                }
+            }
+            let joined: Vec<Range<u64>> = rows.iter().flat_map(|l| match l {
+                HintLine::Rows { ranges } | HintLine::RowsPart { ranges } => ranges.clone(),
+                other => panic!("{other:?}"),
+            }).collect();
+            prop_assert_eq!(joined, ranges);
+            let ends_rows = matches!(rows.last(), Some(HintLine::Rows { .. }));
+            prop_assert!(ends_rows);
+            let joined: Vec<u32> = windows.iter().flat_map(|l| match l {
+                HintLine::Window { chunks } | HintLine::WindowPart { chunks } => chunks.clone(),
+                other => panic!("{other:?}"),
+            }).collect();
+            prop_assert_eq!(joined, chunks);
+            let ends_window = matches!(windows.last(), Some(HintLine::Window { .. }));
+            prop_assert!(ends_window);
+        }
+
         /// Arbitrary bytes, cut into arbitrary pieces, never panic the decoder, and
         /// every line it yields re-encodes to something it parses to the same value.
         #[test]

@@ -47,7 +47,7 @@ fn orders() -> [(&'static str, Order); 2] {
 }
 
 fn epoch_rows(plan: &EpochPlan) -> Vec<u64> {
-    (0..plan.steps().len())
+    (0..plan.step_count())
         .flat_map(|i| plan.rows_of(i))
         .collect()
 }
@@ -72,9 +72,8 @@ fn left_by_previous_epoch(chunks: ChunkLayout, epoch: u64) -> CachedChunks {
     let previous = EpochPlan::new(chunks, orders()[0].1, epoch.wrapping_sub(1));
     let visited: Vec<u32> = previous
         .steps()
-        .iter()
         .flat_map(|step| match step {
-            Step::Window { chunks } => chunks.clone(),
+            Step::Window { chunks } => chunks,
             Step::Fetch { .. } => unreachable!(),
         })
         .collect();

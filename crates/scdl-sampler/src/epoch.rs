@@ -215,13 +215,17 @@ impl EpochCursor {
         }
         // Never below `announced`: `current` only grows.
         let through = (current + self.lookahead).min(self.share.len());
-        for share_step in &self.share[self.announced..through] {
-            lines.extend(self.plan.steps()[share_step.step].hint_lines());
+        // A writer that writes nothing (no hint file, hints off, a fork) is not worth
+        // the steps' lines: a fetch of thousands of blocks costs a millisecond.
+        if hints.is_active() {
+            for share_step in &self.share[self.announced..through] {
+                lines.extend(self.plan.step(share_step.step).hint_lines());
+            }
+            if !lines.is_empty() {
+                hints.write_lines(&lines);
+            }
         }
         self.announced = through;
-        if !lines.is_empty() {
-            hints.write_lines(&lines);
-        }
     }
 }
 

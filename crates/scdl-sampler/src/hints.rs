@@ -196,6 +196,17 @@ impl HintWriter {
         lock(&self.unreported).take()
     }
 
+    /// The failure [`HintWriter::take_error`] would give next, as text, without
+    /// waiting for the writes queued and without taking it: for a caller that tells
+    /// of a failure while it iterates, and leaves the failure to whoever takes it.
+    pub fn pending_error(&self) -> Option<String> {
+        if self.background.is_some() && !self.is_active() {
+            // Inherited across a fork: as in `take_error`.
+            return None;
+        }
+        lock(&self.unreported).as_ref().map(|e| e.to_string())
+    }
+
     fn record(&self, error: HintWriteError) {
         record(&self.unreported, error);
     }

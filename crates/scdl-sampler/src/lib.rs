@@ -60,6 +60,8 @@ mod epoch;
 mod hints;
 mod layout;
 mod order;
+mod permutation;
+mod ranges;
 mod sampler;
 mod seeding;
 mod shard;

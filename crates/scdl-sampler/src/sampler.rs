@@ -214,4 +214,11 @@ impl Sampler {
     pub fn take_hint_error(&mut self) -> Option<HintWriteError> {
         self.hints.take_error()
     }
+
+    /// The failure [`Sampler::take_hint_error`] would give next, as text, without
+    /// waiting for the hints queued and without taking it (see
+    /// [`HintWriter::pending_error`]).
+    pub fn pending_hint_error(&self) -> Option<String> {
+        self.hints.pending_error()
+    }
 }

@@ -6,8 +6,10 @@
 //! Keying each step's row shuffle by the step's index (rather than drawing it from one
 //! running generator) lets any process produce the rows of any step without producing
 //! the steps before it, and makes a step repeated for padding repeat the same rows.
-//! Plans are reproducible for a given version of this crate and of `rand`, whose
-//! shuffle defines the permutations; all processes of a job must share both.
+//! The epoch's order of units is a permutation keyed by the `Steps` stream
+//! ([`crate::permutation`]), evaluated where needed rather than shuffled. Plans are
+//! reproducible for a given version of this crate and of `rand`, whose shuffle orders
+//! the rows inside a step; all processes of a job must share both.
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -15,7 +17,7 @@ use rand_chacha::ChaCha8Rng;
 /// What a random stream is used for.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Stream {
-    /// The order of the epoch's steps: the chunk or block permutation.
+    /// The order of the epoch's steps: the keys of the chunk or block permutation.
     Steps,
     /// The order of the rows inside step `index` of the epoch.
     StepRows(usize),

@@ -148,7 +148,7 @@ pub struct ShareStep {
 pub fn rank_share(plan: &EpochPlan, shard: &Shard) -> Vec<ShareStep> {
     let world_size = shard.world_size() as usize;
     let dealt = |rank: usize| {
-        (rank..plan.steps().len())
+        (rank..plan.step_count())
             .step_by(world_size)
             .map(|step| ShareStep {
                 step,

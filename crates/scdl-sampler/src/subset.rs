@@ -17,6 +17,7 @@ use std::ops::Range;
 use rand::seq::SliceRandom;
 
 use crate::layout::ChunkLayout;
+use crate::ranges::RangeSet;
 use crate::seeding::{self, Stream};
 
 /// Why a subset or a split cannot be made.
@@ -42,10 +43,7 @@ pub enum SubsetError {
 /// A set of rows, as sorted, disjoint, non-adjacent ranges.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowSubset {
-    ranges: Vec<Range<u64>>,
-    /// `starts[i]`: how many rows of the subset lie before `ranges[i]`.
-    starts: Vec<u64>,
-    len: u64,
+    rows: RangeSet,
 }
 
 impl RowSubset {
@@ -56,25 +54,8 @@ impl RowSubset {
 
     /// The rows of `ranges`, in any order, overlapping or not; empty ranges are ignored.
     pub fn from_ranges(ranges: impl IntoIterator<Item = Range<u64>>) -> RowSubset {
-        let mut sorted: Vec<Range<u64>> = ranges.into_iter().filter(|r| r.start < r.end).collect();
-        sorted.sort_unstable_by_key(|r| r.start);
-        let mut merged: Vec<Range<u64>> = Vec::with_capacity(sorted.len());
-        for range in sorted {
-            match merged.last_mut() {
-                Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
-                _ => merged.push(range),
-            }
-        }
-        let mut starts = Vec::with_capacity(merged.len());
-        let mut len = 0;
-        for range in &merged {
-            starts.push(len);
-            len += range.end - range.start;
-        }
         RowSubset {
-            ranges: merged,
-            starts,
-            len,
+            rows: RangeSet::from_ranges(ranges),
         }
     }
 
@@ -85,26 +66,31 @@ impl RowSubset {
 
     /// The subset's rows as sorted, disjoint, non-adjacent ranges.
     pub fn ranges(&self) -> &[Range<u64>] {
-        &self.ranges
+        self.rows.ranges()
     }
 
     /// How many rows the subset holds.
     pub fn len(&self) -> u64 {
-        self.len
+        self.rows.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     pub fn contains(&self, row: u64) -> bool {
-        let after = self.ranges.partition_point(|r| r.start <= row);
-        after > 0 && row < self.ranges[after - 1].end
+        self.rows.contains(row)
+    }
+
+    /// How many rows of the subset lie below `row`: the position in the subset's
+    /// ascending order of `row`, or of the first row of the subset after it.
+    pub fn position_of(&self, row: u64) -> u64 {
+        self.rows.rank(row)
     }
 
     /// Checks that every row of the subset exists in a dataset of `total_rows` rows.
     pub fn check_within(&self, total_rows: u64) -> Result<(), SubsetError> {
-        match self.ranges.last() {
+        match self.ranges().last() {
             Some(last) if last.end > total_rows => Err(SubsetError::RowOutOfRange {
                 row: last.end - 1,
                 total_rows,
@@ -115,8 +101,9 @@ impl RowSubset {
 
     /// The rows of the subset inside `rows`, as ranges in ascending order.
     pub fn intersect(&self, rows: Range<u64>) -> Vec<Range<u64>> {
-        let first = self.ranges.partition_point(|r| r.end <= rows.start);
-        self.ranges[first..]
+        let ranges = self.ranges();
+        let first = ranges.partition_point(|r| r.end <= rows.start);
+        ranges[first..]
             .iter()
             .take_while(|r| r.start < rows.end)
             .map(|r| r.start.max(rows.start)..r.end.min(rows.end))
@@ -125,23 +112,21 @@ impl RowSubset {
 
     /// Whether any row of `rows` is in the subset.
     pub fn meets(&self, rows: Range<u64>) -> bool {
-        let first = self.ranges.partition_point(|r| r.end <= rows.start);
-        self.ranges
-            .get(first)
-            .is_some_and(|r| r.start < rows.end && rows.start < rows.end)
+        self.position_of(rows.start) < self.position_of(rows.end)
     }
 
     /// The rows at positions `positions` of the subset in ascending order (the subset's
     /// `positions.start`-th row up to, not including, its `positions.end`-th), as
     /// ranges in ascending order.
     pub fn rows_at(&self, positions: Range<u64>) -> Vec<Range<u64>> {
-        let end = positions.end.min(self.len);
+        let end = positions.end.min(self.len());
         if positions.start >= end {
             return Vec::new();
         }
-        let first = self.starts.partition_point(|&s| s <= positions.start) - 1;
+        let starts = self.rows.starts();
+        let first = starts.partition_point(|&s| s <= positions.start) - 1;
         let mut out = Vec::new();
-        for (range, &start) in self.ranges[first..].iter().zip(&self.starts[first..]) {
+        for (range, &start) in self.ranges()[first..].iter().zip(&starts[first..]) {
             if start >= end {
                 break;
             }

@@ -34,7 +34,7 @@ fn sampler_of(dir: &std::path::Path, order: Order, shard: Shard, workers: Worker
 fn share_lines(plan: &EpochPlan, shard: &Shard, workers: &Workers) -> Vec<HintLine> {
     worker_share(plan, shard, workers)
         .iter()
-        .flat_map(|s| plan.steps()[s.step].hint_lines())
+        .flat_map(|s| plan.step(s.step).hint_lines())
         .collect()
 }
 
@@ -220,6 +220,41 @@ fn a_sampler_told_not_to_hint_writes_nothing_and_yields_the_same_rows() {
     assert!(silent.take_hint_error().is_none());
 }
 
+/// A fetch of 4,096 single rows (batch 256 × fetch factor 16, blocks of one row) of a
+/// 10^8-row dataset is about 80 KB of hint text, over the protocol's line limit: it is
+/// announced in lines the daemon's decoder takes, and they join into the fetch.
+#[test]
+fn a_fetch_longer_than_a_line_is_announced_whole() {
+    let dataset = raw_dataset(100_000_000, 4096, true);
+    let order = block_order(3, 1, 256, 16);
+    let lookahead = 3;
+    let mut sampler = sampler_of(dataset.path(), order, Shard::single(), Workers::single())
+        .with_hint_lookahead(NonZeroUsize::new(lookahead).unwrap());
+    assert!(sampler.epoch(0).next().is_some());
+    sampler.flush_hints();
+    let mut steps = Vec::new();
+    let mut begun = Vec::new();
+    for line in hint_lines(dataset.path()) {
+        match line {
+            HintLine::RowsPart { ranges } => begun.extend(ranges),
+            HintLine::Rows { ranges } => {
+                begun.extend(ranges);
+                steps.push(std::mem::take(&mut begun));
+            }
+            _ => {}
+        }
+    }
+    let plan = EpochPlan::new(
+        scdl_sampler::ChunkLayout::new(100_000_000, 4096).unwrap(),
+        order,
+        0,
+    );
+    let expected: Vec<_> = (0..lookahead).map(|i| plan.row_ranges(i)).collect();
+    assert_eq!(steps, expected);
+    assert!(steps.iter().all(|fetch| fetch.len() == 4096));
+    assert!(sampler.take_hint_error().is_none());
+}
+
 #[test]
 fn a_refused_write_is_reported_and_rows_still_come() {
     let dataset = raw_dataset(300, 30, false);
@@ -231,6 +266,13 @@ fn a_refused_write_is_reported_and_rows_still_come() {
         Workers::single(),
     );
     assert_eq!(sampler.epoch(0).count(), 300);
+    let pending = sampler.pending_hint_error().expect("the failure is seen");
+    assert!(pending.contains(HINT_FILE), "{pending}");
+    assert_eq!(
+        sampler.pending_hint_error(),
+        Some(pending),
+        "seeing a failure leaves it to be taken"
+    );
     let err = sampler
         .take_hint_error()
         .expect("the write failure is kept");
@@ -240,6 +282,7 @@ fn a_refused_write_is_reported_and_rows_still_come() {
         sampler.take_hint_error().is_none(),
         "a failure is reported once"
     );
+    assert_eq!(sampler.pending_hint_error(), None);
     assert!(
         !sampler.hints_active(),
         "a handle that could not greet stays silent"

@@ -11,7 +11,7 @@ use scdl_sampler::{ChunkLayout, ChunkWindowOrder, EpochPlan, Order, Step};
 
 /// Every row of the plan, step after step, in visiting order.
 fn all_rows(plan: &EpochPlan) -> Vec<u64> {
-    (0..plan.steps().len())
+    (0..plan.step_count())
         .flat_map(|i| plan.rows_of(i))
         .collect()
 }
@@ -45,7 +45,7 @@ proptest! {
         chunks in chunk_layouts(), order in orders(),
     ) {
         let plan = EpochPlan::new(chunks, order, 0);
-        for i in 0..plan.steps().len() {
+        for i in 0..plan.step_count() {
             prop_assert!(plan.row_count(i) > 0);
             prop_assert_eq!(plan.rows_of(i).len() as u64, plan.row_count(i));
         }
@@ -88,7 +88,7 @@ proptest! {
     ) {
         prop_assert_eq!(
             order.step_count(&chunks),
-            EpochPlan::new(chunks, order, epoch).steps().len()
+            EpochPlan::new(chunks, order, epoch).step_count()
         );
     }
 
@@ -98,7 +98,7 @@ proptest! {
     ) {
         let Order::ChunkWindows(o) = order else { unreachable!() };
         let plan = EpochPlan::new(chunks, order, epoch);
-        let steps = plan.steps();
+        let steps: Vec<Step> = plan.steps().collect();
         for (i, step) in steps.iter().enumerate() {
             let ids = window_chunks(step);
             let per_window = o.chunks_per_window.get() as usize;
@@ -122,7 +122,7 @@ proptest! {
         let (block, batch, factor) = (o.block_size.get(), o.batch_size.get(), o.fetch_factor.get());
         let per_fetch = (batch * factor).div_ceil(block) as usize;
         let plan = EpochPlan::new(chunks, order, epoch);
-        let steps = plan.steps();
+        let steps: Vec<Step> = plan.steps().collect();
         for (i, step) in steps.iter().enumerate() {
             let blocks = fetch_blocks(step);
             if i + 1 < steps.len() {
@@ -148,7 +148,7 @@ proptest! {
     ) {
         let plan = EpochPlan::new(chunks, order, 0);
         for step in plan.steps() {
-            let expected = match step {
+            let expected = match &step {
                 Step::Window { chunks } => vec![HintLine::Window { chunks: chunks.clone() }],
                 Step::Fetch { blocks } => vec![HintLine::Rows { ranges: blocks.clone() }],
             };
@@ -170,8 +170,8 @@ fn unshuffled(shuffle_chunks: bool, shuffle_within_window: bool) -> Order {
 fn without_shuffling_windows_read_the_dataset_front_to_back() {
     let chunks = ChunkLayout::new(1000, 64).unwrap();
     let plan = EpochPlan::new(chunks, unshuffled(false, false), 3);
-    assert_eq!(window_chunks(&plan.steps()[0]), [0, 1, 2]);
-    assert_eq!(window_chunks(&plan.steps()[5]), [15]);
+    assert_eq!(window_chunks(&plan.step(0)), [0, 1, 2]);
+    assert_eq!(window_chunks(&plan.step(5)), [15]);
     assert_eq!(all_rows(&plan), (0..1000).collect::<Vec<_>>());
 }
 
@@ -206,7 +206,7 @@ fn different_seeds_give_different_orders() {
 fn an_empty_dataset_has_no_steps() {
     let chunks = ChunkLayout::new(0, 16).unwrap();
     for order in [window_order(1, 2), block_order(1, 4, 8, 2)] {
-        assert!(EpochPlan::new(chunks, order, 0).steps().is_empty());
+        assert!(EpochPlan::new(chunks, order, 0).step_count() == 0);
         assert_eq!(order.step_count(&chunks), 0);
     }
 }

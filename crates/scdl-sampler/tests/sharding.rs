@@ -31,7 +31,7 @@ fn evenable() -> impl Strategy<Value = (EpochPlan, u32)> {
         "every rank must own a step",
         |(chunks, order, epoch, world_size)| {
             let plan = EpochPlan::new(chunks, order, epoch);
-            (plan.steps().len() >= world_size as usize).then_some((plan, world_size))
+            (plan.step_count() >= world_size as usize).then_some((plan, world_size))
         },
     )
 }

@@ -28,7 +28,7 @@ fn row_ranges(rows: u64) -> impl Strategy<Value = Vec<std::ops::Range<u64>>> {
 }
 
 fn all_rows(plan: &EpochPlan) -> Vec<u64> {
-    (0..plan.steps().len())
+    (0..plan.step_count())
         .flat_map(|i| plan.rows_of(i))
         .collect()
 }
@@ -84,8 +84,8 @@ proptest! {
         let mut rows = all_rows(&plan);
         rows.sort_unstable();
         prop_assert_eq!(rows, subset.ranges().iter().flat_map(|r| r.clone()).collect::<Vec<_>>());
-        prop_assert_eq!(plan.steps().len(), order.step_count_over(&chunks, &subset));
-        for i in 0..plan.steps().len() {
+        prop_assert_eq!(plan.step_count(), order.step_count_over(&chunks, &subset));
+        for i in 0..plan.step_count() {
             prop_assert!(plan.row_count(i) > 0, "step {} of the plan has no row of the subset", i);
         }
     }
@@ -223,7 +223,7 @@ proptest! {
         prop_assert_eq!(&lines[plan_at], &HintLine::Plan { epoch });
         let expected: Vec<HintLine> = share[current..(current + lookahead).min(share.len())]
             .iter()
-            .flat_map(|s| plan.steps()[s.step].hint_lines())
+            .flat_map(|s| plan.step(s.step).hint_lines())
             .collect();
         prop_assert_eq!(&lines[plan_at + 1..], &expected[..]);
     }
@@ -237,15 +237,14 @@ fn windows_over_a_subset_hold_only_the_chunks_it_meets() {
     let plan = EpochPlan::over(chunks, Arc::new(subset), window_order(5, 2), 0);
     let mut held: Vec<u32> = plan
         .steps()
-        .iter()
         .flat_map(|s| match s {
-            Step::Window { chunks } => chunks.clone(),
+            Step::Window { chunks } => chunks,
             Step::Fetch { .. } => unreachable!(),
         })
         .collect();
     held.sort_unstable();
     assert_eq!(held, vec![1, 4, 9]);
-    assert_eq!(plan.steps().len(), 2);
+    assert_eq!(plan.step_count(), 2);
 }
 
 #[test]

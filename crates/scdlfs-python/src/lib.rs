@@ -15,12 +15,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use pyo3::create_exception;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeWarning, PyValueError};
 use pyo3::prelude::*;
 use scdl_sampler::{
     BlockOrder, CachedChunks, ChunkWindowOrder, DatasetLayout, EpochCursor, EvenShares, Order,
     RowSubset, Sampler, Shard, Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
+
+create_exception!(
+    _native,
+    HintWarning,
+    PyRuntimeWarning,
+    "The mount did not take a sampler's read-ahead hints: its prefetch may stop; rows are unaffected."
+);
 
 create_exception!(
     _native,
@@ -45,6 +52,8 @@ struct NativeSampler {
     subset: Arc<RowSubset>,
     /// The chunks the epochs started from now on read first (the cache-aware order).
     cached_first: Option<CachedChunks>,
+    /// Whether this sampler has warned of a hint failure ([`HintWarning`]): once.
+    warned_of_hints: bool,
 }
 
 /// A position in one epoch, advanced by [`NativeSampler::next_minibatch`].
@@ -248,6 +257,7 @@ impl NativeSampler {
             shard,
             subset,
             cached_first: None,
+            warned_of_hints: false,
         })
     }
 
@@ -348,19 +358,43 @@ impl NativeSampler {
     /// of it (0: from the beginning): announces the plan from there when hints are on.
     #[pyo3(signature = (epoch, rows_done=0))]
     fn start_epoch(&mut self, epoch: u64, rows_done: u64) -> PyResult<NativeEpoch> {
-        let share = self.unhinted.rows_in_epoch(epoch);
-        let cursor = self.sampler().resume_epoch(epoch, rows_done).ok_or_else(|| {
-            PyValueError::new_err(format!(
+        let Some(cursor) = self.sampler().resume_epoch(epoch, rows_done) else {
+            let share = self.unhinted.rows_in_epoch(epoch);
+            return Err(PyValueError::new_err(format!(
                 "cannot resume epoch {epoch} after {rows_done} rows: this rank's share of it has {share}"
-            ))
-        })?;
+            )));
+        };
         Ok(NativeEpoch { cursor })
     }
 
     /// The rows up to the next minibatch boundary (a block-order minibatch, or the
-    /// rest of a window), or None at the end of the epoch.
-    fn next_minibatch(&mut self, mut epoch: PyRefMut<'_, NativeEpoch>) -> Option<Vec<u64>> {
-        self.sampler().next_minibatch(&mut epoch.cursor)
+    /// rest of a window), or None at the end of the epoch. The first hint failure is
+    /// warned of ([`HintWarning`], once per sampler) as soon as the hint writer has
+    /// met it, and at the latest at the end of the epoch; it stays for
+    /// `take_hint_error`. With warnings made errors, the warning raises here.
+    fn next_minibatch(
+        &mut self,
+        py: Python<'_>,
+        mut epoch: PyRefMut<'_, NativeEpoch>,
+    ) -> PyResult<Option<Vec<u64>>> {
+        let minibatch = self.sampler().next_minibatch(&mut epoch.cursor);
+        if self.hints && !self.warned_of_hints {
+            let sampler = self.sampler();
+            if minibatch.is_none() {
+                sampler.flush_hints();
+            }
+            if let Some(error) = sampler.pending_hint_error() {
+                self.warned_of_hints = true;
+                let message = format!(
+                    "the mount did not take this sampler's read-ahead hints, so its prefetch may \
+                     stop (rows are unaffected; take_hint_error() returns the failure): {error}"
+                );
+                let message = std::ffi::CString::new(message)
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+                PyErr::warn(py, py.get_type::<HintWarning>().as_any(), &message, 2)?;
+            }
+        }
+        Ok(minibatch)
     }
 
     /// Makes the epochs started from now on read the chunks in `cached` (`(start,
@@ -435,6 +469,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(split_by_chunk, m)?)?;
     m.add_function(wrap_pyfunction!(read_cached_chunks, m)?)?;
     m.add("NotADatasetError", m.py().get_type::<NotADatasetError>())?;
+    m.add("HintWarning", m.py().get_type::<HintWarning>())?;
     m.add(
         "DEFAULT_HINT_LOOKAHEAD",
         scdl_sampler::DEFAULT_HINT_LOOKAHEAD.get(),

@@ -479,3 +479,72 @@ fn the_writer_says_which_step_it_reads() {
     assert!(plan.reading(1));
     assert_eq!(plan.position, 1);
 }
+
+/// Protocol version 4: a step longer than a line comes as `rows+` (or `window+`)
+/// lines and one last line, maybe over several writes, and is one step, whose work is
+/// bounded as a whole.
+#[test]
+fn a_step_in_several_lines_is_one_step_even_across_writes() {
+    let l = layout(100, 10);
+    let mut plan = Plan::default();
+    let part = |ranges: &[Range<u64>]| HintLine::RowsPart {
+        ranges: ranges.to_vec(),
+    };
+    let begun = [HintLine::Plan { epoch: 1 }, part(&[0..1, 50..51])];
+    assert_eq!(plan.apply(&begun, &l, Room::UNLIMITED), Ok(Some(0)));
+    assert!(plan.steps.is_empty(), "no step before its last line");
+    assert!(!plan.is_empty());
+    assert_eq!(plan.entries(), 2);
+    let ended = [part(&[70..71, 75..76]), one_range(90..92), one_range(3..4)];
+    assert_eq!(plan.apply(&ended, &l, Room::UNLIMITED), Ok(Some(0)));
+    assert_eq!(
+        plan.steps,
+        vec![
+            Step::Rows(vec![0..1, 50..51, 70..71, 75..76, 90..92]),
+            Step::Rows(std::iter::once(3..4).collect())
+        ]
+    );
+    assert_eq!(plan.entries(), 6);
+    let window_part = HintLine::WindowPart { chunks: vec![4, 2] };
+    plan.apply(&[window_part, window(&[9])], &l, Room::UNLIMITED)
+        .unwrap();
+    assert_eq!(plan.steps[2], Step::Window(vec![4, 2, 9]));
+}
+
+#[test]
+fn a_step_in_several_lines_is_refused_when_it_mixes_kinds_or_outgrows_a_step() {
+    let l = layout(MAX_STEP_WORK + 10, 1);
+    let mut plan = Plan::default();
+    let begun = HintLine::WindowPart { chunks: vec![1] };
+    plan.apply(&[HintLine::Plan { epoch: 0 }, begun], &l, Room::UNLIMITED)
+        .unwrap();
+    assert_eq!(
+        plan.apply(&[one_range(0..1)], &l, Room::UNLIMITED),
+        Err(PlanRefused::MixedStep)
+    );
+    let half = (MAX_STEP_WORK / 2 + 1) as u32;
+    let first_half = HintLine::WindowPart {
+        chunks: (0..half).collect(),
+    };
+    assert_eq!(
+        plan.apply(
+            &[first_half, window(&(half..2 * half).collect::<Vec<_>>())],
+            &l,
+            Room::UNLIMITED
+        ),
+        Err(PlanRefused::StepTooWide {
+            work: 2 * half as u64 + 1,
+            limit: MAX_STEP_WORK
+        }),
+        "the parts count together, with the chunk begun in the earlier write"
+    );
+    assert!(plan.steps.is_empty());
+    // A new plan drops the step begun in the old one.
+    plan.apply(
+        &[HintLine::Plan { epoch: 1 }, one_range(0..1)],
+        &l,
+        Room::UNLIMITED,
+    )
+    .unwrap();
+    assert_eq!(plan.steps, [Step::Rows(std::iter::once(0..1).collect())]);
+}

@@ -19,6 +19,8 @@ use scdl_format::hint::HintLine;
 
 use crate::cached::CachedChunks;
 use crate::layout::ChunkLayout;
+use crate::permutation::Permutation;
+use crate::ranges::RangeSet;
 use crate::seeding::{self, Stream};
 use crate::subset::RowSubset;
 
@@ -67,8 +69,8 @@ impl Order {
     /// How many steps every epoch of this order has over the rows of `subset`.
     pub fn step_count_over(&self, chunks: &ChunkLayout, subset: &RowSubset) -> usize {
         match self {
-            Order::ChunkWindows(o) => windows::window_count(o, chunks, subset),
-            Order::Blocks(o) => blocks::fetch_count(o, subset),
+            Order::ChunkWindows(o) => windows::Windows::new(o, chunks, subset).step_count(),
+            Order::Blocks(o) => blocks::Fetches::new(o, subset).step_count(),
         }
     }
 
@@ -99,28 +101,41 @@ pub enum Step {
 }
 
 impl Step {
-    /// The hint line that announces this step: a `window` line, or a `rows` line with
-    /// the fetch's blocks.
+    /// The hint lines that announce this step: a `window` line, or a `rows` line with
+    /// the fetch's blocks, preceded by `window+` or `rows+` lines when the step is
+    /// longer than a line (a fetch of thousands of single rows).
     pub fn hint_lines(&self) -> Vec<HintLine> {
         match self {
-            Step::Window { chunks } => vec![HintLine::Window {
-                chunks: chunks.clone(),
-            }],
-            Step::Fetch { blocks } => vec![HintLine::Rows {
-                ranges: blocks.clone(),
-            }],
+            Step::Window { chunks } => HintLine::window_step(chunks),
+            Step::Fetch { blocks } => HintLine::rows_step(blocks),
         }
     }
 }
 
-/// The complete plan of one epoch, for all ranks and workers together.
+/// The plan of one epoch, for all ranks and workers together. It holds no step: any
+/// step is computed from its index when asked for ([`EpochPlan::step`]), from a seeded
+/// permutation of the order's units (see [`crate::permutation`]), so a plan costs the
+/// same memory at 10^3 rows as at 10^9, whatever the block size.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EpochPlan {
     chunks: ChunkLayout,
     subset: Arc<RowSubset>,
     order: Order,
     epoch: u64,
-    steps: Vec<Step>,
+    visit: Visit,
+    units: Units,
+}
+
+/// What the units of an order are, and how steps are cut from them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Units {
+    Windows(windows::Windows),
+    Fetches {
+        fetches: blocks::Fetches,
+        /// The fetch that holds the subset's last block when it is short: every other
+        /// fetch's blocks are full, so fetches count their rows without listing them.
+        short: Option<usize>,
+    },
 }
 
 impl EpochPlan {
@@ -161,16 +176,33 @@ impl EpochPlan {
         epoch: u64,
         cached: Option<&CachedChunks>,
     ) -> EpochPlan {
-        let steps = match &order {
-            Order::ChunkWindows(o) => windows::windows(o, &chunks, &subset, epoch, cached),
-            Order::Blocks(o) => blocks::fetches(o, &chunks, &subset, epoch, cached),
+        let visit = |count, held, shuffled| Visit::new(count, held, shuffled, order.seed(), epoch);
+        let (visit, units) = match &order {
+            Order::ChunkWindows(o) => {
+                let windows = windows::Windows::new(o, &chunks, &subset);
+                let held = cached.map(|c| windows.held_units(c)).unwrap_or_default();
+                let visit = visit(windows.unit_count(), held, o.shuffle_chunks);
+                (visit, Units::Windows(windows))
+            }
+            Order::Blocks(o) => {
+                let fetches = blocks::Fetches::new(o, &subset);
+                let held = cached
+                    .map(|c| fetches.held_blocks(&chunks, &subset, c))
+                    .unwrap_or_default();
+                let visit = visit(fetches.unit_count(), held, true);
+                let short = fetches
+                    .short_block()
+                    .map(|block| fetches.step_of_position(visit.position_of(block)));
+                (visit, Units::Fetches { fetches, short })
+            }
         };
         EpochPlan {
             chunks,
             subset,
             order,
             epoch,
-            steps,
+            visit,
+            units,
         }
     }
 
@@ -182,9 +214,29 @@ impl EpochPlan {
         &self.order
     }
 
-    /// The epoch's steps in visiting order.
-    pub fn steps(&self) -> &[Step] {
-        &self.steps
+    /// How many steps the epoch has.
+    pub fn step_count(&self) -> usize {
+        match &self.units {
+            Units::Windows(w) => w.step_count(),
+            Units::Fetches { fetches, .. } => fetches.step_count(),
+        }
+    }
+
+    /// Step `step` of the epoch (below [`EpochPlan::step_count`]).
+    pub fn step(&self, step: usize) -> Step {
+        match &self.units {
+            Units::Windows(w) => Step::Window {
+                chunks: w.chunks_of(|p| self.visit.unit_at(p), step),
+            },
+            Units::Fetches { fetches, .. } => Step::Fetch {
+                blocks: fetches.rows_of(|p| self.visit.unit_at(p), &self.subset, step),
+            },
+        }
+    }
+
+    /// The epoch's steps in visiting order, each computed as the iterator reaches it.
+    pub fn steps(&self) -> impl ExactSizeIterator<Item = Step> + '_ {
+        (0..self.step_count()).map(|step| self.step(step))
     }
 
     /// The rows the plan visits.
@@ -192,18 +244,30 @@ impl EpochPlan {
         &self.subset
     }
 
+    /// How many rows step `step` has, without listing them: for a fetch in constant
+    /// time, for a window in time of its chunks.
     pub fn row_count(&self, step: usize) -> u64 {
-        self.row_ranges(step).iter().map(|r| r.end - r.start).sum()
+        match &self.units {
+            Units::Windows(w) => w
+                .chunks_of(|p| self.visit.unit_at(p), step)
+                .into_iter()
+                .map(|c| {
+                    let rows = self.chunks.chunk_rows(c);
+                    self.subset.position_of(rows.end) - self.subset.position_of(rows.start)
+                })
+                .sum(),
+            Units::Fetches { fetches, short } => fetches.row_count(step, *short == Some(step)),
+        }
     }
 
     /// The rows of step `step` as contiguous ranges, in the order the step lists them.
     pub fn row_ranges(&self, step: usize) -> Vec<Range<u64>> {
-        match &self.steps[step] {
+        match self.step(step) {
             Step::Window { chunks } => chunks
                 .iter()
                 .flat_map(|&c| self.subset.intersect(self.chunks.chunk_rows(c)))
                 .collect(),
-            Step::Fetch { blocks } => blocks.clone(),
+            Step::Fetch { blocks } => blocks,
         }
     }
 
@@ -215,5 +279,54 @@ impl EpochPlan {
             rows.shuffle(&mut seeding::rng(seed, self.epoch, Stream::StepRows(step)));
         }
         rows
+    }
+}
+
+/// The epoch's visiting order of an order's units (the chunks of a window order, the
+/// blocks of a block order): the units to read first (a cache-aware epoch's held ones),
+/// in a seeded order, then the others, in a seeded order. Both sides are permutations
+/// keyed alike from the epoch's step stream, so that with nothing to read first, or
+/// everything, the visit is the plain one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Visit {
+    first: RangeSet,
+    first_order: Permutation,
+    rest_order: Permutation,
+}
+
+impl Visit {
+    fn new(count: u64, first: RangeSet, shuffled: bool, seed: u64, epoch: u64) -> Visit {
+        // Every unit first is no unit first: one order, the plain one.
+        let first = if first.len() == count {
+            RangeSet::default()
+        } else {
+            first
+        };
+        let permutation = |n| match shuffled {
+            true => Permutation::random(n, &mut seeding::rng(seed, epoch, Stream::Steps)),
+            false => Permutation::identity(n),
+        };
+        Visit {
+            first_order: permutation(first.len()),
+            rest_order: permutation(count - first.len()),
+            first,
+        }
+    }
+
+    /// The unit visited at position `position` of the epoch.
+    fn unit_at(&self, position: u64) -> u64 {
+        match position.checked_sub(self.first.len()) {
+            None => self.first.nth(self.first_order.at(position)),
+            Some(rest) => self.first.nth_outside(self.rest_order.at(rest)),
+        }
+    }
+
+    /// The position in the epoch at which unit `unit` is visited.
+    fn position_of(&self, unit: u64) -> u64 {
+        let before = self.first.rank(unit);
+        match self.first.contains(unit) {
+            true => self.first_order.position_of(before),
+            false => self.first.len() + self.rest_order.position_of(unit - before),
+        }
     }
 }

@@ -1,50 +1,65 @@
 //! The chunk-window order of the original `ChunkAwareSampler`: chunks (shuffled or in
 //! order) grouped into windows, each window's rows read before the next window's, so
 //! that a cache of a few windows' chunks serves every read.
+//!
+//! The units the epoch visits are the chunks that hold rows of the subset, numbered in
+//! ascending order; window `i` is the units at positions `[i·k, (i+1)·k)` of the
+//! epoch's visit, so only the last window may hold fewer than `k` chunks.
 
-use rand::seq::SliceRandom;
-
-use super::{ChunkWindowOrder, Step};
+use super::ChunkWindowOrder;
 use crate::cached::CachedChunks;
 use crate::layout::ChunkLayout;
-use crate::seeding::{self, Stream};
+use crate::ranges::RangeSet;
 use crate::subset::RowSubset;
 
-/// The chunks that hold rows of `subset`, in ascending order.
-fn chunks_of<'a>(chunks: &'a ChunkLayout, subset: &'a RowSubset) -> impl Iterator<Item = u32> + 'a {
-    (0..chunks.num_chunks()).filter(move |&c| subset.meets(chunks.chunk_rows(c)))
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Windows {
+    /// The chunks that hold rows of the subset.
+    meeting: RangeSet,
+    per_window: u64,
 }
 
-pub(super) fn window_count(
-    order: &ChunkWindowOrder,
-    chunks: &ChunkLayout,
-    subset: &RowSubset,
-) -> usize {
-    chunks_of(chunks, subset)
-        .count()
-        .div_ceil(order.chunks_per_window.get() as usize)
-}
+impl Windows {
+    pub(super) fn new(
+        order: &ChunkWindowOrder,
+        chunks: &ChunkLayout,
+        subset: &RowSubset,
+    ) -> Windows {
+        let chunk_size = chunks.chunk_size();
+        Windows {
+            meeting: RangeSet::from_ranges(
+                subset
+                    .ranges()
+                    .iter()
+                    .map(|r| r.start / chunk_size..(r.end - 1) / chunk_size + 1),
+            ),
+            per_window: order.chunks_per_window.get() as u64,
+        }
+    }
 
-/// The epoch's windows of the chunks that hold rows of `subset`, in visiting order;
-/// only the last may hold fewer chunks. With `cached`, the chunks it holds come first.
-pub(super) fn windows(
-    order: &ChunkWindowOrder,
-    chunks: &ChunkLayout,
-    subset: &RowSubset,
-    epoch: u64,
-    cached: Option<&CachedChunks>,
-) -> Vec<Step> {
-    let mut ids: Vec<u32> = chunks_of(chunks, subset).collect();
-    if order.shuffle_chunks {
-        ids.shuffle(&mut seeding::rng(order.seed, epoch, Stream::Steps));
+    pub(super) fn unit_count(&self) -> u64 {
+        self.meeting.len()
     }
-    if let Some(cached) = cached {
-        // A stable sort: each side keeps its shuffled order.
-        ids.sort_by_key(|&chunk| !cached.holds(chunk));
+
+    pub(super) fn step_count(&self) -> usize {
+        self.unit_count().div_ceil(self.per_window) as usize
     }
-    ids.chunks(order.chunks_per_window.get() as usize)
-        .map(|window| Step::Window {
-            chunks: window.to_vec(),
-        })
-        .collect()
+
+    /// The units whose chunks `cached` holds.
+    pub(super) fn held_units(&self, cached: &CachedChunks) -> RangeSet {
+        RangeSet::from_ranges(
+            cached.ranges().iter().map(|held| {
+                self.meeting.rank(held.start as u64)..self.meeting.rank(held.end as u64)
+            }),
+        )
+    }
+
+    /// The chunks of window `step`, in visiting order, given the unit at each position.
+    pub(super) fn chunks_of(&self, unit_at: impl Fn(u64) -> u64, step: usize) -> Vec<u32> {
+        let first = step as u64 * self.per_window;
+        let end = (first + self.per_window).min(self.unit_count());
+        (first..end)
+            .map(|position| self.meeting.nth(unit_at(position)) as u32)
+            .collect()
+    }
 }

@@ -12,7 +12,9 @@ When the dataset directory is on an scdlfs mount, the process that iterates the
 sampler (a DataLoader's main process) tells the daemon a bounded lookahead of its
 order through the dataset's ``.scdlfs-hints`` file, and the daemon fetches those chunks
 before the DataLoader's workers read them. Elsewhere the rows are the same and nothing
-is written. ``hints=False`` turns the hints off.
+is written. ``hints=False`` turns the hints off. Should the mount not take the hints
+(another protocol version, a refused write), the sampler warns once with
+:class:`HintWarning` (an error under ``-W error``) and keeps yielding the same rows.
 
 With ``cache_aware=True`` (off by default) an epoch reads first the chunks the daemon
 announces it holds in its disk cache, then the rest, each in the seeded order: the
@@ -46,7 +48,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, NativeSampler, NotADatasetError, RowSubset
+from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, HintWarning, NativeSampler, NotADatasetError, RowSubset
 from scdlfs._native import read_cached_chunks
 from scdlfs._native import split_by_chunk as _split_by_chunk
 from scdlfs._mount import Mount, MountError, mount, open_dataset, redact, runtime_dir, scdlfs_binary
@@ -61,6 +63,7 @@ __all__ = [
     "BlockSampler",
     "ChunkAwareSampler",
     "ChunkWindowSampler",
+    "HintWarning",
     "Mount",
     "MountError",
     "NotADatasetError",
@@ -415,7 +418,8 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
 
     def take_hint_error(self) -> str | None:
         """The first hint failure in this process since the last call. Hints are advice:
-        a failure never changes the rows."""
+        a failure never changes the rows; iterating warns of the first one with
+        :class:`HintWarning`."""
         return self._native.take_hint_error()
 
     def __getstate__(self) -> dict[str, Any]:
