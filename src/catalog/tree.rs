@@ -2,11 +2,13 @@
 //! their prefix. Without `--metadata-ttl` the listing is kept for the life of the mount
 //! (dataset objects are immutable); with it, the first lookup or readdir after the
 //! listing's age passed the TTL lists the store again, like the first listing. A
-//! listing runs in a task of its own that every caller joins, each with its own
-//! deadline: a caller that gives up leaves it running, so a directory (a dataset)
-//! slower to list than `--read-timeout` is listed once and found by a later caller. A
-//! failed first listing is not kept (the next caller lists again); a failed relisting
-//! keeps the listing it had, for another TTL.
+//! listing runs in a task of its own that every caller joins. A caller waits as long
+//! as the listing advances (pages of entries keep coming: a dataset of 10^4 chunks
+//! lists for longer than `--read-timeout`) and gives up once it brought nothing for
+//! `--read-timeout`, leaving it running, so a listing that stalled for a while is
+//! still made once and found by a later caller; the listing itself is bounded by
+//! [`LISTING_DEADLINES`] deadlines. A failed first listing is not kept (the next caller
+//! lists again); a failed relisting keeps the listing it had, for another TTL.
 //!
 //! Nodes never change. Inode numbers are handed out as entries are first listed and
 //! never reused; a relisting keeps the inode of every entry that is still the same
@@ -50,10 +52,11 @@ use super::objects::ObjectRegistry;
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
 use crate::object::ObjectInfo;
+use crate::store::listing_progress::ListingProgress;
 use discovery::KnownDataset;
 use flat_entries::flat_entries;
 pub use nodes::{DirMode, DirNode, FileContent, FileNode, Listing, Node, NodeKind};
-use nodes::{ListingTask, Prelisted};
+use nodes::{InFlight, Prelisted};
 
 pub struct Tree {
     store: Arc<dyn ObjectStore>,
@@ -165,10 +168,12 @@ impl Tree {
 
     /// The directory's listing: listing the store on first use, and again once
     /// `--metadata-ttl` has passed. The store is listed by a task of its own that
-    /// every caller joins ([`DirNode::in_flight`]): a caller that stops waiting (its
-    /// deadline) leaves the listing running, and a later caller takes its result, so
-    /// a listing longer than any one deadline still ends in a listing, made once.
-    pub async fn listing(self: &Arc<Self>, ino: u64) -> FsResult<Arc<Listing>> {
+    /// every caller joins ([`DirNode::in_flight`]). A caller waits while the listing
+    /// advances, and stops waiting ([`FsError::TimedOut`]) once it brought no entry
+    /// for `patience` (`--read-timeout`): a listing of many pages answers however long
+    /// it takes within its own bound ([`LISTING_DEADLINES`]), while one that stalls is
+    /// left running, and a later caller takes its result.
+    pub async fn listing(self: &Arc<Self>, ino: u64, patience: Duration) -> FsResult<Arc<Listing>> {
         let node = self.node(ino)?;
         let NodeKind::Dir(dir) = &node.kind else {
             return Err(FsError::NotADirectory);
@@ -176,7 +181,7 @@ impl Tree {
         if let Some(current) = dir.current_listing() {
             return Ok(current);
         }
-        let task = {
+        let InFlight { mut task, progress } = {
             let mut in_flight = dir.in_flight.lock();
             // Made meanwhile by a listing that ended since the check above.
             if let Some(current) = dir.current_listing() {
@@ -186,22 +191,36 @@ impl Tree {
                 .get_or_insert_with(|| self.spawn_listing(node.clone()))
                 .clone()
         };
-        task.await
+        let started = Instant::now();
+        loop {
+            let due = progress.last_advance().max(started) + patience;
+            if due <= Instant::now() {
+                return Err(FsError::TimedOut {
+                    key: format!("the listing of {} (no entries for that long)", dir.prefix),
+                    after: patience,
+                });
+            }
+            if let Ok(listing) = tokio::time::timeout_at(due, &mut task).await {
+                return listing;
+            }
+        }
     }
 
     /// Starts listing the directory `node` in a task, bounded by `listing_timeout`:
     /// its result becomes the directory's listing, and its end (a failure or a panic
     /// too) clears [`DirNode::in_flight`], so that a failed listing is tried again by
     /// the next caller rather than kept.
-    fn spawn_listing(self: &Arc<Self>, node: Arc<Node>) -> ListingTask {
+    fn spawn_listing(self: &Arc<Self>, node: Arc<Node>) -> InFlight {
         let tree = self.clone();
+        let progress = ListingProgress::new();
+        let watch = progress.clone();
         let task = tokio::spawn(async move {
             let NodeKind::Dir(dir) = &node.kind else {
                 unreachable!("only a directory is listed");
             };
             let listing = AssertUnwindSafe(tokio::time::timeout(
                 tree.listing_timeout,
-                tree.list_directory(node.ino, dir),
+                watch.watching(tree.list_directory(node.ino, dir)),
             ))
             .catch_unwind()
             .await;
@@ -223,7 +242,7 @@ impl Tree {
             *in_flight = None;
             listing
         });
-        async move {
+        let task = async move {
             task.await.unwrap_or_else(|error| {
                 Err(FsError::Panicked {
                     message: error.to_string(),
@@ -231,7 +250,8 @@ impl Tree {
             })
         }
         .boxed()
-        .shared()
+        .shared();
+        InFlight { task, progress }
     }
 
     /// The directory's listing made from the store's listing of it now: a failure

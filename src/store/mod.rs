@@ -14,7 +14,9 @@
 //! two hooks: the timing of its GETs (`mount::assemble`), and on every network store
 //! [`short_answers`]' hook, a ranged GET answered with less than its range asked
 //! again, which object_store's retry layer does not do. S3 and GCS list a directory
-//! page by page ([`paged_listings`]), no further than the catalog's cap on entries.
+//! page by page ([`paged_listings`]), no further than the catalog's cap on entries,
+//! each page that brings entries telling the listing's waiters that it advances
+//! ([`listing_progress`]).
 
 pub mod aws;
 pub mod bounds;
@@ -22,6 +24,7 @@ pub mod bounds;
 pub mod counting;
 #[cfg(any(test, feature = "test-support"))]
 pub mod faulty;
+pub mod listing_progress;
 pub mod paged_listings;
 pub mod redact;
 pub mod short_answers;

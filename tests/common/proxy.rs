@@ -43,6 +43,13 @@ pub enum Fault {
     /// Answers with the server's listing, every object's `<Size>` replaced by this: a
     /// store that lies about sizes.
     ListedSizes(u64),
+    /// Asks the server for a listing page of at most `keys` entries and answers it
+    /// `delay` late: a dataset of a few hundred objects lists in as many pages, each
+    /// as slow, as an atlas of 10^5 objects from a real store.
+    SlowPages {
+        keys: u32,
+        delay: std::time::Duration,
+    },
 }
 
 /// One request as a rule sees it.
@@ -243,13 +250,20 @@ async fn serve(state: Arc<State>, mut client: TcpStream) {
         }
         _ => {}
     }
+    let request = match fault {
+        Some(Fault::SlowPages { keys, delay }) => {
+            tokio::time::sleep(delay).await;
+            with_max_keys(&request, keys)
+        }
+        _ => request,
+    };
     let Some((head, body)) = forward(&state, &request, &info).await else {
         return;
     };
     let head = with_connection_close(&head);
     let half = body.len() / 2;
     match fault {
-        None => {
+        None | Some(Fault::SlowPages { .. }) => {
             let _ = client.write_all(head.as_bytes()).await;
             let _ = client.write_all(&body).await;
         }
@@ -373,6 +387,24 @@ async fn forward(state: &State, request: &str, info: &Request) -> Option<(String
         }
     }
     Some((head, body))
+}
+
+/// The same request asking for pages of at most `keys` entries (`max-keys`; the test
+/// server checks no signature, so the query may change after signing).
+fn with_max_keys(head: &str, keys: u32) -> String {
+    let (line, rest) = head.split_once("\r\n").unwrap_or((head, ""));
+    let mut words: Vec<String> = line.split(' ').map(str::to_owned).collect();
+    if let Some(target) = words.get_mut(1) {
+        let (path, query) = target.split_once('?').unwrap_or((target.as_str(), ""));
+        let mut pairs: Vec<&str> = query
+            .split('&')
+            .filter(|pair| !pair.is_empty() && !pair.starts_with("max-keys="))
+            .collect();
+        let max_keys = format!("max-keys={keys}");
+        pairs.push(&max_keys);
+        *target = format!("{path}?{}", pairs.join("&"));
+    }
+    format!("{}\r\n{rest}", words.join(" "))
 }
 
 /// The same head with `Connection: close` in place of any connection header.

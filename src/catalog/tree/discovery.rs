@@ -21,6 +21,7 @@ use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
 use crate::object::{pinned_get, ObjectInfo};
 use crate::parts::ObjectId;
+use crate::store::listing_progress::ListingProgress;
 
 /// A directory with a `header.sch`, as last discovered.
 pub(super) struct KnownDataset {
@@ -163,6 +164,7 @@ impl Tree {
             if listed.len() == MAX_LISTED_ENTRIES {
                 return Err(too_long_a_listing(prefix));
             }
+            ListingProgress::advanced();
             listed.push(meta);
         }
         Ok(listed
