@@ -31,6 +31,7 @@
 
 mod discovery;
 mod flat_entries;
+mod manifest;
 mod nodes;
 
 use std::collections::HashMap;
@@ -53,7 +54,7 @@ use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
 use crate::object::ObjectInfo;
 use crate::store::listing_progress::ListingProgress;
-use discovery::KnownDataset;
+use discovery::{KnownDataset, Manifested};
 use flat_entries::flat_entries;
 pub use nodes::{DirMode, DirNode, FileContent, FileNode, Listing, Node, NodeKind};
 use nodes::{InFlight, Prelisted};
@@ -319,14 +320,12 @@ impl Tree {
     async fn list_store(&self, dir: &DirNode) -> FsResult<Vec<(String, Pending)>> {
         let (prefix, mode) = (&dir.prefix, dir.mode);
         let prelisted = dir.prelisted.lock().take();
-        let listed = match prelisted.filter(|p| self.is_current(p.at)) {
-            Some(prelisted) => prelisted,
-            None => Prelisted::now(
-                self.store
-                    .list_with_delimiter(non_empty(prefix))
-                    .await
-                    .map_err(|e| FsError::store(prefix.as_ref(), &e))?,
-            ),
+        let (listed, manifest) = match prelisted.filter(|p| self.is_current(p.at)) {
+            Some(prelisted) => (prelisted, Manifested::IfShown),
+            None => match self.list_level(dir).await? {
+                (listed, Some(opened)) => (listed, Manifested::Read(opened)),
+                (listed, None) => (listed, Manifested::No),
+            },
         };
         let listed_entries = listed.objects.len() + listed.common_prefixes.len();
         if listed_entries > MAX_LISTED_ENTRIES {
@@ -359,7 +358,7 @@ impl Tree {
             .iter()
             .any(|dir| dir.filename().and_then(parse_chunk_dir_name).is_some());
         let (dataset, header_bytes) = self
-            .dataset_at(prefix, &header, &objects, has_chunk_dirs)
+            .dataset_at(prefix, &header, &objects, has_chunk_dirs, manifest)
             .await;
         if let Some(bytes) = header_bytes {
             let header_entry = entries.iter_mut().find(|(name, _)| name == HEADER_FILE);

@@ -177,6 +177,12 @@ async fn serve(state: Arc<State>, mut client: TcpStream) {
     let Some(request) = read_head(&mut client).await else {
         return;
     };
+    // A PUT's body, passed on as it came.
+    let mut sent =
+        vec![0u8; header(&request, "content-length").map_or(0, |n| n.parse().unwrap_or(0))];
+    if client.read_exact(&mut sent).await.is_err() {
+        return;
+    }
     let info = parse_request(&request);
     let info = {
         let mut seen = state.seen.lock();
@@ -257,7 +263,7 @@ async fn serve(state: Arc<State>, mut client: TcpStream) {
         }
         _ => request,
     };
-    let Some((head, body)) = forward(&state, &request, &info).await else {
+    let Some((head, body)) = forward(&state, &request, &sent, &info).await else {
         return;
     };
     let head = with_connection_close(&head);
@@ -319,7 +325,7 @@ async fn stall(mut client: TcpStream) {
     while matches!(client.read(&mut sink).await, Ok(n) if n > 0) {}
 }
 
-/// The request line and headers (the tests only proxy bodiless requests).
+/// The request line and headers.
 async fn read_head(stream: &mut TcpStream) -> Option<String> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
@@ -362,13 +368,19 @@ fn parse_request(head: &str) -> Request {
 static UPSTREAM_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
 
 /// Asks the server, over a connection of its own, and reads the whole answer.
-async fn forward(state: &State, request: &str, info: &Request) -> Option<(String, Vec<u8>)> {
+async fn forward(
+    state: &State,
+    request: &str,
+    sent: &[u8],
+    info: &Request,
+) -> Option<(String, Vec<u8>)> {
     let _slot = UPSTREAM_SLOTS.acquire().await.ok()?;
     let mut upstream = TcpStream::connect(state.upstream).await.ok()?;
     upstream
         .write_all(with_connection_close(request).as_bytes())
         .await
         .ok()?;
+    upstream.write_all(sent).await.ok()?;
     let head = read_head(&mut upstream).await?;
     let status: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
     let body_len = match header(&head, "content-length") {

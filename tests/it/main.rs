@@ -24,6 +24,7 @@ mod fs_core; // not `core`, which would shadow the core crate
 mod fuse_panics;
 mod hostile_hints;
 mod layers;
+mod manifest;
 mod metadata_ttl;
 mod monolithic;
 mod open_semantics;
