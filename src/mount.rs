@@ -70,6 +70,10 @@ pub struct MountSettings {
     /// How long a directory listing stands before the store is listed again
     /// ([`crate::catalog::tree`]); `None`: for the mount's life.
     pub metadata_ttl: Option<Duration>,
+    /// Whether the store lists keys in key order, a page at a time (S3, GCS,
+    /// [`crate::store::Source::lists_in_key_order`]): a chunked dataset's objects are
+    /// then listed in key ranges at once.
+    pub keys_in_order: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -210,6 +214,7 @@ pub fn assemble(
         ListingTimes {
             metadata_ttl: settings.metadata_ttl,
             listing_timeout: settings.read_timeout * LISTING_DEADLINES,
+            keys_in_order: settings.keys_in_order,
         },
         metrics.clone(),
         root_listing,

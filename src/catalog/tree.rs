@@ -33,6 +33,7 @@ mod discovery;
 mod flat_entries;
 mod manifest;
 mod nodes;
+mod ranges;
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -72,6 +73,8 @@ pub struct Tree {
     metadata_ttl: Option<Duration>,
     /// The longest a listing runs ([`LISTING_DEADLINES`]).
     listing_timeout: Duration,
+    /// Whether the store lists keys in order, so a listing can be cut into key ranges.
+    keys_in_order: bool,
     metrics: Arc<Metrics>,
 }
 
@@ -82,6 +85,9 @@ pub struct ListingTimes {
     pub metadata_ttl: Option<Duration>,
     /// The longest a listing runs ([`LISTING_DEADLINES`]).
     pub listing_timeout: Duration,
+    /// Whether the store lists keys in key order (S3, GCS), so that a chunked dataset's
+    /// objects can be listed in key ranges at once.
+    pub keys_in_order: bool,
 }
 
 /// An entry of a directory being built, before it has an inode.
@@ -141,6 +147,7 @@ impl Tree {
             mount_time: SystemTime::now(),
             metadata_ttl: times.metadata_ttl,
             listing_timeout: times.listing_timeout,
+            keys_in_order: times.keys_in_order,
             metrics,
         }
     }
@@ -323,7 +330,7 @@ impl Tree {
         let (listed, manifest) = match prelisted.filter(|p| self.is_current(p.at)) {
             Some(prelisted) => (prelisted, Manifested::IfShown),
             None => match self.list_level(dir).await? {
-                (listed, Some(opened)) => (listed, Manifested::Read(opened)),
+                (listed, Some(opened)) => (listed, Manifested::Read(Box::new(opened))),
                 (listed, None) => (listed, Manifested::No),
             },
         };

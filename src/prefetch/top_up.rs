@@ -690,6 +690,7 @@ mod tests {
             read_ahead: None,
             cache_read_around: 0,
             metadata_ttl: None,
+            keys_in_order: false,
         };
         let (core, _observer) =
             tokio::task::block_in_place(|| assemble(store, ObjectPath::from(""), &settings, None))

@@ -189,6 +189,13 @@ impl Source {
         }
     }
 
+    /// Whether the store lists keys in key order, a page at a time, so that a listing
+    /// can be cut into key ranges listed at once: S3 and GCS. A local folder lists in
+    /// the order its directories give, and HTTP (WebDAV) a level at a time.
+    pub fn lists_in_key_order(&self) -> bool {
+        matches!(self, Source::S3 { .. } | Source::Gcs { .. })
+    }
+
     /// A short name for the mount table (`fsname`), `status` and logs: without the
     /// credentials a URL may carry.
     pub fn display_name(&self) -> String {

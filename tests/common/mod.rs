@@ -51,6 +51,7 @@ pub fn settings(cache_dir: &Path) -> MountSettings {
         read_ahead: None,
         cache_read_around: 1 << 20,
         metadata_ttl: None,
+        keys_in_order: false,
     }
 }
 

@@ -61,7 +61,7 @@ type ChunkObjects = HashMap<String, Arc<ObjectInfo>>;
 /// what its objects are instead of a recursive listing.
 pub(super) enum Manifested {
     /// Read with the directory's listing.
-    Read(Opened),
+    Read(Box<Opened>),
     /// Not read yet: read if the listing (made before) shows one and the dataset is
     /// to be discovered or checked.
     IfShown,
@@ -136,7 +136,7 @@ impl Tree {
             }
         }
         let opened = match manifest {
-            Manifested::Read(opened) => Some(opened),
+            Manifested::Read(opened) => Some(*opened),
             Manifested::IfShown if objects.contains_key(MANIFEST_FILE) => {
                 self.open_manifest(prefix).await
             }
@@ -144,10 +144,11 @@ impl Tree {
         };
         // The header's bytes as the manifest's reading read them, if of this version.
         let (manifest_objects, header_bytes) = match opened {
-            Some(opened) => (
-                Some(self.chunk_objects_of(prefix, &opened.objects)),
-                opened.header_bytes_of(header),
-            ),
+            Some(opened) => {
+                let bytes = opened.header_bytes_of(header);
+                let objects = (opened.objects).map(|listed| self.chunk_objects_of(prefix, &listed));
+                (Some(objects), bytes)
+            }
             None => (None, None),
         };
         let mut chunk_objects = None;
@@ -155,8 +156,8 @@ impl Tree {
             let same_header = known.read(header);
             if same_header && known.chunked {
                 let listed = match &manifest_objects {
-                    Some(objects) => Ok(objects.clone()),
-                    None => self.list_chunk_objects(prefix).await,
+                    Some(Ok(objects)) => Ok(objects.clone()),
+                    Some(Err(_)) | None => self.list_chunk_objects(prefix).await,
                 };
                 match listed {
                     Ok(listed) => chunk_objects = Some(listed),
@@ -179,7 +180,7 @@ impl Tree {
                 prefix,
                 header,
                 objects,
-                chunk_objects.or(manifest_objects),
+                chunk_objects.map(Ok).or(manifest_objects),
                 header_bytes,
                 has_chunk_dirs,
             )
@@ -229,8 +230,8 @@ impl Tree {
     }
 
     /// The dataset at `prefix`: a flat dataset if its header is chunked and its objects
-    /// agree with it (`chunk_objects`, listed here unless given; the header read here
-    /// unless `header_bytes` are given), a monolithic one if
+    /// agree with it (`chunk_objects`, listed here unless given, or why they could not
+    /// be; the header read here unless `header_bytes` are given), a monolithic one if
     /// its header is monolithic and its arrays agree with it (`objects`: the
     /// directory's, by name); otherwise logs why and finds `None`, leaving the
     /// directory as stored, without a hint file. A directory with chunk directories
@@ -241,7 +242,7 @@ impl Tree {
         prefix: &ObjectPath,
         header: &Arc<ObjectInfo>,
         objects: &HashMap<&str, Arc<ObjectInfo>>,
-        chunk_objects: Option<ChunkObjects>,
+        chunk_objects: Option<FsResult<ChunkObjects>>,
         header_bytes: Option<Bytes>,
         has_chunk_dirs: bool,
     ) -> Discovery {
@@ -262,7 +263,7 @@ impl Tree {
             }
         };
         let (read, listed_early) = match chunk_objects {
-            Some(listed) => (read_header.await, Some(Ok(listed))),
+            Some(listed) => (read_header.await, Some(listed)),
             None if has_chunk_dirs => {
                 let (read, listed) = tokio::join!(read_header, self.list_chunk_objects(prefix));
                 (read, Some(listed))

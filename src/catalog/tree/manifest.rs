@@ -1,17 +1,19 @@
-//! A dataset opened from its manifest ([`scdl_format::manifest`]): one GET of the
-//! manifest and one of `header.sch`, instead of listing the dataset's directory and
-//! every object under it (a dataset of 24,415 chunks: 25 delimited and 74 recursive
-//! pages, one after the other).
+//! A chunked dataset opened without listing its directory: from its manifest
+//! ([`scdl_format::manifest`]), one GET of the manifest and one of `header.sch` (both
+//! at once), or, without a manifest, from the header and a listing of its objects in
+//! key ranges at once ([`super::ranges`]). Listed as any directory, a dataset of 24,415
+//! chunks takes 25 delimited pages and then 74 recursive ones, one after the other.
 //!
-//! A directory that is not listed yet is asked for its manifest while its delimited
-//! listing starts ([`Tree::list_level`]): the first to answer with something usable
-//! wins, and a directory without a manifest costs one GET answered 404 beside its
-//! listing, no wait. A listing made first that shows a manifest has it read too (or,
-//! for a listing made before, such as the root's, when its dataset is discovered). A
-//! manifest that cannot be read, is not one, or disagrees with the header (its rows,
-//! rows per chunk, chunk count) is logged and the directory is listed as without one.
-//! The objects keep the ETags the manifest lists: every GET of them sends `If-Match`,
-//! so an object changed since the manifest was written is refused (EIO), never mixed.
+//! A directory that is not listed yet is asked for its manifest and its header while
+//! its delimited listing starts ([`Tree::list_level`]): the first to answer with
+//! something usable wins. A directory without a chunked header costs two GETs answered
+//! 404 (or a monolithic header's) beside its listing, and no wait; a chunk directory is
+//! not asked. A listing made first that shows a manifest has it read too (or, for a
+//! listing made before, such as the root's, when its dataset is discovered). A manifest
+//! that cannot be read, is not one, or disagrees with the header (its rows, rows per
+//! chunk, chunk count) is logged and the dataset is listed in ranges instead. The
+//! objects keep the ETags the manifest (or the ranges) list: every GET of them sends
+//! `If-Match`, so an object changed since is refused (EIO), never mixed.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -33,10 +35,13 @@ use crate::object::{canonical_etag, ObjectInfo};
 /// What a manifest says of its directory, checked against the header.
 pub(super) struct Opened {
     /// The directory's entries as a listing would show them: its objects (the header
-    /// and the manifest with them) and its subdirectories.
-    pub(super) level: Prelisted,
-    /// Every object of the dataset but the header and the manifest.
-    pub(super) objects: Vec<ObjectMeta>,
+    /// and the manifest with them) and its subdirectories; `None` if the objects could
+    /// not be listed.
+    pub(super) level: Option<Prelisted>,
+    /// Every object of the dataset but the header (and the manifest it was read from),
+    /// or why they could not be listed: the dataset is then shown as stored, not listed
+    /// again.
+    pub(super) objects: FsResult<Vec<ObjectMeta>>,
     /// The header's bytes, as read, and the version they are of.
     header_bytes: Bytes,
     header_meta: ObjectMeta,
@@ -54,8 +59,8 @@ impl Opened {
 }
 
 impl Tree {
-    /// The directory's delimited listing, or what its manifest says if it has one that
-    /// answers first, with the manifest if one was read.
+    /// The directory's delimited listing, or its dataset opened directly if that
+    /// answers first ([`Tree::open_directly`]), with what was opened.
     pub(super) async fn list_level(&self, dir: &DirNode) -> FsResult<(Prelisted, Option<Opened>)> {
         let prefix = &dir.prefix;
         let listing = async {
@@ -69,16 +74,18 @@ impl Tree {
         if prefix.filename().and_then(parse_chunk_dir_name).is_some() {
             return Ok((listing.await?, None));
         }
-        let probe = self.open_manifest(prefix);
+        let probe = self.open_directly(prefix);
         tokio::pin!(listing, probe);
         tokio::select! {
             opened = &mut probe => match opened {
-                Some(opened) => Ok((opened.level.clone(), Some(opened))),
-                None => Ok((listing.await?, None)),
+                Some(Opened { level: Some(ref level), .. }) => Ok((level.clone(), opened)),
+                opened => Ok((listing.await?, opened)),
             },
             listed = &mut listing => {
                 let listed = listed?;
-                let opened = match shows_a_manifest(&listed) {
+                // The probe is under way: it answers a dataset's directory sooner than
+                // a listing of its objects begun now.
+                let opened = match shows(&listed, MANIFEST_FILE) || shows(&listed, HEADER_FILE) {
                     true => probe.await,
                     false => None,
                 };
@@ -87,36 +94,94 @@ impl Tree {
         }
     }
 
-    /// The manifest at `prefix` and the header it describes, if both can be read and
-    /// agree; `None` (logged unless there is no manifest) otherwise.
+    /// The dataset at `prefix` opened without listing its directory, if its header is
+    /// a chunked one: from its manifest if it has one that can be used, else from a
+    /// listing of its objects in key ranges at once ([`Tree::list_in_ranges`]).
+    /// `None` for a directory without a header (or with another kind), which is listed.
+    async fn open_directly(&self, prefix: &ObjectPath) -> Option<Opened> {
+        let header_key = prefix.clone().join(HEADER_FILE);
+        let (manifest, header) = tokio::join!(
+            self.read_manifest(prefix),
+            self.whole(&header_key, MAX_HEADER_BYTES)
+        );
+        let (header_meta, header_bytes) = header.ok()?;
+        let chunks = Header::decode(&header_bytes).ok()?.chunked?.num_chunks as u64;
+        let header = (header_meta, header_bytes);
+        if let Some(manifest) = manifest {
+            if let Some(opened) = self.opened_from(prefix, manifest, header.clone()) {
+                return Some(opened);
+            }
+        }
+        let (header_meta, header_bytes) = header;
+        let objects = self
+            .list_in_ranges(prefix, chunks)
+            .await
+            .map(|mut objects| {
+                objects.retain(|meta| meta.location != header_key);
+                objects
+            });
+        let level =
+            (objects.as_ref().ok()).map(|objects| level_of(prefix, objects, [header_meta.clone()]));
+        Some(Opened {
+            level,
+            objects,
+            header_bytes,
+            header_meta,
+        })
+    }
+
+    /// The dataset at `prefix` opened from its manifest, read with its header, if both
+    /// can be read and agree; `None` (logged unless there is no manifest) otherwise.
     pub(super) async fn open_manifest(&self, prefix: &ObjectPath) -> Option<Opened> {
-        let manifest_key = prefix.clone().join(MANIFEST_FILE);
-        let (manifest_meta, bytes) = match self.whole(&manifest_key, MAX_MANIFEST_BYTES).await {
+        let header_key = prefix.clone().join(HEADER_FILE);
+        let (manifest, header) = tokio::join!(
+            self.read_manifest(prefix),
+            self.whole(&header_key, MAX_HEADER_BYTES)
+        );
+        match header {
+            Ok(header) => self.opened_from(prefix, manifest?, header),
+            Err(error) => {
+                let manifest = manifest?;
+                tracing::warn!(manifest = %manifest.0.location, %error, "cannot read the header the manifest is of; listing the directory instead");
+                None
+            }
+        }
+    }
+
+    /// The manifest at `prefix` as read, with its metadata, if there is one that
+    /// decodes; logged if there is one that cannot be read or decoded.
+    async fn read_manifest(&self, prefix: &ObjectPath) -> Option<(ObjectMeta, Manifest)> {
+        let key = prefix.clone().join(MANIFEST_FILE);
+        let (meta, bytes) = match self.whole(&key, MAX_MANIFEST_BYTES).await {
             Ok(read) => read,
             Err(FsError::NotFound) => return None,
             Err(error) => {
-                tracing::warn!(manifest = %manifest_key, %error, "cannot read the manifest; listing the directory instead");
+                tracing::warn!(manifest = %key, %error, "cannot read the manifest; listing the dataset instead");
                 return None;
             }
         };
-        let ignored = |reason: &dyn std::fmt::Display| {
-            tracing::warn!(manifest = %manifest_key, %reason, "not using the manifest; listing the directory instead");
-            None
-        };
-        let manifest = match Manifest::decode(&bytes) {
-            Ok(manifest) => manifest,
-            Err(error) => return ignored(&error),
-        };
-        let header_key = prefix.clone().join(HEADER_FILE);
-        let (header_meta, header_bytes) = match self.whole(&header_key, MAX_HEADER_BYTES).await {
-            Ok(read) => read,
-            Err(error) => return ignored(&format!("its header: {error}")),
-        };
+        match Manifest::decode(&bytes) {
+            Ok(manifest) => Some((meta, manifest)),
+            Err(error) => {
+                tracing::warn!(manifest = %key, %error, "not using the manifest; listing the dataset instead");
+                None
+            }
+        }
+    }
+
+    /// The dataset at `prefix` as `manifest` says, if it agrees with `header`.
+    fn opened_from(
+        &self,
+        prefix: &ObjectPath,
+        (manifest_meta, manifest): (ObjectMeta, Manifest),
+        (header_meta, header_bytes): (ObjectMeta, Bytes),
+    ) -> Option<Opened> {
         let agreement = Header::decode(&header_bytes)
             .map_err(|e| e.to_string())
             .and_then(|header| manifest.agrees_with(&header).map_err(|e| e.to_string()));
         if let Err(reason) = agreement {
-            return ignored(&reason);
+            tracing::warn!(manifest = %manifest_meta.location, %reason, "not using the manifest; listing the dataset instead");
+            return None;
         }
         let objects: Vec<ObjectMeta> = manifest
             .objects
@@ -134,8 +199,12 @@ impl Tree {
             .collect();
         tracing::info!(dataset = %prefix, objects = objects.len(), "opened from its manifest; its objects are not listed");
         Some(Opened {
-            level: level_of(prefix, &objects, [header_meta.clone(), manifest_meta]),
-            objects,
+            level: Some(level_of(
+                prefix,
+                &objects,
+                [header_meta.clone(), manifest_meta],
+            )),
+            objects: Ok(objects),
             header_bytes,
             header_meta,
         })
@@ -187,17 +256,22 @@ impl Tree {
     }
 }
 
-fn shows_a_manifest(listed: &Prelisted) -> bool {
+/// Whether a listing shows an object named `name`.
+fn shows(listed: &Prelisted, name: &str) -> bool {
     listed
         .objects
         .iter()
-        .any(|meta| meta.location.filename() == Some(MANIFEST_FILE))
+        .any(|meta| meta.location.filename() == Some(name))
 }
 
 /// The directory `prefix` as a delimited listing shows it: the `objects` directly in
 /// it and `more` (the header and the manifest), and one subdirectory for each first
 /// part of a deeper key, in key order.
-fn level_of(prefix: &ObjectPath, objects: &[ObjectMeta], more: [ObjectMeta; 2]) -> Prelisted {
+fn level_of<const N: usize>(
+    prefix: &ObjectPath,
+    objects: &[ObjectMeta],
+    more: [ObjectMeta; N],
+) -> Prelisted {
     let mut level = Prelisted {
         at: Instant::now(),
         common_prefixes: Vec::new(),
