@@ -74,6 +74,10 @@ pub struct MountSettings {
     /// The processes the mount lives for ([`crate::users`]), attached and left through
     /// the root's attribute.
     pub users: Arc<Users>,
+    /// Whether the store lists keys in key order, a page at a time (S3, GCS,
+    /// [`crate::store::Source::lists_in_key_order`]): a chunked dataset's objects are
+    /// then listed in key ranges at once.
+    pub keys_in_order: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -215,6 +219,7 @@ pub fn assemble(
         ListingTimes {
             metadata_ttl: settings.metadata_ttl,
             listing_timeout: settings.read_timeout * LISTING_DEADLINES,
+            keys_in_order: settings.keys_in_order,
         },
         metrics.clone(),
         root_listing,

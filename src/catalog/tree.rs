@@ -2,11 +2,13 @@
 //! their prefix. Without `--metadata-ttl` the listing is kept for the life of the mount
 //! (dataset objects are immutable); with it, the first lookup or readdir after the
 //! listing's age passed the TTL lists the store again, like the first listing. A
-//! listing runs in a task of its own that every caller joins, each with its own
-//! deadline: a caller that gives up leaves it running, so a directory (a dataset)
-//! slower to list than `--read-timeout` is listed once and found by a later caller. A
-//! failed first listing is not kept (the next caller lists again); a failed relisting
-//! keeps the listing it had, for another TTL.
+//! listing runs in a task of its own that every caller joins. A caller waits as long
+//! as the listing advances (pages of entries keep coming: a dataset of 10^4 chunks
+//! lists for longer than `--read-timeout`) and gives up once it brought nothing for
+//! `--read-timeout`, leaving it running, so a listing that stalled for a while is
+//! still made once and found by a later caller; the listing itself is bounded by
+//! [`LISTING_DEADLINES`] deadlines. A failed first listing is not kept (the next caller
+//! lists again); a failed relisting keeps the listing it had, for another TTL.
 //!
 //! Nodes never change. Inode numbers are handed out as entries are first listed and
 //! never reused; a relisting keeps the inode of every entry that is still the same
@@ -29,7 +31,9 @@
 
 mod discovery;
 mod flat_entries;
+mod manifest;
 mod nodes;
+mod ranges;
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -50,10 +54,11 @@ use super::objects::ObjectRegistry;
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
 use crate::object::ObjectInfo;
-use discovery::KnownDataset;
+use crate::store::listing_progress::ListingProgress;
+use discovery::{KnownDataset, Manifested};
 use flat_entries::flat_entries;
 pub use nodes::{DirMode, DirNode, FileContent, FileNode, Listing, Node, NodeKind};
-use nodes::{ListingTask, Prelisted};
+use nodes::{InFlight, Prelisted};
 
 pub struct Tree {
     store: Arc<dyn ObjectStore>,
@@ -68,6 +73,8 @@ pub struct Tree {
     metadata_ttl: Option<Duration>,
     /// The longest a listing runs ([`LISTING_DEADLINES`]).
     listing_timeout: Duration,
+    /// Whether the store lists keys in order, so a listing can be cut into key ranges.
+    keys_in_order: bool,
     metrics: Arc<Metrics>,
 }
 
@@ -78,6 +85,9 @@ pub struct ListingTimes {
     pub metadata_ttl: Option<Duration>,
     /// The longest a listing runs ([`LISTING_DEADLINES`]).
     pub listing_timeout: Duration,
+    /// Whether the store lists keys in key order (S3, GCS), so that a chunked dataset's
+    /// objects can be listed in key ranges at once.
+    pub keys_in_order: bool,
 }
 
 /// An entry of a directory being built, before it has an inode.
@@ -137,6 +147,7 @@ impl Tree {
             mount_time: SystemTime::now(),
             metadata_ttl: times.metadata_ttl,
             listing_timeout: times.listing_timeout,
+            keys_in_order: times.keys_in_order,
             metrics,
         }
     }
@@ -165,10 +176,12 @@ impl Tree {
 
     /// The directory's listing: listing the store on first use, and again once
     /// `--metadata-ttl` has passed. The store is listed by a task of its own that
-    /// every caller joins ([`DirNode::in_flight`]): a caller that stops waiting (its
-    /// deadline) leaves the listing running, and a later caller takes its result, so
-    /// a listing longer than any one deadline still ends in a listing, made once.
-    pub async fn listing(self: &Arc<Self>, ino: u64) -> FsResult<Arc<Listing>> {
+    /// every caller joins ([`DirNode::in_flight`]). A caller waits while the listing
+    /// advances, and stops waiting ([`FsError::TimedOut`]) once it brought no entry
+    /// for `patience` (`--read-timeout`): a listing of many pages answers however long
+    /// it takes within its own bound ([`LISTING_DEADLINES`]), while one that stalls is
+    /// left running, and a later caller takes its result.
+    pub async fn listing(self: &Arc<Self>, ino: u64, patience: Duration) -> FsResult<Arc<Listing>> {
         let node = self.node(ino)?;
         let NodeKind::Dir(dir) = &node.kind else {
             return Err(FsError::NotADirectory);
@@ -176,7 +189,7 @@ impl Tree {
         if let Some(current) = dir.current_listing() {
             return Ok(current);
         }
-        let task = {
+        let InFlight { mut task, progress } = {
             let mut in_flight = dir.in_flight.lock();
             // Made meanwhile by a listing that ended since the check above.
             if let Some(current) = dir.current_listing() {
@@ -186,22 +199,36 @@ impl Tree {
                 .get_or_insert_with(|| self.spawn_listing(node.clone()))
                 .clone()
         };
-        task.await
+        let started = Instant::now();
+        loop {
+            let due = progress.last_advance().max(started) + patience;
+            if due <= Instant::now() {
+                return Err(FsError::TimedOut {
+                    key: format!("the listing of {} (no entries for that long)", dir.prefix),
+                    after: patience,
+                });
+            }
+            if let Ok(listing) = tokio::time::timeout_at(due, &mut task).await {
+                return listing;
+            }
+        }
     }
 
     /// Starts listing the directory `node` in a task, bounded by `listing_timeout`:
     /// its result becomes the directory's listing, and its end (a failure or a panic
     /// too) clears [`DirNode::in_flight`], so that a failed listing is tried again by
     /// the next caller rather than kept.
-    fn spawn_listing(self: &Arc<Self>, node: Arc<Node>) -> ListingTask {
+    fn spawn_listing(self: &Arc<Self>, node: Arc<Node>) -> InFlight {
         let tree = self.clone();
+        let progress = ListingProgress::new();
+        let watch = progress.clone();
         let task = tokio::spawn(async move {
             let NodeKind::Dir(dir) = &node.kind else {
                 unreachable!("only a directory is listed");
             };
             let listing = AssertUnwindSafe(tokio::time::timeout(
                 tree.listing_timeout,
-                tree.list_directory(node.ino, dir),
+                watch.watching(tree.list_directory(node.ino, dir)),
             ))
             .catch_unwind()
             .await;
@@ -223,7 +250,7 @@ impl Tree {
             *in_flight = None;
             listing
         });
-        async move {
+        let task = async move {
             task.await.unwrap_or_else(|error| {
                 Err(FsError::Panicked {
                     message: error.to_string(),
@@ -231,7 +258,8 @@ impl Tree {
             })
         }
         .boxed()
-        .shared()
+        .shared();
+        InFlight { task, progress }
     }
 
     /// The directory's listing made from the store's listing of it now: a failure
@@ -299,14 +327,12 @@ impl Tree {
     async fn list_store(&self, dir: &DirNode) -> FsResult<Vec<(String, Pending)>> {
         let (prefix, mode) = (&dir.prefix, dir.mode);
         let prelisted = dir.prelisted.lock().take();
-        let listed = match prelisted.filter(|p| self.is_current(p.at)) {
-            Some(prelisted) => prelisted,
-            None => Prelisted::now(
-                self.store
-                    .list_with_delimiter(non_empty(prefix))
-                    .await
-                    .map_err(|e| FsError::store(prefix.as_ref(), &e))?,
-            ),
+        let (listed, manifest) = match prelisted.filter(|p| self.is_current(p.at)) {
+            Some(prelisted) => (prelisted, Manifested::IfShown),
+            None => match self.list_level(dir).await? {
+                (listed, Some(opened)) => (listed, Manifested::Read(Box::new(opened))),
+                (listed, None) => (listed, Manifested::No),
+            },
         };
         let listed_entries = listed.objects.len() + listed.common_prefixes.len();
         if listed_entries > MAX_LISTED_ENTRIES {
@@ -339,7 +365,7 @@ impl Tree {
             .iter()
             .any(|dir| dir.filename().and_then(parse_chunk_dir_name).is_some());
         let (dataset, header_bytes) = self
-            .dataset_at(prefix, &header, &objects, has_chunk_dirs)
+            .dataset_at(prefix, &header, &objects, has_chunk_dirs, manifest)
             .await;
         if let Some(bytes) = header_bytes {
             let header_entry = entries.iter_mut().find(|(name, _)| name == HEADER_FILE);

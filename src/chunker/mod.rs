@@ -12,10 +12,12 @@
 //!    reads feed a multipart upload a part at a time, so memory stays at a few parts
 //!    per object in flight whatever the chunk size, and nothing is staged locally.
 //! 4. Everything is verified (sizes and ETags against the record, the row offsets read
-//!    back, the totals the header will claim), then `header.sch` is written last: a
-//!    reader or a mount never sees a half-written dataset as a chunked one.
+//!    back, the totals the header will claim), the [`manifest`] is written from the
+//!    target's listing, then `header.sch` is written last: a reader or a mount never
+//!    sees a half-written dataset as a chunked one.
 
 pub mod journal;
+pub mod manifest;
 pub mod source;
 mod upload;
 mod verify;
@@ -330,6 +332,11 @@ async fn run(
     verify_sizes(objects, &present, &record)?;
     report.read_back_objects =
         verify_contents(archive, &target, objects, &record, options.verify_data).await?;
+    // Every planned object is present (verified above), as the listing shows it now.
+    let listed = objects
+        .iter()
+        .map(|object| (object.key.as_str(), &present[&object.key]));
+    manifest::write(&target, &manifest::manifest_of(archive.geometry, listed)).await?;
     let header_location = target.join(HEADER_FILE);
     match create(&target.store, &header_location, header_bytes.clone()).await {
         Ok(()) => {}

@@ -107,6 +107,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         cache_read_around: super::mount_cmd::default_read_around(&cache_dir),
         metadata_ttl: None,
         users: Arc::new(crate::users::Users::unwatched()),
+        keys_in_order: false,
     };
     let mount = Mount::start(store, ObjectPath::default(), &mountpoint, &settings)
         .map_err(anyhow::Error::msg)?;

@@ -1,5 +1,5 @@
-//! The command line: `mount`, `unmount`, `status`, `warm`, `chunk` and `demo`, and
-//! `man` and `completions`, generated from the definitions here.
+//! The command line: `mount`, `unmount`, `status`, `warm`, `chunk`, `manifest` and
+//! `demo`, and `man` and `completions`, generated from the definitions here.
 
 use anyhow::Context;
 mod chunk_cmd;
@@ -8,6 +8,7 @@ mod demo;
 mod generated;
 mod lifetime;
 mod logging;
+mod manifest_cmd;
 mod mount_cmd;
 mod mount_flags;
 mod notify;
@@ -67,6 +68,10 @@ pub(crate) enum Command {
     /// Partition a monolithic SCDL archive (a local folder or any store) into the chunked
     /// layout at any store, streaming, resumable, header published last.
     Chunk(Box<chunk_cmd::ChunkArgs>),
+    /// Write the manifest of a chunked dataset that another tool chunked (every object
+    /// with its size and ETag, in one object beside header.sch), so that a mount opens
+    /// it with one GET instead of listing it; `chunk` writes one itself.
+    Manifest(Box<manifest_cmd::ManifestArgs>),
     /// Make a synthetic chunked dataset, mount it from a local folder, read one epoch
     /// through the mount in shuffled chunk-window order, check every row, and report.
     Demo(demo::DemoArgs),
@@ -443,6 +448,7 @@ pub fn main() -> ExitCode {
             Err(error) => Err(error),
         },
         Command::Chunk(args) => chunk_cmd::run(*args),
+        Command::Manifest(args) => manifest_cmd::run(*args),
         Command::Demo(args) => demo::run(args),
         Command::Man(args) => generated::man(args),
         Command::Completions(args) => generated::completions(args),

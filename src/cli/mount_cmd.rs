@@ -128,6 +128,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
             .unwrap_or_else(|| default_read_around(cache_dir)),
         metadata_ttl: args.metadata_ttl,
         users: users.clone(),
+        keys_in_order: source.lists_in_key_order(),
     };
     // Each resident part keeps its file open while the limit allows; the rest are
     // reopened when read, which a higher limit spares.

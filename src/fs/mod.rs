@@ -11,10 +11,13 @@
 //! whose lines go to the prefetcher; read, it gives the daemon's announcement
 //! ([`announce`]). Open handles live in one [`handles::HandleTable`].
 //!
-//! Every operation that waits (a lookup or a listing, a read, the warm attribute) has
-//! one deadline as a whole, `--read-timeout` ([`FsCore::within_deadline`]): however
-//! many requests it makes (the pages of a listing, a discovery's header and chunk
-//! listing, a corrupt part fetched again), it answers within it, with EIO past it.
+//! A read has one deadline as a whole, `--read-timeout` ([`FsCore::within_deadline`]):
+//! however many requests it makes (a corrupt part fetched again), it answers within
+//! it, with EIO past it. A lookup or a listing waits for the directory's listing as
+//! long as that advances (the pages of a large dataset's discovery keep coming), and
+//! fails with EIO once it brought nothing for `--read-timeout`; the listing itself ends
+//! within [`crate::catalog::LISTING_DEADLINES`] deadlines, so no wait is unbounded
+//! ([`Tree::listing`]).
 //!
 //! Operations that a user's identity changes take the uid of the FUSE request: the hint
 //! handles a user may hold and the work their plans may cause are bounded per user
@@ -104,7 +107,8 @@ pub struct FsCore {
     components: CoreComponents,
     handles: HandleTable,
     ownership: Ownership,
-    /// The longest any operation waits ([`FsCore::within_deadline`]).
+    /// The longest a read waits ([`FsCore::within_deadline`]), and the longest a
+    /// listing may bring nothing before its waiters give up ([`Tree::listing`]).
     deadline: Duration,
     /// The daemon's own user, who sees every plan in the status as root does.
     mounting_uid: u32,
@@ -171,18 +175,16 @@ impl FsCore {
             })
     }
 
+    /// The entry `name` of directory `parent`, once its listing is made: waited for
+    /// while the listing advances ([`Tree::listing`]).
     pub async fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
-        let lookup = async {
-            let listing = self.components.tree.listing(parent).await?;
-            let name = name.to_str().ok_or(FsError::NotFound)?;
-            let ino = listing.get(name).ok_or(FsError::NotFound)?;
-            Ok(Entry {
-                attr: self.getattr(ino)?,
-                valid_for: listing.valid_for(),
-            })
-        };
-        let what = || format!("lookup of {name:?} in directory inode {parent}");
-        self.within_deadline(what, lookup).await
+        let listing = self.components.tree.listing(parent, self.deadline).await?;
+        let name = name.to_str().ok_or(FsError::NotFound)?;
+        let ino = listing.get(name).ok_or(FsError::NotFound)?;
+        Ok(Entry {
+            attr: self.getattr(ino)?,
+            valid_for: listing.valid_for(),
+        })
     }
 
     /// The read-around from the disk cache, to connect to the kernel's page cache.
@@ -387,11 +389,10 @@ impl FsCore {
         }
     }
 
-    /// A directory's listing; [`FsCore::dir_entries`] walks it.
+    /// A directory's listing, waited for while it advances ([`Tree::listing`]);
+    /// [`FsCore::dir_entries`] walks it.
     pub async fn readdir(&self, ino: u64) -> FsResult<Arc<Listing>> {
-        let what = || format!("listing of directory inode {ino}");
-        self.within_deadline(what, self.components.tree.listing(ino))
-            .await
+        self.components.tree.listing(ino, self.deadline).await
     }
 
     /// The entries of a listing from `offset` on, `.` and `..` first.
@@ -455,8 +456,7 @@ impl FsCore {
             return Ok(serde_json::to_vec(&status).expect("status serializes"));
         }
         if name == WARM_XATTR {
-            let what = || format!("warm progress of directory inode {ino}");
-            let dataset = self.within_deadline(what, self.dataset_of_dir(ino)).await?;
+            let dataset = self.dataset_of_dir(ino).await?;
             return self.components.warmer.progress(&dataset);
         }
         Err(FsError::NoSuchAttribute)
@@ -472,14 +472,14 @@ impl FsCore {
         if name != WARM_XATTR {
             return Err(FsError::ReadOnly);
         }
-        let what = || format!("warm request of directory inode {ino}");
-        let dataset = self.within_deadline(what, self.dataset_of_dir(ino)).await?;
+        let dataset = self.dataset_of_dir(ino).await?;
         self.components.warmer.request(&dataset, value)
     }
 
-    /// The dataset a directory holds, found as the content of its hint file.
+    /// The dataset a directory holds, found as the content of its hint file (the
+    /// directory's listing waited for while it advances).
     async fn dataset_of_dir(&self, ino: u64) -> FsResult<Dataset> {
-        let listing = self.components.tree.listing(ino).await?;
+        let listing = self.components.tree.listing(ino, self.deadline).await?;
         let hints = listing
             .get(scdl_format::hint::HINT_FILE)
             .ok_or(FsError::NoSuchAttribute)?;

@@ -742,6 +742,7 @@ mod tests {
             cache_read_around: 0,
             metadata_ttl: None,
             users: Arc::new(crate::users::Users::unwatched()),
+            keys_in_order: false,
         };
         let (core, _observer) =
             tokio::task::block_in_place(|| assemble(store, ObjectPath::from(""), &settings, None))

@@ -14,7 +14,9 @@
 //! two hooks: the timing of its GETs (`mount::assemble`), and on every network store
 //! [`short_answers`]' hook, a ranged GET answered with less than its range asked
 //! again, which object_store's retry layer does not do. S3 and GCS list a directory
-//! page by page ([`paged_listings`]), no further than the catalog's cap on entries.
+//! page by page ([`paged_listings`]), no further than the catalog's cap on entries,
+//! each page that brings entries telling the listing's waiters that it advances
+//! ([`listing_progress`]).
 
 pub mod aws;
 pub mod bounds;
@@ -22,6 +24,7 @@ pub mod bounds;
 pub mod counting;
 #[cfg(any(test, feature = "test-support"))]
 pub mod faulty;
+pub mod listing_progress;
 pub mod paged_listings;
 pub mod redact;
 pub mod short_answers;
@@ -184,6 +187,13 @@ impl Source {
         } else {
             Err(SourceError::BareName(text.to_owned()))
         }
+    }
+
+    /// Whether the store lists keys in key order, a page at a time, so that a listing
+    /// can be cut into key ranges listed at once: S3 and GCS. A local folder lists in
+    /// the order its directories give, and HTTP (WebDAV) a level at a time.
+    pub fn lists_in_key_order(&self) -> bool {
+        matches!(self, Source::S3 { .. } | Source::Gcs { .. })
     }
 
     /// A short name for the mount table (`fsname`), `status` and logs: without the

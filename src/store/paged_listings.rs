@@ -8,7 +8,8 @@
 //! [`MAX_LISTED_ENTRIES`]: a result longer than the cap, which the catalog refuses
 //! (EIO), so that no more than the cap and one page is ever held. A local folder and HTTP (WebDAV) list through
 //! object_store's gathering, bounded by the deadline only: object_store 0.14 pages
-//! neither.
+//! neither. Each page that brings entries ticks the listing's watch
+//! ([`super::listing_progress`]): its waiters wait as long as pages keep coming.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -19,6 +20,7 @@ use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::{Path, DELIMITER};
 use object_store::{ListResult, ObjectStore, Result};
 
+use super::listing_progress::ListingProgress;
 use super::wrapper::StoreHook;
 
 /// The most entries one listing may hold: a directory's objects and subdirectories, or
@@ -73,6 +75,9 @@ impl StoreHook for PagedListings {
                     },
                 )
                 .await?;
+            if !(page.result.common_prefixes.is_empty() && page.result.objects.is_empty()) {
+                ListingProgress::advanced();
+            }
             common_prefixes.extend(page.result.common_prefixes);
             objects.extend(page.result.objects);
             extensions.extend(page.result.extensions);

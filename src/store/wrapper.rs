@@ -34,6 +34,18 @@ pub trait StoreHook: Send + Sync + fmt::Debug + 'static {
         inner.list(prefix)
     }
 
+    /// Lists every object of `inner` under `prefix` after `offset`, as
+    /// [`ObjectStore::list_with_offset`] (S3's `start-after`: the store skips what is
+    /// before it, where the trait's default lists it and filters).
+    fn list_with_offset(
+        &self,
+        inner: &dyn ObjectStore,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        inner.list_with_offset(prefix, offset)
+    }
+
     /// Lists one directory level of `inner` under `prefix`, as
     /// [`ObjectStore::list_with_delimiter`].
     async fn list_with_delimiter(
@@ -120,6 +132,15 @@ impl<H: StoreHook> ObjectStore for HookedStore<H> {
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
         self.hook.list(self.inner.as_ref(), prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.hook
+            .list_with_offset(self.inner.as_ref(), prefix, offset)
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {

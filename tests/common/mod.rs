@@ -52,6 +52,7 @@ pub fn settings(cache_dir: &Path) -> MountSettings {
         cache_read_around: 1 << 20,
         metadata_ttl: None,
         users: std::sync::Arc::new(scdlfs::users::Users::unwatched()),
+        keys_in_order: false,
     }
 }
 

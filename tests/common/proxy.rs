@@ -43,6 +43,13 @@ pub enum Fault {
     /// Answers with the server's listing, every object's `<Size>` replaced by this: a
     /// store that lies about sizes.
     ListedSizes(u64),
+    /// Asks the server for a listing page of at most `keys` entries and answers it
+    /// `delay` late: a dataset of a few hundred objects lists in as many pages, each
+    /// as slow, as an atlas of 10^5 objects from a real store.
+    SlowPages {
+        keys: u32,
+        delay: std::time::Duration,
+    },
 }
 
 /// One request as a rule sees it.
@@ -170,6 +177,12 @@ async fn serve(state: Arc<State>, mut client: TcpStream) {
     let Some(request) = read_head(&mut client).await else {
         return;
     };
+    // A PUT's body, passed on as it came.
+    let mut sent =
+        vec![0u8; header(&request, "content-length").map_or(0, |n| n.parse().unwrap_or(0))];
+    if client.read_exact(&mut sent).await.is_err() {
+        return;
+    }
     let info = parse_request(&request);
     let info = {
         let mut seen = state.seen.lock();
@@ -243,13 +256,20 @@ async fn serve(state: Arc<State>, mut client: TcpStream) {
         }
         _ => {}
     }
-    let Some((head, body)) = forward(&state, &request, &info).await else {
+    let request = match fault {
+        Some(Fault::SlowPages { keys, delay }) => {
+            tokio::time::sleep(delay).await;
+            with_max_keys(&request, keys)
+        }
+        _ => request,
+    };
+    let Some((head, body)) = forward(&state, &request, &sent, &info).await else {
         return;
     };
     let head = with_connection_close(&head);
     let half = body.len() / 2;
     match fault {
-        None => {
+        None | Some(Fault::SlowPages { .. }) => {
             let _ = client.write_all(head.as_bytes()).await;
             let _ = client.write_all(&body).await;
         }
@@ -305,7 +325,7 @@ async fn stall(mut client: TcpStream) {
     while matches!(client.read(&mut sink).await, Ok(n) if n > 0) {}
 }
 
-/// The request line and headers (the tests only proxy bodiless requests).
+/// The request line and headers.
 async fn read_head(stream: &mut TcpStream) -> Option<String> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
@@ -348,13 +368,19 @@ fn parse_request(head: &str) -> Request {
 static UPSTREAM_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
 
 /// Asks the server, over a connection of its own, and reads the whole answer.
-async fn forward(state: &State, request: &str, info: &Request) -> Option<(String, Vec<u8>)> {
+async fn forward(
+    state: &State,
+    request: &str,
+    sent: &[u8],
+    info: &Request,
+) -> Option<(String, Vec<u8>)> {
     let _slot = UPSTREAM_SLOTS.acquire().await.ok()?;
     let mut upstream = TcpStream::connect(state.upstream).await.ok()?;
     upstream
         .write_all(with_connection_close(request).as_bytes())
         .await
         .ok()?;
+    upstream.write_all(sent).await.ok()?;
     let head = read_head(&mut upstream).await?;
     let status: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
     let body_len = match header(&head, "content-length") {
@@ -373,6 +399,24 @@ async fn forward(state: &State, request: &str, info: &Request) -> Option<(String
         }
     }
     Some((head, body))
+}
+
+/// The same request asking for pages of at most `keys` entries (`max-keys`; the test
+/// server checks no signature, so the query may change after signing).
+fn with_max_keys(head: &str, keys: u32) -> String {
+    let (line, rest) = head.split_once("\r\n").unwrap_or((head, ""));
+    let mut words: Vec<String> = line.split(' ').map(str::to_owned).collect();
+    if let Some(target) = words.get_mut(1) {
+        let (path, query) = target.split_once('?').unwrap_or((target.as_str(), ""));
+        let mut pairs: Vec<&str> = query
+            .split('&')
+            .filter(|pair| !pair.is_empty() && !pair.starts_with("max-keys="))
+            .collect();
+        let max_keys = format!("max-keys={keys}");
+        pairs.push(&max_keys);
+        *target = format!("{path}?{}", pairs.join("&"));
+    }
+    format!("{}\r\n{rest}", words.join(" "))
 }
 
 /// The same head with `Connection: close` in place of any connection header.

@@ -19,6 +19,7 @@ use common::{local_store, small_dataset, snapshot, Monolithic, TestMount};
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
+use scdl_format::manifest::{Manifest, MANIFEST_FILE};
 use scdl_format::ArrayKind;
 use scdlfs::chunker::{relative_key, ChunkError, ChunkJob, ChunkOptions, Location};
 use scdlfs::store::faulty::{Fault, InjectFaults};
@@ -132,9 +133,27 @@ fn expected_chunked(mono: &Path, rows: u64, chunk_rows: u32) -> BTreeMap<String,
 }
 
 /// Asserts that `got` holds exactly the files of `expected`, naming those that differ
-/// (the files are too large to print).
+/// (the files are too large to print), and a manifest that lists each of them but the
+/// header, with its size.
 #[track_caller]
 fn assert_same_files(got: &BTreeMap<String, Vec<u8>>, expected: &BTreeMap<String, Vec<u8>>) {
+    let mut got = got.clone();
+    let manifest = got.remove(MANIFEST_FILE).expect("the job wrote a manifest");
+    let manifest = Manifest::decode(&manifest).expect("the manifest decodes");
+    let listed: BTreeMap<&str, u64> = manifest
+        .objects
+        .iter()
+        .map(|object| (object.key.as_str(), object.size))
+        .collect();
+    let objects: BTreeMap<&str, u64> = expected
+        .iter()
+        .filter(|(key, _)| *key != "header.sch")
+        .map(|(key, bytes)| (key.as_str(), bytes.len() as u64))
+        .collect();
+    assert_eq!(
+        listed, objects,
+        "the manifest lists every object but the header"
+    );
     let differing: Vec<&String> = expected
         .keys()
         .chain(got.keys())

@@ -17,6 +17,7 @@ use common::{local_store, write_monolithic};
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{GetResult, ObjectStore, ObjectStoreExt};
+use scdl_format::manifest::{Manifest, MANIFEST_FILE};
 use scdlfs::chunker::{relative_key, ChunkError, ChunkJob, ChunkOptions, ChunkReport, Location};
 use scdlfs::store::faulty::{Fault, InjectFaults};
 use scdlfs::store::wrapper::{GetRequest, HookedStore, StoreHook};
@@ -50,10 +51,17 @@ async fn objects(store: &Arc<dyn ObjectStore>, prefix: &str) -> BTreeMap<String,
     let mut out = BTreeMap::new();
     for meta in listing {
         let bytes = store.get(&meta.location).await.unwrap().bytes().await;
-        out.insert(
-            relative_key(&meta.location, &prefix).unwrap(),
-            bytes.unwrap().to_vec(),
-        );
+        let key = relative_key(&meta.location, &prefix).unwrap();
+        let mut bytes = bytes.unwrap().to_vec();
+        if key == MANIFEST_FILE {
+            // The objects it names and their sizes: their ETags and times are each
+            // store's and each run's own.
+            let manifest = Manifest::decode(&bytes).unwrap();
+            bytes = (manifest.objects.iter())
+                .flat_map(|o| format!("{} {}\n", o.key, o.size).into_bytes())
+                .collect();
+        }
+        out.insert(key, bytes);
     }
     out
 }

@@ -25,6 +25,7 @@ mod fuse_panics;
 mod hostile_hints;
 mod layers;
 mod lifetime;
+mod manifest;
 mod metadata_ttl;
 mod monolithic;
 mod open_semantics;

@@ -1,14 +1,19 @@
-//! A dataset whose discovery takes longer than `--read-timeout` still appears: the
-//! first `ls` gets EIO at the deadline, but the listing goes on without it, and a
-//! later `ls` finds the dataset, listed by the store once, not once per attempt. A
-//! listing that never ends is still given up, after [`LISTING_DEADLINES`] deadlines,
-//! and the next `ls` lists again. A root slower to list than the deadline still
-//! mounts. The slowness comes from below, where a slow store
-//! puts it: a store whose listings of the dataset's prefix (its directory, and its
-//! chunks' objects) answer late, and whose listing of one directory never answers.
+//! A dataset whose discovery takes longer than `--read-timeout` still appears. While
+//! its listing advances (pages of entries keep coming, as for an atlas of 10^5
+//! objects), the first `ls` waits for it. A listing that stalls for longer than the
+//! deadline has the first `ls` get EIO at the deadline, but the listing goes on
+//! without it, and a later `ls` finds the dataset, listed by the store once, not once
+//! per attempt. A listing that never ends is still given up, after
+//! [`LISTING_DEADLINES`] deadlines, and the next `ls` lists again. A root slower to
+//! list than the deadline still mounts. The slowness comes from below, where a slow
+//! store puts it: a store whose listings of the dataset's prefix (its directory, and
+//! its chunks' objects) answer late, and whose listing of one directory never answers;
+//! and, through the fault proxy, moto_server answering every listing page late, where a
+//! dataset without a manifest has its objects listed in key ranges at once.
 
 use crate::common;
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,10 +25,14 @@ use futures::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ListResult, ObjectMeta, ObjectStore, Result};
 
+use common::cli_mount::CliMount;
 use common::faulty_mount::SLACK;
+use common::proxy::{Fault, FaultProxy, Request};
+use common::s3::{moto, unique_bucket};
 use common::*;
 use scdlfs::catalog::LISTING_DEADLINES;
 use scdlfs::store::wrapper::{HookedStore, StoreHook};
+use scdlfs::synthetic::SyntheticDataset;
 
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// How late each listing of the dataset's prefix answers: its discovery (a delimited
@@ -233,4 +242,122 @@ fn a_root_slower_to_list_than_the_deadline_still_mounts() {
         1,
         "the mount's listing of the root is the root's first"
     );
+}
+
+/// Whether `request` asks for a page of a listing of the mounted dataset `data/ds/`
+/// (its directory, delimited, or its objects, recursive).
+fn lists_the_dataset(request: &Request) -> bool {
+    request.method == "GET"
+        && request.path.contains("list-type=2")
+        && request.path.contains("prefix=data%2Fds%2F")
+}
+
+/// A dataset of 80 chunks listed in pages of 2 entries, each page 0.3 s late: each of
+/// the 16 key ranges its objects are listed in takes 8 pages, longer than a deadline of
+/// 2 s, every page well within it. The first `ls` waits while the pages come, and
+/// lists the dataset (it failed with EIO at the deadline, and the retry of a caller who
+/// unmounts on that error started the listing from zero).
+#[test]
+fn the_first_ls_of_a_dataset_listed_in_many_slow_pages_waits_while_they_come() {
+    const READ_TIMEOUT: Duration = Duration::from_secs(2);
+    let moto = moto();
+    let bucket = unique_bucket("many-pages");
+    moto.create_bucket(&bucket);
+    let src = tempfile::tempdir().unwrap();
+    eighty_chunks()
+        .write_chunked(&src.path().join("ds"))
+        .unwrap();
+    moto.upload(&bucket, "data", src.path());
+    let proxy = FaultProxy::start(&moto.endpoint);
+    proxy.set_rule(|request| {
+        lists_the_dataset(request).then_some(Fault::SlowPages {
+            keys: 2,
+            delay: Duration::from_millis(300),
+        })
+    });
+    let endpoint = proxy.endpoint();
+    let timeout = humantime::format_duration(READ_TIMEOUT).to_string();
+    let key = OsString::from("test");
+    let mount = CliMount::start(
+        &format!("s3://{bucket}/data"),
+        &["--endpoint-url", &endpoint, "--read-timeout", &timeout],
+        &[("AWS_ACCESS_KEY_ID", &key), ("AWS_SECRET_ACCESS_KEY", &key)],
+    );
+
+    let (first, took) = ls(mount.path().join("ds"));
+    let pages = proxy.seen().iter().filter(|r| lists_the_dataset(r)).count();
+    println!("first ls: {first:?} after {took:?}, {pages} listing pages");
+    let first = first
+        .expect("the first ls answers")
+        .unwrap_or_else(|e| panic!("the first ls lists the dataset: {e}\n{}", mount.log()));
+    for kind in scdl_format::ArrayKind::ALL {
+        assert!(
+            first.iter().any(|name| name == kind.file_name()),
+            "{} missing from {first:?}",
+            kind.file_name()
+        );
+    }
+    assert!(pages >= 15, "the dataset listed in {pages} pages");
+    assert!(
+        took > READ_TIMEOUT,
+        "the listing took {took:?}, not longer than the deadline: the test shows nothing"
+    );
+}
+
+/// 80 chunks of 15 rows: 243 objects.
+fn eighty_chunks() -> SyntheticDataset {
+    SyntheticDataset {
+        rows: 1_200,
+        genes: 500,
+        chunk_rows: 15,
+        mean_values: 4,
+        seed: 5,
+    }
+}
+
+/// A dataset of 80 chunks without a manifest, listed in pages of 20 entries each 0.5 s
+/// late (18 pages one after the other: 9 s): its objects are listed in key ranges at
+/// once, cut at the chunk names its header predicts, so the first `ls` answers within
+/// a few pages' time, and the flat arrays read right.
+#[test]
+fn a_dataset_without_a_manifest_is_listed_in_key_ranges_at_once() {
+    const PAGE_DELAY: Duration = Duration::from_millis(500);
+    let moto = moto();
+    let bucket = unique_bucket("ranges");
+    moto.create_bucket(&bucket);
+    let src = tempfile::tempdir().unwrap();
+    let spec = eighty_chunks();
+    spec.write_chunked(&src.path().join("ds")).unwrap();
+    moto.upload(&bucket, "data", src.path());
+    let proxy = FaultProxy::start(&moto.endpoint);
+    proxy.set_rule(|request| {
+        lists_the_dataset(request).then_some(Fault::SlowPages {
+            keys: 20,
+            delay: PAGE_DELAY,
+        })
+    });
+    let endpoint = proxy.endpoint();
+    let key = OsString::from("test");
+    let mount = CliMount::start(
+        &format!("s3://{bucket}/data"),
+        &["--endpoint-url", &endpoint],
+        &[("AWS_ACCESS_KEY_ID", &key), ("AWS_SECRET_ACCESS_KEY", &key)],
+    );
+
+    let (first, took) = ls(mount.path().join("ds"));
+    let ranged = (proxy.seen().iter())
+        .filter(|r| lists_the_dataset(r) && r.path.contains("start-after"))
+        .count();
+    println!("first ls: {first:?} after {took:?}; {ranged} pages started after a chunk name");
+    let first = first
+        .expect("the first ls answers")
+        .unwrap_or_else(|e| panic!("the first ls lists the dataset: {e}\n{}", mount.log()));
+    assert!(first.iter().any(|name| name == "data.npy"), "{first:?}");
+    assert!(ranged >= 15, "{ranged} ranges listed from a chunk's name");
+    assert!(took < 3 * PAGE_DELAY, "the first ls took {took:?}");
+    let monolithic = Monolithic::of(&spec);
+    for kind in scdl_format::ArrayKind::ALL {
+        let flat = mount.read(&format!("ds/{}", kind.file_name()));
+        assert!(flat == monolithic.array(kind), "{kind:?} differs");
+    }
 }

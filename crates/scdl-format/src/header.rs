@@ -377,11 +377,11 @@ impl Header {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn sample_chunked() -> Header {
+    pub(crate) fn sample_chunked() -> Header {
         Header {
             version: (0, 1, 0),
             endianness: 1,

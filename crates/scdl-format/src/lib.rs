@@ -15,6 +15,7 @@ pub mod flat;
 pub mod header;
 pub mod hint;
 pub mod layout;
+pub mod manifest;
 
 pub use dtype::Dtype;
 pub use header::{ArrayInfo, Backend, ChunkedInfo, FeatureIndexInfo, Header, HeaderError};

@@ -8,12 +8,14 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::ObjectStore;
+use object_store::{ObjectMeta, ObjectStore};
 use scdl_format::header::MAX_HEADER_BYTES;
 use scdl_format::layout::parse_chunk_dir_name;
+use scdl_format::manifest::MANIFEST_FILE;
 use scdl_format::{ArrayKind, Backend, Header};
 use tokio::time::Instant;
 
+use super::manifest::Opened;
 use super::{non_empty, too_long_a_listing, Tree, MAX_LISTED_ENTRIES};
 use crate::catalog::dataset::FlatDataset;
 use crate::catalog::monolithic::{Dataset, MonolithicDataset, DEFAULT_VIRTUAL_CHUNK_ROWS};
@@ -21,6 +23,7 @@ use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
 use crate::object::{pinned_get, ObjectInfo};
 use crate::parts::ObjectId;
+use crate::store::listing_progress::ListingProgress;
 
 /// A directory with a `header.sch`, as last discovered.
 pub(super) struct KnownDataset {
@@ -53,6 +56,17 @@ impl KnownDataset {
 
 /// A chunked dataset's objects, by key relative to its prefix.
 type ChunkObjects = HashMap<String, Arc<ObjectInfo>>;
+
+/// Whether a dataset's directory has a manifest ([`super::manifest`]), which then says
+/// what its objects are instead of a recursive listing.
+pub(super) enum Manifested {
+    /// Read with the directory's listing.
+    Read(Box<Opened>),
+    /// Not read yet: read if the listing (made before) shows one and the dataset is
+    /// to be discovered or checked.
+    IfShown,
+    No,
+}
 
 /// What discovering a dataset found, and from what.
 struct Discovery {
@@ -107,6 +121,7 @@ impl Tree {
         header: &Arc<ObjectInfo>,
         objects: &HashMap<&str, Arc<ObjectInfo>>,
         has_chunk_dirs: bool,
+        manifest: Manifested,
     ) -> (Option<Dataset>, Option<Bytes>) {
         let slot = self
             .datasets
@@ -115,14 +130,36 @@ impl Tree {
             .or_default()
             .clone();
         let mut known = slot.lock().await;
-        let mut chunk_objects = None;
-        if let Some(known) = known.as_mut() {
+        if let Some(known) = known.as_ref() {
             if self.is_current(known.checked) {
                 return known.found(header);
             }
+        }
+        let opened = match manifest {
+            Manifested::Read(opened) => Some(*opened),
+            Manifested::IfShown if objects.contains_key(MANIFEST_FILE) => {
+                self.open_manifest(prefix).await
+            }
+            Manifested::IfShown | Manifested::No => None,
+        };
+        // The header's bytes as the manifest's reading read them, if of this version.
+        let (manifest_objects, header_bytes) = match opened {
+            Some(opened) => {
+                let bytes = opened.header_bytes_of(header);
+                let objects = (opened.objects).map(|listed| self.chunk_objects_of(prefix, &listed));
+                (Some(objects), bytes)
+            }
+            None => (None, None),
+        };
+        let mut chunk_objects = None;
+        if let Some(known) = known.as_mut() {
             let same_header = known.read(header);
             if same_header && known.chunked {
-                match self.list_chunk_objects(prefix).await {
+                let listed = match &manifest_objects {
+                    Some(Ok(objects)) => Ok(objects.clone()),
+                    Some(Err(_)) | None => self.list_chunk_objects(prefix).await,
+                };
+                match listed {
                     Ok(listed) => chunk_objects = Some(listed),
                     Err(error) => {
                         tracing::warn!(dataset = %prefix, %error, "cannot list the dataset again; keeping it as it was for another --metadata-ttl");
@@ -139,7 +176,14 @@ impl Tree {
             tracing::info!(dataset = %prefix, "the dataset changed in the store: discovered again; files opened before keep the old one");
         }
         let discovery = self
-            .discover_dataset(prefix, header, objects, chunk_objects, has_chunk_dirs)
+            .discover_dataset(
+                prefix,
+                header,
+                objects,
+                chunk_objects.map(Ok).or(manifest_objects),
+                header_bytes,
+                has_chunk_dirs,
+            )
             .await;
         let found = KnownDataset {
             sources: sources_of(header, objects, discovery.chunk_objects.as_ref()),
@@ -163,9 +207,16 @@ impl Tree {
             if listed.len() == MAX_LISTED_ENTRIES {
                 return Err(too_long_a_listing(prefix));
             }
+            ListingProgress::advanced();
             listed.push(meta);
         }
-        Ok(listed
+        Ok(self.chunk_objects_of(prefix, &listed))
+    }
+
+    /// The objects `listed` (listed under `prefix`, or named by its manifest),
+    /// registered, by key relative to `prefix`.
+    fn chunk_objects_of(&self, prefix: &ObjectPath, listed: &[ObjectMeta]) -> ChunkObjects {
+        listed
             .iter()
             .filter_map(|meta| {
                 let relative = meta.location.prefix_match(prefix)?;
@@ -175,11 +226,12 @@ impl Tree {
                     .join("/");
                 Some((relative, self.registry.register(meta)))
             })
-            .collect())
+            .collect()
     }
 
     /// The dataset at `prefix`: a flat dataset if its header is chunked and its objects
-    /// agree with it (`chunk_objects`, listed here unless given), a monolithic one if
+    /// agree with it (`chunk_objects`, listed here unless given, or why they could not
+    /// be; the header read here unless `header_bytes` are given), a monolithic one if
     /// its header is monolithic and its arrays agree with it (`objects`: the
     /// directory's, by name); otherwise logs why and finds `None`, leaving the
     /// directory as stored, without a hint file. A directory with chunk directories
@@ -190,7 +242,8 @@ impl Tree {
         prefix: &ObjectPath,
         header: &Arc<ObjectInfo>,
         objects: &HashMap<&str, Arc<ObjectInfo>>,
-        chunk_objects: Option<ChunkObjects>,
+        chunk_objects: Option<FsResult<ChunkObjects>>,
+        header_bytes: Option<Bytes>,
         has_chunk_dirs: bool,
     ) -> Discovery {
         let mut discovery = Discovery {
@@ -203,16 +256,19 @@ impl Tree {
             tracing::error!(object = %header.key, size = header.size, "larger than any SCDL header ({MAX_HEADER_BYTES} bytes); showing the directory as stored");
             return discovery;
         }
+        let read_header = async {
+            match header_bytes {
+                Some(bytes) => Ok(bytes),
+                None => self.read_small_object(header).await,
+            }
+        };
         let (read, listed_early) = match chunk_objects {
-            Some(listed) => (self.read_small_object(header).await, Some(Ok(listed))),
+            Some(listed) => (read_header.await, Some(listed)),
             None if has_chunk_dirs => {
-                let (read, listed) = tokio::join!(
-                    self.read_small_object(header),
-                    self.list_chunk_objects(prefix)
-                );
+                let (read, listed) = tokio::join!(read_header, self.list_chunk_objects(prefix));
                 (read, Some(listed))
             }
-            None => (self.read_small_object(header).await, None),
+            None => (read_header.await, None),
         };
         let bytes = match read {
             Ok(bytes) => bytes,

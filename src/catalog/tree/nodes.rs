@@ -17,6 +17,7 @@ use crate::catalog::dataset::FlatDataset;
 use crate::catalog::monolithic::Dataset;
 use crate::error::FsResult;
 use crate::object::ObjectInfo;
+use crate::store::listing_progress::ListingProgress;
 
 /// Whether a directory's subtree looks for chunked datasets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,11 +56,18 @@ pub struct DirNode {
     pub(super) listing: Mutex<Option<Arc<Listing>>>,
     /// The listing of the store under way, if one is: a task of its own, which every
     /// caller joins, so that a caller's deadline ends its wait, not the listing.
-    pub(super) in_flight: Mutex<Option<ListingTask>>,
+    pub(super) in_flight: Mutex<Option<InFlight>>,
 }
 
 /// A listing of a directory under way, shared by everyone waiting for it.
 pub(super) type ListingTask = Shared<BoxFuture<'static, FsResult<Arc<Listing>>>>;
+
+/// A listing under way and how far it has come: a caller waits while it advances.
+#[derive(Clone)]
+pub(super) struct InFlight {
+    pub(super) task: ListingTask,
+    pub(super) progress: Arc<ListingProgress>,
+}
 
 /// The store's delimited listing of a prefix, and when it was made. The mount's check
 /// that the store answers lists the root; a chunked dataset's listing is also that of

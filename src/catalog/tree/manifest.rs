@@ -1,0 +1,343 @@
+//! A chunked dataset opened without listing its directory: from its manifest
+//! ([`scdl_format::manifest`]), one GET of the manifest and one of `header.sch` (both
+//! at once), or, without a manifest, from the header and a listing of its objects in
+//! key ranges at once ([`super::ranges`]). Listed as any directory, a dataset of 24,415
+//! chunks takes 25 delimited pages and then 74 recursive ones, one after the other.
+//!
+//! A directory that is not listed yet is asked for its manifest and its header while
+//! its delimited listing starts ([`Tree::list_level`]): the first to answer with
+//! something usable wins. A directory without a chunked header costs two GETs answered
+//! 404 (or a monolithic header's) beside its listing, and no wait; a chunk directory is
+//! not asked. A listing made first that shows a manifest has it read too (or, for a
+//! listing made before, such as the root's, when its dataset is discovered). A manifest
+//! that cannot be read, is not one, or disagrees with the header (its rows, rows per
+//! chunk, chunk count) is logged and the dataset is listed in ranges instead. The
+//! objects keep the ETags the manifest (or the ranges) list: every GET of them sends
+//! `If-Match`, so an object changed since is refused (EIO), never mixed.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{GetResult, ObjectMeta, ObjectStore};
+use scdl_format::header::MAX_HEADER_BYTES;
+use scdl_format::layout::{parse_chunk_dir_name, HEADER_FILE};
+use scdl_format::manifest::{Manifest, MANIFEST_FILE, MAX_MANIFEST_BYTES};
+use scdl_format::Header;
+use tokio::time::Instant;
+
+use super::nodes::{DirNode, Prelisted};
+use super::{non_empty, Tree};
+use crate::error::{FsError, FsResult};
+use crate::object::{canonical_etag, ObjectInfo};
+
+/// What a manifest says of its directory, checked against the header.
+pub(super) struct Opened {
+    /// The directory's entries as a listing would show them: its objects (the header
+    /// and the manifest with them) and its subdirectories; `None` if the objects could
+    /// not be listed.
+    pub(super) level: Option<Prelisted>,
+    /// Every object of the dataset but the header (and the manifest it was read from),
+    /// or why they could not be listed: the dataset is then shown as stored, not listed
+    /// again.
+    pub(super) objects: FsResult<Vec<ObjectMeta>>,
+    /// The header's bytes, as read, and the version they are of.
+    header_bytes: Bytes,
+    header_meta: ObjectMeta,
+}
+
+impl Opened {
+    /// The header's bytes as read with the manifest, if `header` is the version read.
+    pub(super) fn header_bytes_of(&self, header: &ObjectInfo) -> Option<Bytes> {
+        let meta = &self.header_meta;
+        let etag = meta.e_tag.as_deref().map(canonical_etag);
+        header
+            .is_version(meta.size, etag.as_deref(), meta.last_modified.into())
+            .then(|| self.header_bytes.clone())
+    }
+}
+
+impl Tree {
+    /// The directory's delimited listing, or its dataset opened directly if that
+    /// answers first ([`Tree::open_directly`]), with what was opened.
+    pub(super) async fn list_level(&self, dir: &DirNode) -> FsResult<(Prelisted, Option<Opened>)> {
+        let prefix = &dir.prefix;
+        let listing = async {
+            self.store
+                .list_with_delimiter(non_empty(prefix))
+                .await
+                .map(Prelisted::now)
+                .map_err(|e| FsError::store(prefix.as_ref(), &e))
+        };
+        // A chunk directory holds arrays, never a dataset.
+        if prefix.filename().and_then(parse_chunk_dir_name).is_some() {
+            return Ok((listing.await?, None));
+        }
+        let probe = self.open_directly(prefix);
+        tokio::pin!(listing, probe);
+        tokio::select! {
+            opened = &mut probe => match opened {
+                Some(Opened { level: Some(ref level), .. }) => Ok((level.clone(), opened)),
+                opened => Ok((listing.await?, opened)),
+            },
+            listed = &mut listing => {
+                let listed = listed?;
+                // The probe is under way: it answers a dataset's directory sooner than
+                // a listing of its objects begun now.
+                let opened = match shows(&listed, MANIFEST_FILE) || shows(&listed, HEADER_FILE) {
+                    true => probe.await,
+                    false => None,
+                };
+                Ok((listed, opened))
+            }
+        }
+    }
+
+    /// The dataset at `prefix` opened without listing its directory, if its header is
+    /// a chunked one: from its manifest if it has one that can be used, else from a
+    /// listing of its objects in key ranges at once ([`Tree::list_in_ranges`]).
+    /// `None` for a directory without a header (or with another kind), which is listed.
+    async fn open_directly(&self, prefix: &ObjectPath) -> Option<Opened> {
+        let header_key = prefix.clone().join(HEADER_FILE);
+        let (manifest, header) = tokio::join!(
+            self.read_manifest(prefix),
+            self.whole(&header_key, MAX_HEADER_BYTES)
+        );
+        let (header_meta, header_bytes) = header.ok()?;
+        let chunks = Header::decode(&header_bytes).ok()?.chunked?.num_chunks as u64;
+        let header = (header_meta, header_bytes);
+        if let Some(manifest) = manifest {
+            if let Some(opened) = self.opened_from(prefix, manifest, header.clone()) {
+                return Some(opened);
+            }
+        }
+        let (header_meta, header_bytes) = header;
+        let objects = self
+            .list_in_ranges(prefix, chunks)
+            .await
+            .map(|mut objects| {
+                objects.retain(|meta| meta.location != header_key);
+                objects
+            });
+        let level =
+            (objects.as_ref().ok()).map(|objects| level_of(prefix, objects, [header_meta.clone()]));
+        Some(Opened {
+            level,
+            objects,
+            header_bytes,
+            header_meta,
+        })
+    }
+
+    /// The dataset at `prefix` opened from its manifest, read with its header, if both
+    /// can be read and agree; `None` (logged unless there is no manifest) otherwise.
+    pub(super) async fn open_manifest(&self, prefix: &ObjectPath) -> Option<Opened> {
+        let header_key = prefix.clone().join(HEADER_FILE);
+        let (manifest, header) = tokio::join!(
+            self.read_manifest(prefix),
+            self.whole(&header_key, MAX_HEADER_BYTES)
+        );
+        match header {
+            Ok(header) => self.opened_from(prefix, manifest?, header),
+            Err(error) => {
+                let manifest = manifest?;
+                tracing::warn!(manifest = %manifest.0.location, %error, "cannot read the header the manifest is of; listing the directory instead");
+                None
+            }
+        }
+    }
+
+    /// The manifest at `prefix` as read, with its metadata, if there is one that
+    /// decodes; logged if there is one that cannot be read or decoded.
+    async fn read_manifest(&self, prefix: &ObjectPath) -> Option<(ObjectMeta, Manifest)> {
+        let key = prefix.clone().join(MANIFEST_FILE);
+        let (meta, bytes) = match self.whole(&key, MAX_MANIFEST_BYTES).await {
+            Ok(read) => read,
+            Err(FsError::NotFound) => return None,
+            Err(error) => {
+                tracing::warn!(manifest = %key, %error, "cannot read the manifest; listing the dataset instead");
+                return None;
+            }
+        };
+        match Manifest::decode(&bytes) {
+            Ok(manifest) => Some((meta, manifest)),
+            Err(error) => {
+                tracing::warn!(manifest = %key, %error, "not using the manifest; listing the dataset instead");
+                None
+            }
+        }
+    }
+
+    /// The dataset at `prefix` as `manifest` says, if it agrees with `header`.
+    fn opened_from(
+        &self,
+        prefix: &ObjectPath,
+        (manifest_meta, manifest): (ObjectMeta, Manifest),
+        (header_meta, header_bytes): (ObjectMeta, Bytes),
+    ) -> Option<Opened> {
+        let agreement = Header::decode(&header_bytes)
+            .map_err(|e| e.to_string())
+            .and_then(|header| manifest.agrees_with(&header).map_err(|e| e.to_string()));
+        if let Err(reason) = agreement {
+            tracing::warn!(manifest = %manifest_meta.location, %reason, "not using the manifest; listing the dataset instead");
+            return None;
+        }
+        let objects: Vec<ObjectMeta> = manifest
+            .objects
+            .into_iter()
+            .map(|object| ObjectMeta {
+                location: object
+                    .key
+                    .split('/')
+                    .fold(prefix.clone(), |path, part| path.join(part)),
+                last_modified: (UNIX_EPOCH + Duration::from_nanos(object.mtime_ns)).into(),
+                size: object.size,
+                e_tag: object.etag,
+                version: None,
+            })
+            .collect();
+        tracing::info!(dataset = %prefix, objects = objects.len(), "opened from its manifest; its objects are not listed");
+        Some(Opened {
+            level: Some(level_of(
+                prefix,
+                &objects,
+                [header_meta.clone(), manifest_meta],
+            )),
+            objects: Ok(objects),
+            header_bytes,
+            header_meta,
+        })
+    }
+
+    /// A whole small object with its metadata as the answer gave it: no more than
+    /// `most` bytes, refused unread if it says it is larger; [`FsError::NotFound`] if
+    /// there is none.
+    async fn whole(&self, key: &ObjectPath, most: u64) -> FsResult<(ObjectMeta, Bytes)> {
+        let answer: GetResult =
+            self.store
+                .get_opts(key, Default::default())
+                .await
+                .map_err(|e| match e {
+                    object_store::Error::NotFound { .. } => FsError::NotFound,
+                    other => FsError::store(key.as_ref(), &other),
+                })?;
+        let meta = answer.meta.clone();
+        if meta.size > most {
+            return Err(FsError::CorruptData(format!(
+                "{key}: {} bytes, more than the {most} it may hold",
+                meta.size
+            )));
+        }
+        let mut body = answer.into_stream();
+        let mut bytes = BytesMut::with_capacity(meta.size as usize);
+        while let Some(piece) = body
+            .try_next()
+            .await
+            .map_err(|e| FsError::store(key.as_ref(), &e))?
+        {
+            if (bytes.len() + piece.len()) as u64 > meta.size {
+                return Err(FsError::ShortRead {
+                    key: key.to_string(),
+                    expected: meta.size,
+                    got: (bytes.len() + piece.len()) as u64,
+                });
+            }
+            bytes.extend_from_slice(&piece);
+        }
+        if bytes.len() as u64 != meta.size {
+            return Err(FsError::ShortRead {
+                key: key.to_string(),
+                expected: meta.size,
+                got: bytes.len() as u64,
+            });
+        }
+        Ok((meta, bytes.freeze()))
+    }
+}
+
+/// Whether a listing shows an object named `name`.
+fn shows(listed: &Prelisted, name: &str) -> bool {
+    listed
+        .objects
+        .iter()
+        .any(|meta| meta.location.filename() == Some(name))
+}
+
+/// The directory `prefix` as a delimited listing shows it: the `objects` directly in
+/// it and `more` (the header and the manifest), and one subdirectory for each first
+/// part of a deeper key, in key order.
+fn level_of<const N: usize>(
+    prefix: &ObjectPath,
+    objects: &[ObjectMeta],
+    more: [ObjectMeta; N],
+) -> Prelisted {
+    let mut level = Prelisted {
+        at: Instant::now(),
+        common_prefixes: Vec::new(),
+        objects: more.into(),
+    };
+    for meta in objects {
+        let Some(mut parts) = meta.location.prefix_match(prefix) else {
+            continue;
+        };
+        let first = parts.next();
+        match (first, parts.next()) {
+            (Some(_), None) => level.objects.push(meta.clone()),
+            (Some(dir), Some(_)) => {
+                let dir = prefix.clone().join(dir.as_ref());
+                if level.common_prefixes.last() != Some(&dir) {
+                    level.common_prefixes.push(dir);
+                }
+            }
+            (None, _) => {}
+        }
+    }
+    level.common_prefixes.sort();
+    level.common_prefixes.dedup();
+    level.objects.sort_by(|a, b| a.location.cmp(&b.location));
+    level
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(key: &str) -> ObjectMeta {
+        ObjectMeta {
+            location: ObjectPath::from(key),
+            last_modified: UNIX_EPOCH.into(),
+            size: 1,
+            e_tag: None,
+            version: None,
+        }
+    }
+
+    #[test]
+    fn a_manifest_shows_its_directory_as_a_listing_would() {
+        let objects = [
+            "ds/chunk_00001/data.npy",
+            "ds/chunk_00000/data.npy",
+            "ds/chunk_00000/row_ptr.npy",
+            "ds/metadata.json",
+            "ds/var_features/labels.npy",
+        ]
+        .map(meta);
+        let level = level_of(
+            &ObjectPath::from("ds"),
+            &objects,
+            [meta("ds/header.sch"), meta("ds/.scdlfs-manifest")],
+        );
+        let names = |paths: Vec<&ObjectPath>| -> Vec<String> {
+            paths.into_iter().map(|p| p.to_string()).collect()
+        };
+        assert_eq!(
+            names(level.common_prefixes.iter().collect()),
+            ["ds/chunk_00000", "ds/chunk_00001", "ds/var_features"]
+        );
+        assert_eq!(
+            names(level.objects.iter().map(|m| &m.location).collect()),
+            ["ds/.scdlfs-manifest", "ds/header.sch", "ds/metadata.json"]
+        );
+    }
+}
