@@ -117,7 +117,10 @@ def test_scdlfs_chunk_matches_reference(name, monolithic, chunked, chunker, tmp_
     got_header = (chunked[name] / "header.sch").read_bytes()
     want_header = (ref / "header.sch").read_bytes()
     assert got_header == want_header, _header_diff(want_header, got_header)
-    assert H.tree_files(chunked[name]) == H.tree_files(ref)
+    got = H.tree_files(chunked[name])
+    # Beside the format's files, scdlfs writes the dataset's manifest (docs/manifest.md).
+    assert got.pop(".scdlfs-manifest", None) is not None, "no manifest written"
+    assert got == H.tree_files(ref)
 
 
 # --------------------------------------------------------------------------

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use object_store::path::Path as ObjectPath;
 use scdl_format::hint::HINT_FILE;
 use scdl_format::layout::{parse_chunk_dir_name, CHUNKED_DIR, HEADER_FILE};
+use scdl_format::manifest::MANIFEST_FILE;
 use scdl_format::ArrayKind;
 
 use super::{hint_file, Pending};
@@ -32,7 +33,10 @@ pub(super) fn flat_entries(
     let mut entries: Vec<(String, Pending)> = raw
         .into_iter()
         .filter(|(name, _)| {
+            // The manifest, like the chunks, is of the chunked layout: the monolithic
+            // archive the view stands for has none (`.chunked/` shows it).
             name != HEADER_FILE
+                && name != MANIFEST_FILE
                 && ArrayKind::from_file_name(name).is_none()
                 && parse_chunk_dir_name(name).is_none()
         })

@@ -11,7 +11,10 @@
 //! not asked. A listing made first that shows a manifest has it read too (or, for a
 //! listing made before, such as the root's, when its dataset is discovered). A manifest
 //! that cannot be read, is not one, or disagrees with the header (its rows, rows per
-//! chunk, chunk count) is logged and the dataset is listed in ranges instead. The
+//! chunk, chunk count), or whose version of the first chunk's row offsets is not the
+//! store's (a HEAD beside the two GETs: a manifest of a local folder copied into a
+//! bucket lists the folder's ETags), is logged and the dataset is listed in ranges
+//! instead. The
 //! objects keep the ETags the manifest (or the ranges) list: every GET of them sends
 //! `If-Match`, so an object changed since is refused (EIO), never mixed.
 
@@ -20,7 +23,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use bytes::{Bytes, BytesMut};
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{GetResult, ObjectMeta, ObjectStore};
+use object_store::{GetResult, ObjectMeta, ObjectStore, ObjectStoreExt};
 use scdl_format::header::MAX_HEADER_BYTES;
 use scdl_format::layout::{parse_chunk_dir_name, HEADER_FILE};
 use scdl_format::manifest::{Manifest, MANIFEST_FILE, MAX_MANIFEST_BYTES};
@@ -100,15 +103,16 @@ impl Tree {
     /// `None` for a directory without a header (or with another kind), which is listed.
     async fn open_directly(&self, prefix: &ObjectPath) -> Option<Opened> {
         let header_key = prefix.clone().join(HEADER_FILE);
-        let (manifest, header) = tokio::join!(
+        let (manifest, header, probe) = tokio::join!(
             self.read_manifest(prefix),
-            self.whole(&header_key, MAX_HEADER_BYTES)
+            self.whole(&header_key, MAX_HEADER_BYTES),
+            self.probe(prefix)
         );
         let (header_meta, header_bytes) = header.ok()?;
         let chunks = Header::decode(&header_bytes).ok()?.chunked?.num_chunks as u64;
         let header = (header_meta, header_bytes);
         if let Some(manifest) = manifest {
-            if let Some(opened) = self.opened_from(prefix, manifest, header.clone()) {
+            if let Some(opened) = self.opened_from(prefix, manifest, header.clone(), probe) {
                 return Some(opened);
             }
         }
@@ -134,12 +138,13 @@ impl Tree {
     /// can be read and agree; `None` (logged unless there is no manifest) otherwise.
     pub(super) async fn open_manifest(&self, prefix: &ObjectPath) -> Option<Opened> {
         let header_key = prefix.clone().join(HEADER_FILE);
-        let (manifest, header) = tokio::join!(
+        let (manifest, header, probe) = tokio::join!(
             self.read_manifest(prefix),
-            self.whole(&header_key, MAX_HEADER_BYTES)
+            self.whole(&header_key, MAX_HEADER_BYTES),
+            self.probe(prefix)
         );
         match header {
-            Ok(header) => self.opened_from(prefix, manifest?, header),
+            Ok(header) => self.opened_from(prefix, manifest?, header, probe),
             Err(error) => {
                 let manifest = manifest?;
                 tracing::warn!(manifest = %manifest.0.location, %error, "cannot read the header the manifest is of; listing the directory instead");
@@ -169,16 +174,28 @@ impl Tree {
         }
     }
 
-    /// The dataset at `prefix` as `manifest` says, if it agrees with `header`.
+    /// What the store says of the first chunk's row offsets ([`PROBED_OBJECT`]), asked
+    /// beside the manifest: `None` if it cannot say.
+    async fn probe(&self, prefix: &ObjectPath) -> Option<ObjectMeta> {
+        let key = PROBED_OBJECT
+            .split('/')
+            .fold(prefix.clone(), |path, part| path.join(part));
+        self.store.head(&key).await.ok()
+    }
+
+    /// The dataset at `prefix` as `manifest` says, if it agrees with `header` and the
+    /// store's version of [`PROBED_OBJECT`] is the one the manifest lists (`probe`).
     fn opened_from(
         &self,
         prefix: &ObjectPath,
         (manifest_meta, manifest): (ObjectMeta, Manifest),
         (header_meta, header_bytes): (ObjectMeta, Bytes),
+        probe: Option<ObjectMeta>,
     ) -> Option<Opened> {
         let agreement = Header::decode(&header_bytes)
             .map_err(|e| e.to_string())
-            .and_then(|header| manifest.agrees_with(&header).map_err(|e| e.to_string()));
+            .and_then(|header| manifest.agrees_with(&header).map_err(|e| e.to_string()))
+            .and_then(|()| same_version(&manifest, probe.as_ref()));
         if let Err(reason) = agreement {
             tracing::warn!(manifest = %manifest_meta.location, %reason, "not using the manifest; listing the dataset instead");
             return None;
@@ -253,6 +270,30 @@ impl Tree {
             });
         }
         Ok((meta, bytes.freeze()))
+    }
+}
+
+/// The object whose version the store is asked for beside the manifest.
+const PROBED_OBJECT: &str = "chunk_00000/row_ptr.npy";
+
+/// Whether the manifest lists the version of [`PROBED_OBJECT`] the store has: a dataset
+/// chunked into a local folder and copied into a bucket has a manifest of the folder's
+/// ETags, none of which the bucket's objects carry, and every read of them would be
+/// refused as a changed object.
+fn same_version(manifest: &Manifest, probe: Option<&ObjectMeta>) -> Result<(), String> {
+    let listed = manifest.objects.iter().find(|o| o.key == PROBED_OBJECT);
+    match (listed, probe) {
+        (Some(listed), Some(stored))
+            if listed.size == stored.size
+                && listed.etag.as_deref().map(canonical_etag)
+                    == stored.e_tag.as_deref().map(canonical_etag) =>
+        {
+            Ok(())
+        }
+        (Some(_), Some(_)) => Err(format!(
+            "the store's {PROBED_OBJECT} is not the version it lists (copied from another store, or rewritten since)"
+        )),
+        _ => Err(format!("cannot compare {PROBED_OBJECT} with the store's")),
     }
 }
 
