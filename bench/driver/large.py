@@ -84,7 +84,9 @@ def sys_small_cache(ctx, order, run_i):
     # Random rows in steps of 1,024 (16 minibatches of 64), as scDataset fetches them.
     small = large.but(cache_size=str(int(large.info["bytes"] * SMALL_CACHE_SHARE)),
                       order_args=["--random-fetch-factor", "16"])
-    for rows_order in ("blocks", "random"):
+    # --quick serves moto_server, which copies a whole object for every ranged GET: the
+    # random order's two GETs a row would read too few rows in its time limit.
+    for rows_order in ("blocks",) if ctx.args.quick else ("blocks", "random"):
         results += sys_scdlfs(small, rows_order, run_i, True, dataset=large.name, prefix=prefix, warm=False)
     results = with_link(results, large)
     windows = ctx.but(cache_size=str(int(ctx.info["bytes"] * SMALL_CACHE_SHARE)),
