@@ -83,14 +83,20 @@ fn concurrent_readers_share_each_download() {
     }
     // Every read but discovery's of a dataset's header (asked for as the range of its
     // listed size) is a part download, a reader's own bytes (a direct read) or the
-    // window of the other value array beside a reader's (an edge).
+    // window of the other value array beside a reader's (an edge). A direct read that
+    // lost its race to the download is dropped before its answer, which the double
+    // does not count (it counts what was read), while the mount counts it as sent.
     let ranged = counts
         .keys()
         .filter(|(key, _)| !key.ends_with(HEADER_FILE))
         .count() as u64;
     let counters = mount.status().counters;
-    assert_eq!(
-        counters.parts_fetched + counters.direct_reads + counters.edges_fetched,
-        ranged
+    let sent = counters.parts_fetched + counters.direct_reads + counters.edges_fetched;
+    assert!(
+        counters.parts_fetched + counters.edges_fetched <= ranged && ranged <= sent,
+        "{ranged} ranges read; {} parts, {} direct reads, {} edges sent",
+        counters.parts_fetched,
+        counters.direct_reads,
+        counters.edges_fetched
     );
 }
