@@ -74,6 +74,12 @@ def sys_large(ctx, order, run_i):
     return with_link(results, large)
 
 
+def small_cache_bytes(dataset_bytes):
+    """SMALL_CACHE_SHARE of the dataset, but two parts of the daemon's default 8 MiB at
+    least, which it refuses to go below (--quick's datasets are about 50 MB)."""
+    return max(int(dataset_bytes * SMALL_CACHE_SHARE), 16 << 20)
+
+
 def sys_small_cache(ctx, order, run_i):
     """Cold epochs on fresh mounts whose cache is SMALL_CACHE_SHARE of the dataset: the
     large chunks in the blocks and random orders with their plans, and the main dataset's
@@ -82,13 +88,13 @@ def sys_small_cache(ctx, order, run_i):
     prefix = "%s, %s, " % (LARGE, SMALL_CACHE)
     results = []
     # Random rows in steps of 1,024 (16 minibatches of 64), as scDataset fetches them.
-    small = large.but(cache_size=str(int(large.info["bytes"] * SMALL_CACHE_SHARE)),
+    small = large.but(cache_size=str(small_cache_bytes(large.info["bytes"])),
                       order_args=["--random-fetch-factor", "16"])
     # --quick serves moto_server, which copies a whole object for every ranged GET: the
     # random order's two GETs a row would read too few rows in its time limit.
     for rows_order in ("blocks",) if ctx.args.quick else ("blocks", "random"):
         results += sys_scdlfs(small, rows_order, run_i, True, dataset=large.name, prefix=prefix, warm=False)
     results = with_link(results, large)
-    windows = ctx.but(cache_size=str(int(ctx.info["bytes"] * SMALL_CACHE_SHARE)),
+    windows = ctx.but(cache_size=str(small_cache_bytes(ctx.info["bytes"])),
                       order_args=["--chunks-per-window", "1"])
     return results + sys_scdlfs(windows, "windows", run_i, True, prefix=SMALL_CACHE + ", ", warm=False)
