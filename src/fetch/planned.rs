@@ -143,17 +143,14 @@ impl PlannedRanges {
         };
         match bytes {
             Some(bytes) => {
-                let since = self.next_arrival;
-                self.next_arrival += 1;
-                self.held += bytes.len() as u64;
-                self.arrivals.insert(since, (key, start));
-                match ranges.get_mut(&start) {
-                    Some((end, entry)) if *end - start == bytes.len() as u64 => {
+                // Only into the entry this fetch was asked for (same start and length).
+                if let Some((end, entry)) = ranges.get_mut(&start) {
+                    if *end - start == bytes.len() as u64 {
+                        let since = self.next_arrival;
+                        self.next_arrival += 1;
+                        self.held += bytes.len() as u64;
+                        self.arrivals.insert(since, (key, start));
                         *entry = Entry::Held { bytes, since };
-                    }
-                    _ => {
-                        self.held -= bytes.len() as u64;
-                        self.arrivals.remove(&since);
                     }
                 }
             }

@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use scdl_format::ArrayKind;
 
-use super::read_around::{Given, PageCache};
+use super::read_around::{slices, Given, PageCache, PUSH_SLICE};
 use crate::catalog::{FileContent, FlatDataset, Node, NodeKind};
 use crate::metrics::Metrics;
 use crate::prefetch::PlannedPages;
@@ -28,9 +28,6 @@ use crate::view::plan_read;
 
 /// Flat files remembered for stores: two per dataset version a reader opened.
 pub const FILES_KEPT: usize = 256;
-
-/// Bytes stored at once: one write of the FUSE device each.
-const STORE_SLICE: u64 = 1 << 20;
 
 /// A flat file as a store names it: its inode, and its node (which holds the dataset).
 type FlatFile = (u64, Arc<Node>);
@@ -104,7 +101,7 @@ impl PlannedPusher {
             given: self.given.clone(),
             page: self.page,
             page_cache,
-            buffer: Vec::with_capacity(STORE_SLICE as usize),
+            buffer: Vec::with_capacity(PUSH_SLICE as usize),
         };
         let spawned = std::thread::Builder::new()
             .name("scdlfs-planned".into())
@@ -148,7 +145,7 @@ impl StoreWorker {
         }
     }
 
-    /// Stores the range a slice at a time if every byte is local (the fetcher may have
+    /// Stores the range a slice ([`PUSH_SLICE`]) at a time if every byte is local (the fetcher may have
     /// dropped some past its cap), then gives the fetcher's copies back.
     fn store(&mut self, store: &Store) {
         let NodeKind::File(file) = &store.node.kind else {
@@ -164,9 +161,7 @@ impl StoreWorker {
         if !self.read_path.is_local(&whole) {
             return;
         }
-        let mut start = bytes.start;
-        while start < bytes.end {
-            let end = (start + STORE_SLICE).min(bytes.end);
+        for Range { start, end } in slices(bytes.clone(), PUSH_SLICE) {
             let slice = plan_read(&file.content, file.size, start, end - start);
             match self.read_path.read_around(&slice, &mut self.buffer) {
                 Some(Ok(())) if self.buffer.len() as u64 == end - start => {}
@@ -179,7 +174,6 @@ impl StoreWorker {
             let pages = start / self.page..end.div_ceil(self.page);
             self.given.pages.lock().give(store.ino, pages);
             Metrics::add(&self.metrics.planned_bytes_pushed, end - start);
-            start = end;
         }
         self.read_path.release_planned(&whole);
     }

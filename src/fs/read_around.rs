@@ -416,7 +416,7 @@ impl Pusher {
 }
 
 /// `bytes` cut into consecutive ranges of at most `slice` bytes.
-fn slices(bytes: Range<u64>, slice: u64) -> impl Iterator<Item = Range<u64>> {
+pub(super) fn slices(bytes: Range<u64>, slice: u64) -> impl Iterator<Item = Range<u64>> {
     (bytes.start..bytes.end)
         .step_by(slice as usize)
         .map(move |start| start..(start + slice).min(bytes.end))
