@@ -312,6 +312,9 @@ def mount_and_read(ctx, system, cmd, env, mnt, dataset_dir, epochs, reader=read_
                 r["bytes_served"] = r["bytes_read"]
                 status = scdlfs_status(mnt)
                 r["cache"] = status["cache"]
+                # Since the mount started, like the cache's counters: a mount that serves a
+                # plan's rows exactly (its dataset's values exceed the cache) never fills it.
+                r["planned_requests_since_mount"] = status["counters"]["planned_requests"]
                 r["cache_dir_peak_bytes"], r["cache_dir_samples"] = sampler.take()
                 r["cache_budget_bytes"] = size_bytes(option(cmd, "--cache-size"))
                 r["hint_writes"] = status["counters"]["hint_writes"] - counters0["hint_writes"]

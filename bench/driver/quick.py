@@ -77,10 +77,13 @@ def quick_checks(args, systems, orders, other_orders, results, startup, info):
             problems.append("%s, %s, epoch %d read %d rows, fewer than %d" % (
                 r["system"], r["order"], r["epoch"], r["rows"], QUICK_MIN_ROWS))
         cache = r.get("cache")
+        # The budget binds by evicting or refusing parts, or, for a plan over a dataset whose
+        # values exceed the cache, by fetching the plan's rows exactly instead of whole parts.
         if cache and ("page-cache warm" in r["system"] or r["system"].startswith(HALF + ", next")) and not (
-                cache["evicted_parts"] or cache["parts_not_cached_for_lack_of_room"]):
-            problems.append("%s, %s: the budget never bound (no part evicted or refused) with a %s cache" % (
-                r["system"], r["order"], args.cache_size))
+                cache["evicted_parts"] or cache["parts_not_cached_for_lack_of_room"]
+                or r.get("planned_requests_since_mount")):
+            problems.append("%s, %s: the budget never bound (no part evicted or refused, no row fetched "
+                            "exactly) with a %s cache" % (r["system"], r["order"], args.cache_size))
     for r in results:
         if "cache_dir_peak_bytes" in r and r["cache_dir_peak_bytes"] > r["cache_budget_bytes"]:
             problems.append("%s, %s: the cache directory held %d bytes at its peak (of %d samples), over the "
