@@ -256,6 +256,57 @@ def test_a_batch_sampler_resumes_at_the_next_batch(path):
     assert list(fresh) == whole[5:]
 
 
+def _loaders(path):
+    """A DataLoader's three ways of taking a sampler's rows (rows batched by its own
+    BatchSampler, the sampler's batches, rows one by one), with workers that take rows
+    ahead of the loop; each with the sampler that must be given the state."""
+    from torch.utils.data import DataLoader
+
+    def window():
+        return scdlfs.ChunkWindowSampler(path, chunks_per_window=2, seed=5)
+
+    def blocks():
+        return scdlfs.BlockSampler(path, block_size=16, batch_size=32, fetch_factor=4, seed=5)
+
+    def by_rows(sampler):
+        return sampler, DataLoader(range(ROWS), batch_size=50, sampler=sampler, num_workers=2)
+
+    def by_batches(sampler):
+        return sampler, DataLoader(range(ROWS), batch_sampler=sampler.batches(), num_workers=2)
+
+    def one_by_one(sampler):
+        return sampler, DataLoader(range(ROWS), batch_size=None, sampler=sampler, num_workers=2)
+
+    return [lambda: by_rows(window()), lambda: by_batches(blocks()), lambda: one_by_one(window())]
+
+
+@pytest.mark.parametrize("way", range(3), ids=["rows", "batches", "one-by-one"])
+def test_a_state_taken_in_a_dataloader_loop_counts_the_rows_the_loop_received(path, way):
+    make = _loaders(path)[way]
+    sampler, loader = make()
+    sampler.set_epoch(1)
+    whole = [i for batch in loader for i in torch_rows(batch)]
+    sampler, loader = make()
+    sampler.set_epoch(1)
+    received = []
+    for n, batch in enumerate(loader):
+        received += torch_rows(batch)
+        if n == 9:
+            # The workers have taken more rows than these ahead of the loop.
+            state = sampler.state_dict()
+            break
+    assert state["rows_done"] == len(received)
+    resumed, loader = make()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    assert received + [i for batch in loader for i in torch_rows(batch)] == whole
+
+
+def torch_rows(batch) -> list[int]:
+    """A batch's rows; a row alone when the loader batches nothing (batch_size=None)."""
+    return [batch] if isinstance(batch, int) else batch.tolist()
+
+
 def test_a_state_from_another_sampler_is_refused(path):
     state = scdlfs.ChunkWindowSampler(path, seed=1).state_dict()
     with pytest.raises(ValueError, match="the state is of another sampler"):

@@ -45,6 +45,7 @@ import os
 import sys
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -203,6 +204,7 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         self._epoch = 0
         self._rows_done = 0
         self._resume_at = 0
+        self._loop: _LoopCount | None = None
         self._warned_rewrapped = False
         self._cache_aware = cache_aware
         self._cached: list[tuple[int, int]] | None = None
@@ -229,7 +231,8 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         if epoch != self._epoch:
             # A resume point belongs to its epoch (a training loop calls set_epoch with
             # the resumed epoch after load_state_dict, which must keep it).
-            self._resume_at = 0
+            self._resume_at = self._rows_done = 0
+            self._loop = None
         self._epoch = epoch
         if self._cache_aware:
             self._cached = None
@@ -345,6 +348,8 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
             for row in minibatch:
                 self._rows_done += 1
                 yield row
+            if self._loop is not None:
+                self._loop.rows(self._rows_done)
 
     def _warn_if_rewrapped(self, caller: Any) -> None:
         """Warns once when Lightning's ``DistributedSamplerWrapper`` (whose dataset
@@ -370,17 +375,23 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         native = self._native
         cursor = native.start_epoch(self._epoch, self._resume_at)
         self._rows_done, self._resume_at = self._resume_at, 0
+        self._loop = _LoopCount.of(sys._getframe(1), self)
         while (minibatch := native.next_minibatch(cursor)) is not None:
             yield minibatch
 
     def state_dict(self, rows_done: int | None = None) -> dict[str, Any]:
         """Where this rank is in the current epoch, for :meth:`load_state_dict` to resume
-        there: the epoch and the rows handed out of it so far (or ``rows_done``, e.g. the
-        rows the training loop has consumed, which a DataLoader that reads ahead makes
-        fewer than the rows the sampler handed out)."""
+        there: the epoch and the rows of it done so far (or ``rows_done`` when given).
+        When a DataLoader iterates the sampler, done are the rows its loop has received,
+        not those its workers took ahead: taken inside the loop, the state is exact;
+        taken after a ``break`` (the loader's iterator gone), it may be a batch short,
+        which the resumed epoch then reads again. Otherwise, done are the rows the
+        sampler handed out."""
+        if rows_done is None:
+            rows_done = self._rows_done if self._loop is None else self._loop.rows(self._rows_done)
         state = {
             "epoch": self._epoch,
-            "rows_done": self._rows_done if rows_done is None else rows_done,
+            "rows_done": rows_done,
             "seed": self._settings["seed"],
             "rank": self.rank,
             "world_size": self.world_size,
@@ -409,6 +420,7 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         if not 0 <= state["rows_done"] <= len(self):
             raise ValueError(f"rows_done={state['rows_done']} is outside this epoch's {len(self)} rows")
         self._resume_at = self._rows_done = state["rows_done"]
+        self._loop = None
 
     @property
     def hints_active(self) -> bool:
@@ -433,6 +445,7 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         self._settings = state["settings"]
         self._epoch = state["epoch"]
         self._rows_done = self._resume_at = state["resume_at"]
+        self._loop = None
         self._warned_rewrapped = False
         self._cache_aware = state.get("cache_aware", False)
         self._cached = None
@@ -444,6 +457,61 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
     def __repr__(self) -> str:
         settings = ", ".join(f"{k}={v!r}" for k, v in self._settings.items())
         return f"{type(self).__name__}({self._dataset_dir!r}, {settings}, cache_aware={self._cache_aware}, epoch={self._epoch})"
+
+
+class _LoopCount:
+    """The rows of an epoch a DataLoader's loop has received. Its workers take rows
+    ahead of the loop (``prefetch_factor`` batches each), so the rows the sampler handed
+    out overstate them; the loader's iterator counts the items it yielded
+    (``_num_yielded``, the counter torchdata's StatefulDataLoader builds on): rows,
+    batches of ``batch_size`` rows cut by torch's BatchSampler, or batches of
+    :class:`BatchSampler`, whose ends it notes."""
+
+    def __init__(self, loader: Any, start: int, batch_size: int | None) -> None:
+        # Weakly: the loader's iterator holds this sampler's generator, and must go (its
+        # workers with it) when the loop drops it.
+        self._loader = weakref.ref(loader)
+        self._batch_size = batch_size
+        self._start = start
+        self._yielded = 0
+        self._received = 0
+        self._rows = start
+        # Rows done after each batch handed out and not yet received by the loop.
+        self._ends: deque[int] = deque()
+
+    @staticmethod
+    def of(frame: Any, sampler: _SCDLSampler) -> _LoopCount | None:
+        """The count of the DataLoader iterator whose next() runs ``frame`` to take
+        ``sampler``'s rows, if it takes them in a way known here; else None."""
+        while frame is not None:
+            loader = frame.f_locals.get("self")
+            if hasattr(loader, "_num_yielded") and hasattr(loader, "_index_sampler"):
+                taken = loader._index_sampler
+                if taken is sampler:
+                    return _LoopCount(loader, sampler._rows_done, 1)
+                if isinstance(taken, BatchSampler) and taken.sampler is sampler:
+                    return _LoopCount(loader, sampler._rows_done, None)
+                if getattr(taken, "sampler", None) is sampler and isinstance(getattr(taken, "batch_size", None), int):
+                    return _LoopCount(loader, sampler._rows_done, taken.batch_size)
+                return None
+            frame = frame.f_back
+        return None
+
+    def batch_handed_out(self, rows_done: int) -> None:
+        self._ends.append(rows_done)
+
+    def rows(self, handed_out: int) -> int:
+        """The rows received, as of the loader's count now (or its last while it lived);
+        ``handed_out`` bounds a last short batch."""
+        loader = self._loader()
+        if loader is not None:
+            self._yielded = loader._num_yielded
+        if self._batch_size is not None:
+            return min(self._start + self._yielded * self._batch_size, handed_out)
+        while self._received < self._yielded and self._ends:
+            self._rows = self._ends.popleft()
+            self._received += 1
+        return self._rows
 
 
 class ChunkWindowSampler(_SCDLSampler):
@@ -603,8 +671,12 @@ class BatchSampler:
         self.sampler.load_state_dict(state)
 
     def __iter__(self) -> Iterator[list[int]]:
+        sampler = self.sampler
         for batch in self._batches():
-            self.sampler._rows_done += len(batch)
+            sampler._rows_done += len(batch)
+            if sampler._loop is not None:
+                sampler._loop.batch_handed_out(sampler._rows_done)
+                sampler._loop.rows(sampler._rows_done)
             yield batch
 
     def _batches(self) -> Iterator[list[int]]:
