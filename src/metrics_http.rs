@@ -88,7 +88,10 @@ async fn answer(stream: TcpStream, observer: Observer) {
 
 fn respond<B>(request: &Request<B>, observer: &Observer) -> Response<Full<Bytes>> {
     let (status, body) = match (request.method(), request.uri().path()) {
-        (&Method::GET, "/metrics") => (StatusCode::OK, render(&observer.status())),
+        (&Method::GET, "/metrics") => (
+            StatusCode::OK,
+            render(&observer.status()) + &render_process(),
+        ),
         (&Method::GET, _) => (
             StatusCode::NOT_FOUND,
             "only /metrics is served\n".to_owned(),
@@ -105,6 +108,95 @@ fn respond<B>(request: &Request<B>, observer: &Observer) -> Response<Full<Bytes>
     response
 }
 
+/// A counter's or gauge's name with its unit last, as Prometheus names end in their
+/// unit: the field `bytes_fetched` is `fetched_bytes`, `edge_bytes_reused` is
+/// `edge_reused_bytes`.
+fn unit_last(field: &str) -> String {
+    let mut words: Vec<&str> = field.split('_').collect();
+    if let Some(at) = words.iter().position(|w| matches!(*w, "bytes" | "seconds")) {
+        let unit = words.remove(at);
+        words.push(unit);
+    }
+    words.join("_")
+}
+
+/// The standard `process_*` metrics of Prometheus' client libraries, read from `/proc`
+/// at each scrape: CPU seconds, resident and virtual memory, start time, descriptors.
+fn render_process() -> String {
+    let mut out = String::new();
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return out;
+    };
+    // The fields after the command name, which may hold spaces and parentheses itself;
+    // `fields[0]` is the state (field 3 of proc(5)).
+    let fields: Vec<u64> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .map(|f| f.parse().unwrap_or(0))
+                .collect()
+        })
+        .unwrap_or_default();
+    let field = |number: usize| fields.get(number - 3).copied().unwrap_or(0) as f64;
+    let ticks = rustix::param::clock_ticks_per_second() as f64;
+    let boot_time = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|stat| {
+            stat.lines()
+                .find_map(|line| line.strip_prefix("btime ")?.trim().parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    let open_fds = std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count());
+    let max_fds = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    let metrics = [
+        (
+            "process_cpu_seconds_total",
+            "counter",
+            "User and system CPU time spent in seconds.",
+            (field(14) + field(15)) / ticks,
+        ),
+        (
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size in bytes.",
+            field(24) * rustix::param::page_size() as f64,
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory size in bytes.",
+            field(23),
+        ),
+        (
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since unix epoch in seconds.",
+            boot_time + field(22) / ticks,
+        ),
+        (
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors.",
+            open_fds as f64,
+        ),
+        (
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors.",
+            max_fds as f64,
+        ),
+    ];
+    for (name, kind, help, value) in metrics {
+        let _ = write!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+        );
+    }
+    out
+}
+
 /// The status in the Prometheus text format: every counter as `scdlfs_<name>_total`,
 /// every gauge (the cache, the downloads, high-water marks) as `scdlfs_<name>`, the
 /// durations as histograms in seconds, and `scdlfs_info` for the source.
@@ -119,12 +211,17 @@ pub fn render(status: &Status) -> String {
     for (name, kind, help, value) in status.counters.described() {
         match kind {
             Kind::Counter => metric(
-                &format!("scdlfs_{name}_total"),
+                &format!("scdlfs_{}_total", unit_last(name)),
                 "counter",
                 help,
                 value as f64,
             ),
-            Kind::Gauge => metric(&format!("scdlfs_{name}"), "gauge", help, value as f64),
+            Kind::Gauge => metric(
+                &format!("scdlfs_{}", unit_last(name)),
+                "gauge",
+                help,
+                value as f64,
+            ),
         }
     }
     let cache = &status.cache;
@@ -318,14 +415,14 @@ mod tests {
             .iter()
             .filter(|(_, kind, _, _)| *kind == Kind::Counter);
         for (name, _, _, _) in counters {
-            let metric = format!("scdlfs_{name}_total");
+            let metric = format!("scdlfs_{}_total", unit_last(name));
             assert!(text.contains(&format!("# HELP {metric} ")), "{metric}");
             assert!(
                 text.contains(&format!("# TYPE {metric} counter\n")),
                 "{metric}"
             );
         }
-        assert!(text.contains("\nscdlfs_bytes_fetched_total 4096\n"));
+        assert!(text.contains("\nscdlfs_fetched_bytes_total 4096\n"));
         assert!(text.contains("\nscdlfs_reads_total 3\n"));
         assert!(text.contains("\nscdlfs_cache_evicted_parts_total 5\n"));
     }
@@ -369,6 +466,37 @@ mod tests {
             for word in ["micros", "millis", "nanos", "ms", "us", "kib", "mib"] {
                 assert!(!name.split(['_', ' ']).any(|w| w == word), "{name}");
             }
+        }
+    }
+
+    #[test]
+    fn every_name_ends_in_its_unit() {
+        let text = render(&status()) + &render_process();
+        for name in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let (name, kind) = name.split_once(' ').unwrap();
+            let name = name.strip_suffix("_total").unwrap_or(name);
+            for unit in ["bytes", "seconds"] {
+                if name.split('_').any(|w| w == unit) {
+                    assert!(name.ends_with(unit), "{name} ({kind})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_process_metrics_are_the_standard_ones() {
+        let text = render_process();
+        for name in [
+            "process_resident_memory_bytes",
+            "process_start_time_seconds",
+            "process_open_fds",
+            "process_max_fds",
+        ] {
+            let value = text
+                .lines()
+                .find_map(|line| line.strip_prefix(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("no {name} in {text}"));
+            assert!(value.parse::<f64>().unwrap() > 0.0, "{name} {value}");
         }
     }
 

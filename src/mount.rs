@@ -98,8 +98,42 @@ pub enum MountError {
     UntrustedCacheDir(#[from] crate::cache_dir_check::UntrustedCacheDir),
     #[error("FUSE mount failed: {0}")]
     Fuse(io::Error),
+    /// fuser, and fusermount3 after it (which opens the device with the user's own
+    /// rights), could only fail with EACCES.
+    #[error(
+        "{DEV_FUSE} (mode {mode:04o}, owner uid {owner}) cannot be opened by this user (uid \
+         {uid}): FUSE mounts by users other than root need it readable and writable by \
+         them, as fuse3's udev rule makes it (mode 0666). Ask an administrator to run \
+         `chmod 0666 {DEV_FUSE}` (in a container: pass the device with that mode), or \
+         mount as root and share the mount with --allow-other"
+    )]
+    DevFuseDenied { mode: u32, owner: u32, uid: u32 },
     #[error("the mount did not answer within {0:?}")]
     NotReady(Duration),
+}
+
+/// The FUSE device, which a mount opens and serves.
+const DEV_FUSE: &str = "/dev/fuse";
+
+/// Fails with [`MountError::DevFuseDenied`] when this user may not open the FUSE
+/// device: fuser would report a bare `Permission denied`.
+fn check_dev_fuse_open_to_users() -> Result<(), MountError> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(DEV_FUSE)
+    {
+        Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
+            let meta = std::fs::metadata(DEV_FUSE).map_err(MountError::Fuse)?;
+            Err(MountError::DevFuseDenied {
+                mode: meta.mode() & 0o7777,
+                owner: meta.uid(),
+                uid: rustix::process::geteuid().as_raw(),
+            })
+        }
+        // A missing device, or any other failure, is fuser's to report.
+        _ => Ok(()),
+    }
 }
 
 /// A live mount. Dropping it unmounts.
@@ -344,6 +378,9 @@ impl Mount {
         }
         config.n_threads = Some(settings.fuse_threads.max(1));
         config.clone_fd = settings.fuse_threads > 1;
+        if !rustix::process::geteuid().is_root() {
+            check_dev_fuse_open_to_users()?;
+        }
         let session = fuser::spawn_mount(fs, &mountpoint, &config).map_err(MountError::Fuse)?;
         core.read_around()
             .connect(Arc::new(KernelPageCache::new(session.notifier())));
@@ -460,7 +497,12 @@ fn explain_store_error(error: &object_store::Error) -> String {
     // The deepest cause says what happened; the first line says to what.
     let first_line = all[0].lines().next().unwrap_or_default();
     let what_happened = match all.last() {
-        Some(deepest) if all.len() > 1 => {
+        // A cause the first line already quotes (object_store's "Generic S3 error: ...")
+        // would say it twice.
+        Some(deepest)
+            if all.len() > 1
+                && !first_line.contains(deepest.lines().next().unwrap_or_default()) =>
+        {
             format!(
                 "{first_line} ({})",
                 deepest.lines().next().unwrap_or_default()

@@ -136,10 +136,9 @@ impl Journal {
         let location = self.job_location();
         let bytes = serde_json::to_vec(job).expect("the record serializes");
         match super::create(&self.store, &location, bytes).await {
-            Err(ChunkError::AlreadyExists(_)) => Err(ChunkError::TargetOccupied(format!(
-                "another job began at {} at the same time",
-                self.dir
-            ))),
+            Err(ChunkError::AlreadyExists(_)) => Err(ChunkError::TargetOccupied(
+                "another job began there at the same time".to_owned(),
+            )),
             other => other,
         }
     }

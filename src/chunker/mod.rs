@@ -53,6 +53,9 @@ pub enum ChunkError {
     },
     #[error("inconsistent archive: {0}")]
     Inconsistent(String),
+    /// Its text speaks of the target as "it" or "there": the target is named by who
+    /// knows it as given (`scdlfs chunk`'s TARGET), not by its prefix in its store,
+    /// which a local folder's is not.
     #[error("the target is not free for this job: {0}")]
     TargetOccupied(String),
     #[error(
@@ -240,10 +243,9 @@ async fn run(
     if let Some(published) = present.get(HEADER_FILE) {
         let bytes = read_object(&target, HEADER_FILE, published.size).await?;
         if &bytes != header_bytes {
-            return Err(ChunkError::TargetOccupied(format!(
-                "{} holds another dataset (its header.sch differs from this job's)",
-                target.prefix
-            )));
+            return Err(ChunkError::TargetOccupied(
+                "it holds another dataset (its header.sch differs from this job's)".to_owned(),
+            ));
         }
         verify_sizes(objects, &present, &HashMap::new())?;
         journal.remove().await?;
@@ -254,16 +256,14 @@ async fn run(
         Some(existing) if &existing == identity => journal.uploaded().await?,
         Some(existing) => {
             return Err(ChunkError::TargetOccupied(format!(
-                "{} holds an interrupted chunking of {}; delete it or choose another target",
-                target.prefix,
+                "it holds an interrupted chunking of {}; delete it or choose another target",
                 existing.unlike(identity)
             )))
         }
         None => {
             if let Some(stray) = present.keys().find(|k| !k.starts_with(JOURNAL_DIR)) {
                 return Err(ChunkError::TargetOccupied(format!(
-                    "{} is not empty (it holds {stray}); choose an empty target",
-                    target.prefix
+                    "it is not empty (it holds {stray}); choose an empty target"
                 )));
             }
             // Created only if absent: of two jobs that found the target empty at once,
@@ -346,10 +346,9 @@ async fn run(
                 .await
                 .is_ok_and(|published| &published == header_bytes) => {}
         Err(ChunkError::AlreadyExists(_)) => {
-            return Err(ChunkError::TargetOccupied(format!(
-                "another job published a different dataset at {} while this one ran",
-                target.prefix
-            )))
+            return Err(ChunkError::TargetOccupied(
+                "another job published a different dataset there while this one ran".to_owned(),
+            ))
         }
         Err(error) => return Err(error),
     }

@@ -8,7 +8,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use super::StoreArgs;
-use crate::chunker::{ChunkJob, ChunkOptions, Location};
+use crate::chunker::{ChunkError, ChunkJob, ChunkOptions, Location};
 use crate::store::Source;
 use crate::units::{format_size, parse_size};
 
@@ -85,16 +85,14 @@ pub fn run(args: ChunkArgs) -> anyhow::Result<()> {
         std::fs::create_dir_all(&root)
             .with_context(|| format!("cannot create {}", root.display()))?;
     }
+    let target_shown = crate::store::redact::redact(&target_text);
     let report = runtime
         .block_on(job.run(open(&target_text)?, &options, cancel))
-        .map_err(|error| {
-            if error.resumable() {
-                anyhow!("{error}; run the same command again to resume")
-            } else {
-                anyhow!("{error}")
-            }
+        .map_err(|error| match error {
+            ChunkError::TargetOccupied(_) => anyhow!("{target_shown}: {error}"),
+            _ if error.resumable() => anyhow!("{error}; run the same command again to resume"),
+            _ => anyhow!("{error}"),
         })?;
-    let target_shown = crate::store::redact::redact(&target_text);
     if report.already_published {
         println!(
             "{} already holds this dataset ({} rows in {} chunks); nothing to do",

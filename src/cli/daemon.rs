@@ -21,8 +21,14 @@ pub const READY_FD_VAR: &str = "SCDLFS_READY_FD";
 pub const SOURCE_VAR: &str = "SCDLFS_SOURCE";
 
 /// Starts the daemon and waits for its verdict. `source_arg` is SOURCE as given on
-/// the command line, `source` what it names.
-pub fn spawn_and_wait(log_file: &Path, source_arg: &str, source: &str) -> anyhow::Result<()> {
+/// the command line, `source` what it names. Once mounted, says where and how the
+/// daemon can be found and stopped: it runs detached, out of sight.
+pub fn spawn_and_wait(
+    log_file: &Path,
+    source_arg: &str,
+    source: &str,
+    mountpoint: &Path,
+) -> anyhow::Result<()> {
     let (read_end, write_end) = rustix::pipe::pipe().context("pipe")?;
     // Only the write end goes to the child.
     rustix::io::fcntl_setfd(&read_end, rustix::io::FdFlags::CLOEXEC).context("pipe")?;
@@ -64,7 +70,17 @@ pub fn spawn_and_wait(log_file: &Path, source_arg: &str, source: &str) -> anyhow
     let mut reader = std::fs::File::from(read_end);
     let _ = reader.read_to_string(&mut report);
     match report.trim() {
-        "ready" => Ok(()),
+        "ready" => {
+            println!(
+                "mounted {} at {} (daemon pid {}, log {}); `scdlfs unmount {}` unmounts it",
+                crate::store::redact::redact(source),
+                mountpoint.display(),
+                child.id(),
+                log_file.display(),
+                mountpoint.display()
+            );
+            Ok(())
+        }
         "" => {
             let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
             Err(anyhow!(

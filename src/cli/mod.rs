@@ -199,7 +199,8 @@ pub struct MountArgs {
     /// (without it, such a directory is refused).
     #[arg(long, help_heading = "Cache")]
     pub cache_reset: bool,
-    /// Cache budget, e.g. 20GiB [default: half the free space of the cache's filesystem].
+    /// Cache budget, e.g. 20GiB [default: half the free space of the cache's filesystem,
+    /// at least 256MiB]; refused if that filesystem cannot hold it.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Cache")]
     pub cache_size: Option<u64>,
     /// Also keep at most this many SCDL chunks cached (the Python loader's knob).
@@ -435,8 +436,9 @@ pub fn main() -> ExitCode {
     let cli = parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit());
     let result = match cli.command {
         Command::Mount(args) => mount_cmd::run(*args),
-        Command::Unmount { mountpoint, lazy } => crate::unmount::unmount(&mountpoint, lazy)
-            .with_context(|| format!("cannot unmount {}", mountpoint.display())),
+        Command::Unmount { mountpoint, lazy } => {
+            crate::unmount::unmount(&mountpoint, lazy).map_err(anyhow::Error::from)
+        }
         Command::Status {
             mountpoint,
             json,

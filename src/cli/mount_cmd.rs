@@ -38,7 +38,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             .log_file
             .clone()
             .unwrap_or_else(|| cache_dir.join("scdlfs.log"));
-        return daemon::spawn_and_wait(&log_file, &args.source, &source_text);
+        return daemon::spawn_and_wait(&log_file, &args.source, &source_text, &args.mountpoint);
     }
     crate::process_memory::limit_heap_arenas();
     let served =
@@ -68,17 +68,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
             format_size(args.read_part_size)
         ));
     }
-    let cache_bytes = match args.cache_size {
-        Some(bytes) => bytes,
-        None => default_cache_size(cache_dir),
-    };
-    if cache_bytes < 2 * args.read_part_size {
-        return Err(anyhow!(
-            "--cache-size {} is below two parts of --read-part-size {}",
-            format_size(cache_bytes),
-            format_size(args.read_part_size)
-        ));
-    }
+    let cache_bytes = cache_budget(args.cache_size, cache_dir, args.read_part_size)?;
     // The store's client outlives this runtime: opening it only reads the
     // configuration (and may ask S3 for the bucket's region).
     let (store, prefix) = tokio::runtime::Builder::new_current_thread()
@@ -257,10 +247,101 @@ fn default_cache_dir(mountpoint: &Path) -> anyhow::Result<PathBuf> {
     Ok(base.join(name))
 }
 
-/// Half of what is free on the cache's filesystem, at least 256 MiB.
-fn default_cache_size(cache_dir: &Path) -> u64 {
-    let free = rustix::fs::statvfs(cache_dir).map_or(0, |stat| stat.f_bavail * stat.f_frsize);
-    (free / 2).max(MIN_DEFAULT_CACHE)
+/// Why a cache budget cannot be kept.
+#[derive(Debug, thiserror::Error)]
+enum CacheBudgetError {
+    #[error("--cache-size {asked} is below two parts of --read-part-size {part}")]
+    BelowTwoParts { asked: String, part: String },
+    #[error(
+        "--cache-size {asked} does not fit in the cache directory {dir}: its filesystem has \
+         {usable} usable ({free} free, and {held} this cache holds already); give \
+         --cache-size {usable} or less, or a --cache-dir on a filesystem with room"
+    )]
+    Exceeds {
+        asked: String,
+        dir: PathBuf,
+        usable: String,
+        free: String,
+        held: String,
+    },
+    #[error(
+        "the cache directory {dir} has {usable} usable, less than the default budget's \
+         floor of {floor}; give a --cache-dir on a filesystem with room, or --cache-size \
+         {usable} or less"
+    )]
+    BelowTheFloor {
+        dir: PathBuf,
+        usable: String,
+        floor: String,
+    },
+    #[error("cannot tell the room in the cache directory {dir}: {source}")]
+    Unknown {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The cache's budget: `asked`, else half of what is free on the cache's filesystem
+/// and at least [`MIN_DEFAULT_CACHE`]. Checked against that filesystem now: a budget it
+/// cannot hold is found out only when the disk fills, and from then the cache is off
+/// and every read goes to the store. The bytes the cache holds already (a cache a
+/// restart adopts) count as usable.
+fn cache_budget(
+    asked: Option<u64>,
+    cache_dir: &Path,
+    part_size: u64,
+) -> Result<u64, CacheBudgetError> {
+    let unknown = |source| CacheBudgetError::Unknown {
+        dir: cache_dir.to_owned(),
+        source,
+    };
+    let stat = rustix::fs::statvfs(cache_dir).map_err(|error| unknown(error.into()))?;
+    let free = stat.f_bavail * stat.f_frsize;
+    let budget = asked.unwrap_or((free / 2).max(MIN_DEFAULT_CACHE));
+    if budget < 2 * part_size {
+        return Err(CacheBudgetError::BelowTwoParts {
+            asked: format_size(budget),
+            part: format_size(part_size),
+        });
+    }
+    if budget <= free {
+        return Ok(budget);
+    }
+    let held = allocated_bytes(cache_dir).map_err(unknown)?;
+    let usable = free + held;
+    if budget <= usable {
+        return Ok(budget);
+    }
+    Err(match asked {
+        Some(asked) => CacheBudgetError::Exceeds {
+            asked: format_size(asked),
+            dir: cache_dir.to_owned(),
+            usable: format_size(usable),
+            free: format_size(free),
+            held: format_size(held),
+        },
+        None => CacheBudgetError::BelowTheFloor {
+            dir: cache_dir.to_owned(),
+            usable: format_size(usable),
+            floor: format_size(MIN_DEFAULT_CACHE),
+        },
+    })
+}
+
+/// The disk space the files below `dir` take (their blocks, not their lengths).
+fn allocated_bytes(dir: &Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            allocated_bytes(&entry.path())?
+        } else {
+            meta.blocks() * 512
+        };
+    }
+    Ok(total)
 }
 
 /// The read-ahead of the cache directory's disk; nothing past the kernel's own if it

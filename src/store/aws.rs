@@ -26,9 +26,11 @@ use std::time::{Duration, SystemTime};
 
 use aws_config::environment::EnvironmentVariableRegionProvider;
 use aws_config::meta::region::RegionProviderChain;
+use aws_config::meta::ProviderChainError;
 use aws_config::profile::{ProfileFileCredentialsProvider, ProfileFileRegionProvider};
 use aws_config::provider_config::ProviderConfig;
 use aws_config::Region;
+use aws_credential_types::provider::error::CredentialsError;
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
 use object_store::aws::AwsCredential;
 use object_store::CredentialProvider;
@@ -146,7 +148,7 @@ impl SdkCredentials {
                 *cached = Some(fresh);
                 return Ok(credential);
             }
-            Ok(Err(error)) => error_chain(&error),
+            Ok(Err(error)) => what_the_chain_tried(&error).unwrap_or_else(|| error_chain(&error)),
             Err(_) => format!(
                 "no answer from the credential provider within {}s",
                 PROVIDER_TIMEOUT.as_secs()
@@ -183,6 +185,39 @@ impl CredentialProvider for SdkCredentials {
 fn renewal_time(now: SystemTime, expiry: SystemTime) -> SystemTime {
     let life = expiry.duration_since(now).unwrap_or_default();
     expiry - REFRESH_AHEAD.min(life / MIN_LIFE_FRACTION_LEFT)
+}
+
+/// Each source the SDK's chain tried and why it gave nothing, on one line, and what to
+/// do; None when `error` is not the chain's. The chain's own text lists them one a line,
+/// which a message of one line (the mount's verdict, a log line) cuts off.
+fn what_the_chain_tried(error: &CredentialsError) -> Option<String> {
+    let mut cause = std::error::Error::source(error);
+    while let Some(error) = cause {
+        if let Some(chain) = error.downcast_ref::<ProviderChainError<CredentialsError>>() {
+            let tried: Vec<String> = chain
+                .attempts()
+                .iter()
+                .map(|attempt| format!("{} ({})", attempt.name(), deepest(attempt.error())))
+                .collect();
+            return Some(format!(
+                "none found; tried {}. Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, name a \
+                 profile with --profile or AWS_PROFILE, or read a public bucket with \
+                 --no-sign-request",
+                tried.join(", ")
+            ));
+        }
+        cause = error.source();
+    }
+    None
+}
+
+/// The innermost cause's words: what actually went wrong.
+fn deepest(error: &dyn std::error::Error) -> String {
+    let mut deepest = error;
+    while let Some(cause) = deepest.source() {
+        deepest = cause;
+    }
+    deepest.to_string()
 }
 
 /// An error and its causes on one line (the SDK's errors say the most in their sources).

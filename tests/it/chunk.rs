@@ -467,12 +467,28 @@ fn bad_sources_and_occupied_targets_are_refused_and_the_target_is_untouched() {
     let occupied = dir.path().join("occupied");
     std::fs::create_dir(&occupied).unwrap();
     std::fs::write(occupied.join("notes.txt"), b"mine").unwrap();
-    refused(&good, &occupied, &["not empty", "notes.txt"]);
+    // Named as given: a local folder is its store's root, whose prefix is empty.
+    refused(
+        &good,
+        &occupied,
+        &[
+            &format!("{}: the target is not free", occupied.display()),
+            "not empty",
+            "notes.txt",
+        ],
+    );
 
     let other = dir.path().join("other");
     let (ok, _, stderr) = run_chunk(&good, other.to_str().unwrap(), 500);
     assert!(ok, "{stderr}");
-    refused(&good, &other, &["another dataset"]);
+    refused(
+        &good,
+        &other,
+        &[
+            &format!("{}: the target is not free", other.display()),
+            "another dataset",
+        ],
+    );
 
     let interrupted = dir.path().join("interrupted");
     std::fs::create_dir_all(interrupted.join(".scdlfs-chunk")).unwrap();

@@ -257,6 +257,19 @@ fn mount_detaches_once_the_mount_answers_and_unmount_ends_the_daemon() {
     // The detached daemon logs to the cache directory by default.
     let log = std::fs::read_to_string(setup.cache().join("scdlfs.log")).unwrap();
     assert!(log.contains("mounted"), "{log}");
+    // It runs out of sight: the command says where it mounted, its pid and its log.
+    for said in [
+        &*setup.mnt().to_string_lossy(),
+        &format!("daemon pid {daemon}"),
+        &*setup.cache().join("scdlfs.log").to_string_lossy(),
+        "scdlfs unmount",
+    ] {
+        assert!(
+            mounted.stdout.contains(said),
+            "{said:?} not in: {}",
+            mounted.stdout
+        );
+    }
 
     // A second mount on the same mountpoint is refused and leaves the first alone.
     let again = scdlfs(&setup.mount_args(&paths, &[]), &mut cleanup);
@@ -466,13 +479,104 @@ fn a_mount_left_by_a_killed_daemon_is_named_and_cleaned_up() {
 }
 
 #[test]
+fn a_cache_budget_its_filesystem_cannot_hold_is_refused_saying_what_fits() {
+    let setup = Setup::new();
+    let mut cleanup = Cleanup::unmounting(setup.mnt());
+    let small = common::tmpfs::SmallTmpfs::mount("4m");
+    let cache = small.path().join("cache");
+    let (src, mnt) = (setup.src(), setup.mnt());
+    let mount = |extra: &[&str], cleanup: &mut Cleanup| {
+        let mut args = vec![
+            os("mount"),
+            src.as_os_str(),
+            mnt.as_os_str(),
+            os("--cache-dir"),
+            cache.as_os_str(),
+        ];
+        args.extend(extra.iter().map(os));
+        scdlfs(&args, cleanup)
+    };
+    for foreground in [&[][..], &["--foreground"]] {
+        let asked = [&["--cache-size", "200MiB"][..], foreground].concat();
+        mount(&asked, &mut cleanup).assert_failure_saying(
+            "a budget of 200 MiB on 4 MiB",
+            &[
+                "--cache-size 200.00 MiB does not fit",
+                &cache.to_string_lossy(),
+                "4.00 MiB usable",
+                "--cache-size 4.00 MiB or less",
+            ],
+        );
+        // The default budget's floor is no smaller than the filesystem is.
+        mount(foreground, &mut cleanup).assert_failure_saying(
+            "the default budget on 4 MiB",
+            &[
+                &cache.to_string_lossy(),
+                "4.00 MiB usable",
+                "floor of 256.00 MiB",
+            ],
+        );
+    }
+    assert_nothing_left(&setup.mnt());
+}
+
+#[test]
+fn a_user_other_than_root_where_dev_fuse_is_0600_is_told_what_to_do() {
+    // In a mount namespace of its own, over a /dev/fuse of mode 0600 (as on this kind
+    // of machine): only root can open it, and fusermount3 opens it with the user's own
+    // rights, so no fallback can mount; the message must say what to change.
+    let setup = Setup::new();
+    let home = setup.dir.path().join("home");
+    std::fs::create_dir_all(home.join("mnt")).unwrap();
+    std::fs::set_permissions(
+        setup.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    for path in [home.clone(), home.join("mnt")] {
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+    }
+    let device = setup.dir.path().join("fuse");
+    let script = r#"mknod -m 0600 "$1" c 10 229 && mount --bind "$1" /dev/fuse && shift &&
+        exec setpriv --reuid=65534 --regid=65534 --clear-groups "$@""#;
+    let mut command = Command::new("unshare");
+    command
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(&device)
+        .arg(common::process::SCDLFS)
+        .arg("mount")
+        .arg(setup.src())
+        .arg(home.join("mnt"))
+        .arg("--cache-dir")
+        .arg(home.join("cache"))
+        .args(["--cache-size", "64MiB", "--foreground"]);
+    let mut cleanup = Cleanup::unmounting(home.join("mnt"));
+    run_with_limit(command, Duration::from_secs(90), &mut cleanup).assert_failure_saying(
+        "a mount by nobody",
+        &[
+            "/dev/fuse (mode 0600, owner uid 0) cannot be opened by this user (uid 65534)",
+            "chmod 0666 /dev/fuse",
+            "as root",
+        ],
+    );
+}
+
+#[test]
 fn unmount_of_something_that_is_not_mounted_fails_clearly() {
     let setup = Setup::new();
     let mut cleanup = Cleanup::default();
     let outcome = scdlfs(&[os("unmount"), setup.mnt().as_os_str()], &mut cleanup);
     outcome.assert_failure_saying(
         "unmounting a plain directory",
-        &["cannot unmount", &setup.mnt().to_string_lossy()],
+        &[&setup.mnt().to_string_lossy(), "is not mounted"],
     );
 }
 

@@ -549,7 +549,18 @@ fn no_credentials_anywhere_fails_the_mount_saying_so() {
         !common::process::is_mount_point(&work.path().join("mnt")),
         "{said}"
     );
-    assert!(said.contains("no AWS credentials"), "{said}");
+    // Once, on one line, with what the chain tried and what to do.
+    let verdict = said.lines().last().unwrap_or_default();
+    assert_eq!(verdict.matches("no AWS credentials").count(), 1, "{said}");
+    for words in [
+        "tried Environment (",
+        "Profile (",
+        "AWS_ACCESS_KEY_ID",
+        "--profile",
+        "--no-sign-request",
+    ] {
+        assert!(verdict.contains(words), "{words:?} not in: {verdict}");
+    }
     assert!(
         proxy.seen().iter().all(|r| r.access_key_id().is_none()),
         "a request was signed"

@@ -5,51 +5,14 @@
 use crate::common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
 
+use common::tmpfs::SmallTmpfs;
 use common::*;
 
 fn read_all(mount: &TestMount, want: &BTreeMap<String, Vec<u8>>) {
     for (name, bytes) in want {
         let got = std::fs::read(mount.path().join(name)).unwrap();
         assert!(&got == bytes, "{name}: wrong bytes");
-    }
-}
-
-/// A tmpfs of `size` mounted on a new directory, unmounted when dropped. Private
-/// (`mode=700`), as a mount requires of its cache directory: a tmpfs's root is
-/// otherwise world-writable.
-struct SmallTmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl SmallTmpfs {
-    fn mount(size: &str) -> SmallTmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let status = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=700"),
-                "tmpfs",
-            ])
-            .arg(dir.path())
-            .status()
-            .unwrap();
-        assert!(status.success(), "mounting a tmpfs needs root");
-        SmallTmpfs { dir }
-    }
-
-    fn path(&self) -> PathBuf {
-        self.dir.path().to_owned()
-    }
-}
-
-impl Drop for SmallTmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
     }
 }
 

@@ -299,16 +299,25 @@ fn prometheus_counters_are_served_and_move_with_reads() {
     let (status_line, first) = http_get(port, "/metrics");
     assert_eq!(status_line, "HTTP/1.1 200 OK");
     assert!(first.contains("Content-Type: text/plain; version=0.0.4"));
-    assert!(first.contains("# TYPE scdlfs_bytes_read_total counter\n"));
-    assert!(first.contains("# HELP scdlfs_bytes_fetched_total "));
+    assert!(first.contains("# TYPE scdlfs_read_bytes_total counter\n"));
+    assert!(first.contains("# HELP scdlfs_fetched_bytes_total "));
     assert!(first.contains("# TYPE scdlfs_cache_bytes gauge\n"));
+    // The client libraries' standard process metrics, as a dashboard expects them.
+    assert!(sample(&first, "process_cpu_seconds_total") >= 0.0);
+    for name in [
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(sample(&first, name) > 0.0, "{name}");
+    }
     // Bytes reach readers as replies or stored around a read from the disk cache.
     let delivered = |metrics: &str| {
-        sample(metrics, "scdlfs_bytes_read_total")
+        sample(metrics, "scdlfs_read_bytes_total")
             + sample(metrics, "scdlfs_read_around_bytes_total")
     };
     let delivered_before = delivered(&first);
-    let fetched_before = sample(&first, "scdlfs_bytes_fetched_total");
+    let fetched_before = sample(&first, "scdlfs_fetched_bytes_total");
     assert!(delivered_before >= HELLO.len() as f64);
 
     std::fs::read(folders.mountpoint().join("sub/data.bin")).unwrap();
@@ -317,10 +326,10 @@ fn prometheus_counters_are_served_and_move_with_reads() {
     let mut second = String::new();
     wait_for("the download counted", || {
         second = http_get(port, "/metrics").1;
-        sample(&second, "scdlfs_bytes_fetched_total") >= fetched_before + 300_000.0
+        sample(&second, "scdlfs_fetched_bytes_total") >= fetched_before + 300_000.0
     });
     assert!(delivered(&second) >= delivered_before + 300_000.0);
-    assert!(sample(&second, "scdlfs_bytes_fetched_total") >= fetched_before + 300_000.0);
+    assert!(sample(&second, "scdlfs_fetched_bytes_total") >= fetched_before + 300_000.0);
     assert_eq!(http_get(port, "/").0, "HTTP/1.1 404 Not Found");
 }
 
