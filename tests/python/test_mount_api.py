@@ -137,3 +137,15 @@ def test_a_dropped_mount_is_unmounted_when_python_exits(chunked, tmp_path):
     assert not H.is_mounted(mountpoint)
     assert not daemon_running(int(pid))
     assert not Path(scratch).exists()
+
+
+def test_the_command_and_the_mount_import_no_torch():
+    """The wheel's `scdlfs` command runs through the package, and `scdlfs.mount` needs no
+    torch: importing it took over a second a call. The samplers bring it when used."""
+    import subprocess
+
+    script = ("import sys, scdlfs, scdlfs._command; scdlfs.mount; "
+              "print(any(m.split('.')[0] == 'torch' for m in sys.modules)); scdlfs.ChunkWindowSampler; "
+              "print(any(m.split('.')[0] == 'torch' for m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"], out

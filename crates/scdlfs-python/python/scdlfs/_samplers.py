@@ -1,0 +1,653 @@
+"""The samplers (see the package's docstring), apart from the package so that what
+needs no torch (the mount, the wheel's ``scdlfs`` command) does not import it: torch
+takes a second or more to import."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, NativeSampler, RowSubset
+from scdlfs._native import read_cached_chunks
+from scdlfs._native import split_by_chunk as _split_by_chunk
+
+try:  # The samplers are torch Samplers when torch is installed, as it is for training.
+    from torch.utils.data import Sampler as _TorchSampler
+except ImportError:  # pragma: no cover - the protocol is all a DataLoader needs
+    _TorchSampler = object  # type: ignore[assignment,misc]
+
+
+Even = Literal["pad", "drop", "uneven"]
+#: A dataset directory, or a dataset object that knows its directory (bionemo-scdl's
+#: ``SingleCellMemMapDataset``, whose ``data_path`` it is).
+Dataset = Any
+#: Rows to visit instead of all: a :class:`RowSubset` (e.g. a part of
+#: :func:`split_by_chunk`), a ``range``, or any iterable of row indices.
+Indices = Any
+
+
+def _directory_of(dataset: Dataset) -> str:
+    """The directory of ``dataset``: a path itself, or the ``data_path`` of a
+    ``SingleCellMemMapDataset`` (or of any object that has one)."""
+    if isinstance(dataset, (str, os.PathLike)):
+        return os.fspath(dataset)
+    path = getattr(dataset, "data_path", None)
+    if isinstance(path, (str, os.PathLike)):
+        return os.fspath(path)
+    raise TypeError(
+        f"expected a dataset directory or a SingleCellMemMapDataset (anything with a data_path), "
+        f"got {type(dataset).__name__}"
+    )
+
+
+def _row_subset(indices: Indices) -> RowSubset | None:
+    if indices is None or isinstance(indices, RowSubset):
+        return indices
+    if isinstance(indices, range) and indices.step == 1:
+        return RowSubset.from_ranges([(indices.start, indices.stop)] if indices.start < indices.stop else [])
+    rows = indices.tolist() if hasattr(indices, "tolist") else list(indices)
+    if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in rows):
+        raise TypeError("indices must be non-negative integers (row indices of the dataset)")
+    return RowSubset.from_rows(rows)
+
+
+def split_by_chunk(dataset: Dataset, fractions: list[float], seed: int = 0) -> list[RowSubset]:
+    """Splits ``dataset`` into parts of whole chunks (e.g. ``[0.9, 0.1]`` for training and
+    validation), the chunks dealt at random by ``seed``: the parts are disjoint, hold every
+    row between them, and each reads as locally as the whole dataset. Give a part to a
+    sampler as ``indices=``; every rank must use the same seed."""
+    return _split_by_chunk(_directory_of(dataset), list(fractions), seed)
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"the environment variable {name}={value!r} is not an integer") from None
+
+
+def _initialized_distributed() -> Any:
+    """``torch.distributed`` if it is imported and has a process group, else None."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+def distributed_rank_and_world_size(
+    rank: int | None = None, world_size: int | None = None
+) -> tuple[int, int]:
+    """This process's rank and the number of ranks, each taken from the argument when
+    given, else from ``torch.distributed`` when it is initialized, else from the
+    ``RANK`` and ``WORLD_SIZE`` variables that torchrun sets, else 0 and 1."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    dist = _initialized_distributed()
+    if dist is not None:
+        found_rank, found_world = dist.get_rank(), dist.get_world_size()
+    else:
+        env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
+        found_rank = 0 if env_rank is None else env_rank
+        found_world = 1 if env_world is None else env_world
+    return (found_rank if rank is None else rank, found_world if world_size is None else world_size)
+
+
+# Samplers alive in this process, so that a forked child (a DataLoader worker) drops
+# the hint handles it inherited instead of holding its parent's plans open.
+_LIVE: weakref.WeakSet[_SCDLSampler] = weakref.WeakSet()
+
+
+def _forget_inherited_hints() -> None:
+    for sampler in list(_LIVE):
+        sampler._native.forget_inherited_hints()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_hints)
+
+
+class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
+    """What both samplers share: the epoch, the length, iteration and pickling."""
+
+    _native: NativeSampler
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        order: dict[str, Any],
+        rank: int | None,
+        world_size: int | None,
+        even: Even | None,
+        hints: bool,
+        hint_lookahead: int,
+        num_replicas: int | None,
+        drop_last: bool | None,
+        indices: Indices,
+        cache_aware: bool = False,
+    ) -> None:
+        if num_replicas is not None:
+            if world_size is not None and world_size != num_replicas:
+                raise ValueError(f"num_replicas={num_replicas} and world_size={world_size} disagree: give one")
+            world_size = num_replicas
+        if drop_last is not None:
+            implied = "drop" if drop_last else "pad"
+            if even is not None and even != implied:
+                raise ValueError(f"drop_last={drop_last} means even={implied!r}, but even={even!r} was given: give one")
+            even = implied
+        rank, world_size = distributed_rank_and_world_size(rank, world_size)
+        self._dataset_dir = _directory_of(dataset)
+        self._settings = dict(order, rank=rank, world_size=world_size, even=even or "pad", hints=hints,
+                              hint_lookahead=hint_lookahead, subset=_row_subset(indices))  # fmt: skip
+        self._epoch = 0
+        self._rows_done = 0
+        self._resume_at = 0
+        self._loop: _LoopCount | None = None
+        self._warned_rewrapped = False
+        self._cache_aware = cache_aware
+        self._cached: list[tuple[int, int]] | None = None
+        self._native = self._build()
+        _LIVE.add(self)
+
+    def _build(self) -> NativeSampler:
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch the next iteration yields (as ``DistributedSampler`` does):
+        each epoch has its own order, the same in every process. With
+        ``cache_aware=True`` it also reads the daemon's announcement of what it holds,
+        which the epoch reads first: on rank 0 only, shared with the others through
+        ``torch.distributed`` when the world has several ranks (so every rank must call
+        it, as a training loop does)."""
+        self._select_epoch(epoch)
+        if self._cache_aware:
+            self._read_cached_chunks()
+
+    def _select_epoch(self, epoch: int) -> None:
+        if epoch < 0:
+            raise ValueError(f"epoch must not be negative, got {epoch}")
+        if epoch != self._epoch:
+            # A resume point belongs to its epoch (a training loop calls set_epoch with
+            # the resumed epoch after load_state_dict, which must keep it).
+            self._resume_at = self._rows_done = 0
+            self._loop = None
+        self._epoch = epoch
+        if self._cache_aware:
+            self._cached = None
+
+    def _read_cached_chunks(self) -> None:
+        """Reads the announcement for the current epoch: here when this is the only rank,
+        on rank 0 and shared when ``torch.distributed`` joins several; left to
+        :meth:`set_cached_chunks` when several ranks have no process group."""
+        distributed = _initialized_distributed()
+        if self.world_size > 1:
+            if distributed is None:
+                return
+            held = [read_cached_chunks(self._dataset_dir) if distributed.get_rank() == 0 else None]
+            distributed.broadcast_object_list(held, src=0)
+            cached = held[0]
+        else:
+            cached = read_cached_chunks(self._dataset_dir)
+        self._apply_cached(cached or [])
+
+    def _apply_cached(self, cached: list[tuple[int, int]]) -> None:
+        self._cached = [(int(a), int(b)) for a, b in cached]
+        self._native.set_cache_aware_order(self._cached)
+
+    def set_cached_chunks(self, cached: list[tuple[int, int]]) -> None:
+        """Makes the current epoch read the chunks of ``cached`` (``(start, stop)``
+        ranges of chunk ids, e.g. :func:`read_cached_chunks` of the dataset directory,
+        read once and shared) first. Every rank and every process that computes the
+        epoch must be given the same set: each then computes the same order."""
+        if not self._cache_aware:
+            raise ValueError("set_cached_chunks needs a sampler made with cache_aware=True")
+        for start, stop in cached:
+            if not 0 <= start <= stop:
+                raise ValueError(f"({start}, {stop}) is not a range of chunk ids")
+        self._apply_cached(list(cached))
+
+    @property
+    def cache_aware(self) -> bool:
+        """Whether epochs read the chunks the daemon holds first."""
+        return self._cache_aware
+
+    @property
+    def cached_chunks(self) -> list[tuple[int, int]] | None:
+        """The chunks the current epoch reads first, once known (cache-aware only)."""
+        return self._cached
+
+    def _ensure_cached(self) -> None:
+        """A cache-aware epoch's set, read now if this is the only rank."""
+        if not self._cache_aware or self._cached is not None:
+            return
+        if self.world_size > 1:
+            raise RuntimeError(
+                f"cache_aware=True with {self.world_size} ranks needs one announcement shared by all of them: "
+                "call set_epoch() on every rank with torch.distributed initialized, or set_cached_chunks() with "
+                "read_cached_chunks() read once and shared"
+            )
+        self._read_cached_chunks()
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def rank(self) -> int:
+        return self._settings["rank"]
+
+    @property
+    def world_size(self) -> int:
+        return self._settings["world_size"]
+
+    @property
+    def num_replicas(self) -> int:
+        """``world_size``, by ``DistributedSampler``'s name."""
+        return self._settings["world_size"]
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether ranks are evened out by dropping rows (``even="drop"``)."""
+        return self._settings["even"] == "drop"
+
+    @property
+    def indices(self) -> RowSubset | None:
+        """The rows visited, when not the whole dataset."""
+        return self._settings["subset"]
+
+    @property
+    def dataset_dir(self) -> str:
+        return self._dataset_dir
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the whole dataset (all ranks)."""
+        return self._native.num_rows
+
+    @property
+    def num_chunks(self) -> int:
+        return self._native.num_chunks
+
+    @property
+    def dataset_kind(self) -> str:
+        """'flat view' or 'raw view' (an scdlfs mount or a chunked archive), 'monolithic
+        dataset on a mount' (the daemon's virtual chunks, as its hint file announces), or
+        'plain monolithic directory' (virtual chunks of the size asked for)."""
+        return self._native.kind
+
+    def __len__(self) -> int:
+        """Rows this rank visits in the current epoch."""
+        self._ensure_cached()
+        return self._native.rows_in_epoch(self._epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        self._warn_if_rewrapped(sys._getframe(1))
+        for minibatch in self._minibatches():
+            for row in minibatch:
+                self._rows_done += 1
+                yield row
+            if self._loop is not None:
+                self._loop.rows(self._rows_done)
+
+    def _warn_if_rewrapped(self, caller: Any) -> None:
+        """Warns once when Lightning's ``DistributedSamplerWrapper`` (whose dataset
+        ``_DatasetSamplerWrapper`` lists the sampler) iterates this sampler: it would
+        reshuffle the rows, shard them a second time and take the whole epoch at once."""
+        if self._warned_rewrapped or type(caller.f_locals.get("self")).__name__ != "_DatasetSamplerWrapper":
+            return
+        self._warned_rewrapped = True
+        warnings.warn(
+            f"scdlfs.{type(self).__name__} is wrapped by Lightning's DistributedSamplerWrapper, which shuffles "
+            "its rows again (losing chunk locality), shards them a second time (each rank reads a share of its "
+            "share) and lists the whole epoch at once (the mount is told all of it at the start). The sampler "
+            "already shards by rank: pass Trainer(use_distributed_sampler=False) and build the sampler in the "
+            "LightningDataModule's train_dataloader().",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    def _minibatches(self) -> Iterator[list[int]]:
+        """The order's minibatches from the resume point (then from the epoch's start);
+        a consumer counts the rows it hands out in ``_rows_done``."""
+        self._ensure_cached()
+        native = self._native
+        cursor = native.start_epoch(self._epoch, self._resume_at)
+        self._rows_done, self._resume_at = self._resume_at, 0
+        self._loop = _LoopCount.of(sys._getframe(1), self)
+        while (minibatch := native.next_minibatch(cursor)) is not None:
+            yield minibatch
+
+    def state_dict(self, rows_done: int | None = None) -> dict[str, Any]:
+        """Where this rank is in the current epoch, for :meth:`load_state_dict` to resume
+        there: the epoch and the rows of it done so far (or ``rows_done`` when given).
+        When a DataLoader iterates the sampler, done are the rows its loop has received,
+        not those its workers took ahead: taken inside the loop, the state is exact;
+        taken after a ``break`` (the loader's iterator gone), it may be a batch short,
+        which the resumed epoch then reads again. Otherwise, done are the rows the
+        sampler handed out."""
+        if rows_done is None:
+            rows_done = self._rows_done if self._loop is None else self._loop.rows(self._rows_done)
+        state = {
+            "epoch": self._epoch,
+            "rows_done": rows_done,
+            "seed": self._settings["seed"],
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "rows_in_epoch": len(self),
+        }
+        if self._cache_aware:
+            # The epoch's order depends on it: a resume must not read the cache anew.
+            state["cached_chunks"] = self._cached
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Makes the next iteration resume ``state``'s epoch after its ``rows_done`` rows,
+        yielding exactly the rows the interrupted iteration had still to yield, and
+        telling the daemon the plan from there. The sampler must have the settings of the
+        one that saved the state (same seed, rank, world size and rows per epoch)."""
+        self._select_epoch(state["epoch"])
+        if self._cache_aware and state.get("cached_chunks") is not None:
+            self._apply_cached(state["cached_chunks"])
+        saved = {k: state[k] for k in ("seed", "rank", "world_size")}
+        mine = {"seed": self._settings["seed"], "rank": self.rank, "world_size": self.world_size}
+        if saved != mine or state["rows_in_epoch"] != len(self):
+            raise ValueError(
+                f"the state is of another sampler ({saved}, {state['rows_in_epoch']} rows in epoch "
+                f"{state['epoch']}) than this one ({mine}, {len(self)} rows)"
+            )
+        if not 0 <= state["rows_done"] <= len(self):
+            raise ValueError(f"rows_done={state['rows_done']} is outside this epoch's {len(self)} rows")
+        self._resume_at = self._rows_done = state["rows_done"]
+        self._loop = None
+
+    @property
+    def hints_active(self) -> bool:
+        """Whether this process tells the daemon its plan (False off a mount or with
+        ``hints=False``). Opens the hint file if this process has not yet."""
+        return self._native.hints_active()
+
+    def take_hint_error(self) -> str | None:
+        """The first hint failure in this process since the last call. Hints are advice:
+        a failure never changes the rows; iterating warns of the first one with
+        :class:`HintWarning`."""
+        return self._native.take_hint_error()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The native sampler holds this process's hint handle: a process that unpickles
+        # the sampler (a spawned worker) builds its own and opens its own handle.
+        return {"dataset_dir": self._dataset_dir, "settings": self._settings, "epoch": self._epoch,
+                "resume_at": self._resume_at, "cache_aware": self._cache_aware, "cached": self._cached}  # fmt: skip
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._dataset_dir = state["dataset_dir"]
+        self._settings = state["settings"]
+        self._epoch = state["epoch"]
+        self._rows_done = self._resume_at = state["resume_at"]
+        self._loop = None
+        self._warned_rewrapped = False
+        self._cache_aware = state.get("cache_aware", False)
+        self._cached = None
+        self._native = self._build()
+        if state.get("cached") is not None:
+            self._apply_cached(state["cached"])
+        _LIVE.add(self)
+
+    def __repr__(self) -> str:
+        settings = ", ".join(f"{k}={v!r}" for k, v in self._settings.items())
+        return f"{type(self).__name__}({self._dataset_dir!r}, {settings}, cache_aware={self._cache_aware}, epoch={self._epoch})"
+
+
+class _LoopCount:
+    """The rows of an epoch a DataLoader's loop has received. Its workers take rows
+    ahead of the loop (``prefetch_factor`` batches each), so the rows the sampler handed
+    out overstate them; the loader's iterator counts the items it yielded
+    (``_num_yielded``, the counter torchdata's StatefulDataLoader builds on): rows,
+    batches of ``batch_size`` rows cut by torch's BatchSampler, or batches of
+    :class:`BatchSampler`, whose ends it notes."""
+
+    def __init__(self, loader: Any, start: int, batch_size: int | None) -> None:
+        # Weakly: the loader's iterator holds this sampler's generator, and must go (its
+        # workers with it) when the loop drops it.
+        self._loader = weakref.ref(loader)
+        self._batch_size = batch_size
+        self._start = start
+        self._yielded = 0
+        self._received = 0
+        self._rows = start
+        # Rows done after each batch handed out and not yet received by the loop.
+        self._ends: deque[int] = deque()
+
+    @staticmethod
+    def of(frame: Any, sampler: _SCDLSampler) -> _LoopCount | None:
+        """The count of the DataLoader iterator whose next() runs ``frame`` to take
+        ``sampler``'s rows, if it takes them in a way known here; else None."""
+        while frame is not None:
+            loader = frame.f_locals.get("self")
+            if hasattr(loader, "_num_yielded") and hasattr(loader, "_index_sampler"):
+                taken = loader._index_sampler
+                if taken is sampler:
+                    return _LoopCount(loader, sampler._rows_done, 1)
+                if isinstance(taken, BatchSampler) and taken.sampler is sampler:
+                    return _LoopCount(loader, sampler._rows_done, None)
+                if getattr(taken, "sampler", None) is sampler and isinstance(getattr(taken, "batch_size", None), int):
+                    return _LoopCount(loader, sampler._rows_done, taken.batch_size)
+                return None
+            frame = frame.f_back
+        return None
+
+    def batch_handed_out(self, rows_done: int) -> None:
+        self._ends.append(rows_done)
+
+    def rows(self, handed_out: int) -> int:
+        """The rows received, as of the loader's count now (or its last while it lived);
+        ``handed_out`` bounds a last short batch."""
+        loader = self._loader()
+        if loader is not None:
+            self._yielded = loader._num_yielded
+        if self._batch_size is not None:
+            return min(self._start + self._yielded * self._batch_size, handed_out)
+        while self._received < self._yielded and self._ends:
+            self._rows = self._ends.popleft()
+            self._received += 1
+        return self._rows
+
+
+class ChunkWindowSampler(_SCDLSampler):
+    """The chunk-window order: the dataset's chunks in a random order (new each epoch),
+    taken ``chunks_per_window`` at a time, the rows of each window shuffled. A window is
+    one step: ranks take whole windows round-robin.
+
+    Args:
+        dataset: the dataset directory (an scdlfs mount's flat or raw view, or a local
+            SCDL archive, whose chunks are then virtual), or a ``SingleCellMemMapDataset``
+            opened there.
+        chunks_per_window: chunks read together; more mixes rows better and needs more
+            cache.
+        seed: the seed every rank must share.
+        shuffle: False visits chunks and rows in ascending order; sets both of
+            ``shuffle_chunks`` (the chunks' order, new each epoch) and
+            ``shuffle_within_window`` (the rows' order inside a window) unless they are
+            given.
+        rank, world_size (or ``num_replicas``): this process's share; by default from
+            ``torch.distributed`` when initialized, else ``RANK``/``WORLD_SIZE``, else 0
+            and 1.
+        even: how ranks with different row counts are evened out: ``"pad"`` repeats a
+            rank's own rows (the default, as ``DistributedSampler``), ``"drop"`` cuts
+            every rank to the shortest share, ``"uneven"`` leaves shares as dealt.
+            ``drop_last=True``/``False`` is ``"drop"``/``"pad"``, as in ``DistributedSampler``.
+        indices: visit only these rows (a part of :func:`split_by_chunk`, a ``range`` or
+            any row indices); windows are made of the chunks that hold them.
+        hints: tell an scdlfs mount the order (default True; no effect off a mount).
+        hint_lookahead: windows announced ahead of the one being read.
+        cache_aware: read the chunks the daemon holds first each epoch (default False:
+            docs/preparing-data.md has what it does to minibatch diversity); see
+            :meth:`set_epoch` and :meth:`set_cached_chunks`.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        chunks_per_window: int = 4,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        even: Even | None = None,
+        hints: bool = True,
+        hint_lookahead: int = DEFAULT_HINT_LOOKAHEAD,
+        *,
+        shuffle_chunks: bool | None = None,
+        shuffle_within_window: bool | None = None,
+        num_replicas: int | None = None,
+        drop_last: bool | None = None,
+        indices: Indices = None,
+        cache_aware: bool = False,
+    ) -> None:
+        order = dict(
+            chunks_per_window=chunks_per_window,
+            seed=seed,
+            shuffle_chunks=shuffle if shuffle_chunks is None else shuffle_chunks,
+            shuffle_within_window=shuffle if shuffle_within_window is None else shuffle_within_window,
+        )
+        super().__init__(dataset, order, rank, world_size, even, hints, hint_lookahead, num_replicas, drop_last,
+                         indices, cache_aware)  # fmt: skip
+
+    def _build(self) -> NativeSampler:
+        return NativeSampler.chunk_windows(self._dataset_dir, **self._settings)
+
+    def batches(self, batch_size: int, drop_last: bool = False) -> BatchSampler:
+        """The batch-sampler form, for ``DataLoader(batch_sampler=...)``: this order's
+        rows cut into minibatches of ``batch_size``, as ``torch.utils.data.BatchSampler``
+        cuts them."""
+        return BatchSampler(self, batch_size, drop_last)
+
+
+class ChunkAwareSampler(ChunkWindowSampler):
+    """The chunk-window order by the name and signature of the remote-SCDL proposal's
+    sampler: ``ChunkAwareSampler(dataset, chunks_per_window=2, shuffle_chunks=True,
+    shuffle_within_window=True)``. Every other argument is :class:`ChunkWindowSampler`'s."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        chunks_per_window: int = 2,
+        shuffle_chunks: bool = True,
+        shuffle_within_window: bool = True,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, chunks_per_window, seed, shuffle_chunks=shuffle_chunks,
+                         shuffle_within_window=shuffle_within_window, **kwargs)  # fmt: skip
+
+
+class BlockSampler(_SCDLSampler):
+    """scDataset's block order: contiguous blocks of ``block_size`` rows drawn at
+    random, ``fetch_factor`` minibatches' worth read together in ascending order (one
+    step, and one ranged read per block), the fetch's rows shuffled and cut into
+    minibatches of ``batch_size``. Ranks take whole fetches round-robin.
+
+    Args: as :class:`ChunkWindowSampler` (``indices``: blocks are cut from those rows in
+    ascending order), and
+        block_size: rows per block (1 gives uniformly random rows).
+        batch_size: rows per minibatch.
+        fetch_factor: minibatches per fetch.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        block_size: int = 32,
+        fetch_factor: int = 16,
+        batch_size: int = 64,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        even: Even | None = None,
+        hints: bool = True,
+        hint_lookahead: int = DEFAULT_HINT_LOOKAHEAD,
+        *,
+        num_replicas: int | None = None,
+        drop_last: bool | None = None,
+        indices: Indices = None,
+        cache_aware: bool = False,
+    ) -> None:
+        order = dict(block_size=block_size, batch_size=batch_size, fetch_factor=fetch_factor, seed=seed)
+        super().__init__(dataset, order, rank, world_size, even, hints, hint_lookahead, num_replicas, drop_last,
+                         indices, cache_aware)  # fmt: skip
+
+    def _build(self) -> NativeSampler:
+        return NativeSampler.blocks(self._dataset_dir, **self._settings)
+
+    def batches(self) -> BatchSampler:
+        """The batch-sampler form, for ``DataLoader(batch_sampler=...)``: the order's own
+        minibatches of ``batch_size`` rows (a fetch's last one may be shorter)."""
+        return BatchSampler(self, None, False)
+
+
+class BatchSampler:
+    """Minibatches of a sampler's rows for ``DataLoader(batch_sampler=...)``: a block
+    order's own minibatches (``batch_size=None``), or rows cut into ``batch_size``
+    as ``torch.utils.data.BatchSampler`` does. Iterating it iterates the sampler, in
+    the same process and with the same hints."""
+
+    def __init__(self, sampler: _SCDLSampler, batch_size: int | None, drop_last: bool) -> None:
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def state_dict(self, rows_done: int | None = None) -> dict[str, Any]:
+        """The sampler's :meth:`~_SCDLSampler.state_dict`; rows are counted by batches
+        handed out."""
+        return self.sampler.state_dict(rows_done)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        sampler = self.sampler
+        for batch in self._batches():
+            sampler._rows_done += len(batch)
+            if sampler._loop is not None:
+                sampler._loop.batch_handed_out(sampler._rows_done)
+                sampler._loop.rows(sampler._rows_done)
+            yield batch
+
+    def _batches(self) -> Iterator[list[int]]:
+        if self.batch_size is None:
+            yield from self.sampler._minibatches()
+            return
+        size = self.batch_size
+        pending: list[int] = []
+        for minibatch in self.sampler._minibatches():
+            start = 0
+            if pending:
+                start = size - len(pending)
+                pending.extend(minibatch[:start])
+                if len(pending) < size:
+                    continue
+                yield pending
+            while start + size <= len(minibatch):
+                yield minibatch[start : start + size]
+                start += size
+            pending = minibatch[start:]
+        if pending and not self.drop_last:
+            yield pending
+
+    def __len__(self) -> int:
+        if self.batch_size is None:
+            self.sampler._ensure_cached()
+            return self.sampler._native.minibatches_in_epoch(self.sampler.epoch)
+        rows = len(self.sampler)
+        if self.drop_last:
+            return rows // self.batch_size
+        return -(-rows // self.batch_size)
