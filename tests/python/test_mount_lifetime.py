@@ -479,3 +479,65 @@ sys.stdin.read()
         m.unmount()
     scratch = m.mountpoint.parent
     assert not left_behind(m.pid, scratch), left_behind(m.pid, scratch)
+
+
+def test_dataloader_workers_use_their_parents_shared_mount_without_becoming_users(bucket, moto, tmp_path):
+    """A DataLoader's forked workers that mount the same source (a dataset opening itself
+    in its worker) get their parent's mount as it is: they live within its life, so the
+    daemon counts the parent alone, and they attach nothing, start nothing, leave nothing."""
+    script = """
+import json, os, sys, scdlfs, torch
+source, endpoint = sys.argv[1:]
+users = lambda m: json.loads(os.getxattr(m.mountpoint, "user.scdlfs.users"))["users"]
+m = scdlfs.mount(source, cache_size="64MiB", endpoint_url=endpoint)
+
+class OpensItsMount(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        w = scdlfs.mount(source, cache_size="64MiB", endpoint_url=endpoint)
+        return json.dumps({"pid": os.getpid(), "mountpoint": str(w.mountpoint), "users": users(w)})
+
+seen = [json.loads(s) for s in torch.utils.data.DataLoader(OpensItsMount(), batch_size=None, num_workers=2)]
+print(json.dumps({"main": os.getpid(), "mountpoint": str(m.mountpoint), "seen": seen, "after": users(m)}), flush=True)
+"""
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    job = Job(script, bucket.source, moto.endpoint, tmp=tmp_path, env=env)
+    report = job.report()
+    code, stderr = job.end()
+    assert code == 0, stderr
+    assert len({s["pid"] for s in report["seen"]}) == 2, report
+    for seen in report["seen"]:
+        assert seen["mountpoint"] == report["mountpoint"] and seen["users"] == [report["main"]], report
+    assert report["after"] == [report["main"]], report
+
+
+def test_the_runtime_directory_keeps_no_lock_or_note_of_a_mount_gone(bucket, moto, tmp_path):
+    """A shared mount's lock and note go with it: after a normal exit, and after a
+    SIGKILL (found gone by the next mount of the node)."""
+    runtime = tmp_path / "run"
+    env = {"XDG_RUNTIME_DIR": str(runtime)}
+    job = Job(JOB_SHARED, bucket.source, moto.endpoint, "64MiB", tmp=tmp_path, env=env)
+    job.report()
+    assert len(list((runtime / "scdlfs").iterdir())) == 2, "a lock and a note while it lives"
+    job.end()
+    assert list((runtime / "scdlfs").iterdir()) == []
+    killed = Job(JOB_SHARED, bucket.source, moto.endpoint, "64MiB", tmp=tmp_path, env=env)
+    gone = killed.report()
+    killed.proc.kill()
+    killed.end()
+    wait_until("the killed job's daemon to go", lambda: not daemon_running(gone["daemon"]))
+    later = Job(JOB_SHARED, bucket.source, moto.endpoint, "32MiB", tmp=tmp_path, env=env)
+    later.report()
+    assert len(list((runtime / "scdlfs").iterdir())) == 2, "only the later mount's lock and note"
+    later.end()
+    assert list((runtime / "scdlfs").iterdir()) == []
+
+
+# A process of a node holding a shared mount until its standard input closes.
+JOB_SHARED = """
+import json, sys, scdlfs
+m = scdlfs.mount(sys.argv[1], cache_size=sys.argv[3], endpoint_url=sys.argv[2])
+print(json.dumps({"daemon": m.pid}), flush=True)
+sys.stdin.read()
+"""

@@ -160,6 +160,10 @@ _LIVE: set[Mount] = set()
 _SHARED_USES: dict[Path, int] = {}
 os.register_at_fork(after_in_child=_LIVE.clear)
 os.register_at_fork(after_in_child=_SHARED_USES.clear)
+# The shared mounts this process uses, by their lock file. A forked child keeps them:
+# asking for one of them again (a DataLoader worker's dataset opening itself), it is
+# given its parent's Mount as it is, and is no user of its own.
+_SHARED: dict[Path, Mount] = {}
 
 
 @atexit.register
@@ -210,7 +214,7 @@ class Mount:
         return self._daemon_alive() and _is_mounted(self.mountpoint)
 
     def _daemon_alive(self) -> bool:
-        if self._process is not None:
+        if self._process is not None and os.getpid() == self._owner:
             return self._process.poll() is None
         try:  # not this process's child: an exited daemon is gone or a zombie
             return Path(f"/proc/{self._daemon}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -255,6 +259,7 @@ class Mount:
         _SHARED_USES[self._shared] -= 1
         if _SHARED_USES[self._shared] > 0:
             return False
+        _SHARED.pop(self._shared, None)
         # Under the lock, so that nobody attaches between this leave and the stop the
         # last one starts.
         with _locked(self._shared, deadline):
@@ -265,7 +270,9 @@ class Mount:
                 others = []
             if others:
                 return False
-            return self._wait_stopped(deadline, linger)
+            serving = self._wait_stopped(deadline, linger)
+            _forget(self._shared)
+            return serving
 
     def _wait_stopped(self, deadline: float, linger: float) -> bool:
         while self._daemon_alive():
@@ -398,13 +405,17 @@ def mount(
     key = hashlib.sha256(json.dumps([binary, where, flags, cache_dir is None]).encode()).hexdigest()[:32]
     runtime = runtime_dir()
     lock, pointer = runtime / f"{key}.lock", runtime / f"{key}.json"
+    inherited = _SHARED.get(lock)
+    if inherited is not None and inherited._owner != os.getpid() and inherited.mounted:
+        return inherited
+    _sweep(runtime)
     with _locked(lock, deadline):
-        attached = _attach(pointer, source, binary, lock)
-        if attached is not None:
-            return attached
-        m = _new_mount(binary, source, None, flags, deadline - time.monotonic(), shared=lock,
-                       temporary_cache=cache_dir is None)  # fmt: skip
-        pointer.write_text(json.dumps({"mountpoint": str(m.mountpoint), "log": str(m.log)}))
+        m = _attach(pointer, source, binary, lock)
+        if m is None:
+            m = _new_mount(binary, source, None, flags, deadline - time.monotonic(), shared=lock,
+                           temporary_cache=cache_dir is None)  # fmt: skip
+            pointer.write_text(json.dumps({"mountpoint": str(m.mountpoint), "log": str(m.log)}))
+        _SHARED[lock] = m
         return m
 
 
@@ -429,20 +440,62 @@ def runtime_dir() -> Path:
 def _locked(path: Path, deadline: float):
     """Holds ``path``'s lock (flock, released however this process ends) until the
     block ends; waits for it until ``deadline``."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    while True:
+        fd = _try_lock(path)
+        if fd is not None:
+            break
+        if time.monotonic() >= deadline:
+            raise MountError(f"{path} stayed locked: another process took too long to start or stop "
+                             "this shared mount")  # fmt: skip
+        time.sleep(0.05)
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise MountError(f"{path} stayed locked: another process took too long to start or stop "
-                                     "this shared mount") from None  # fmt: skip
-                time.sleep(0.05)
         yield
     finally:
         os.close(fd)
+
+
+def _try_lock(path: Path) -> int | None:
+    """``path`` opened and locked, or None while another process holds it. A lock file
+    is removed under its lock (:func:`_forget`): one locked after its removal is another
+    file than the path names, and is let go for the path's new one."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+    except BlockingIOError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _forget(lock: Path) -> None:
+    """Removes a shared mount's note and lock file, under that lock, once it is gone:
+    the runtime directory would otherwise keep two files of every source and options
+    ever mounted."""
+    lock.with_suffix(".json").unlink(missing_ok=True)
+    lock.unlink(missing_ok=True)
+
+
+def _sweep(runtime: Path) -> None:
+    """Forgets the shared mounts whose users were killed (no exit handler left them):
+    their notes name mountpoints no longer mounted."""
+    for lock in runtime.glob("*.lock"):
+        fd = _try_lock(lock)
+        if fd is None:  # in use: starting, attaching or stopping
+            continue
+        try:
+            try:
+                noted = json.loads(lock.with_suffix(".json").read_text())["mountpoint"]
+            except (OSError, ValueError, KeyError):
+                noted = None
+            if noted is None or not _is_mounted(Path(noted)):
+                _forget(lock)
+        finally:
+            os.close(fd)
 
 
 def _attach(pointer: Path, source: str, binary: str, lock: Path) -> Mount | None:
