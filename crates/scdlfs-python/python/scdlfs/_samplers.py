@@ -292,6 +292,7 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
                 self._rows_done += 1
                 yield row
             if self._loop is not None:
+                # Reads the loader's count while its iterator lives: a break drops it.
                 self._loop.rows(self._rows_done)
 
     def _warn_if_rewrapped(self, caller: Any) -> None:
@@ -619,6 +620,8 @@ class BatchSampler:
             sampler._rows_done += len(batch)
             if sampler._loop is not None:
                 sampler._loop.batch_handed_out(sampler._rows_done)
+                # Reads the loader's count while its iterator lives (a break drops it),
+                # and lets go of the ends of batches the loop has received.
                 sampler._loop.rows(sampler._rows_done)
             yield batch
 
