@@ -580,6 +580,31 @@ fn unmount_of_something_that_is_not_mounted_fails_clearly() {
     );
 }
 
+#[test]
+fn unmount_of_a_mount_with_a_file_open_says_it_is_busy_and_how_to_detach() {
+    adopt_orphans();
+    let setup = Setup::new();
+    let mut cleanup = Cleanup::unmounting(setup.mnt());
+    let paths = setup.paths();
+    scdlfs(&setup.mount_args(&paths, &[]), &mut cleanup).assert_success("scdlfs mount");
+    let daemon = daemon_of(&setup.mnt());
+    cleanup.pids.push(daemon);
+    let open = std::fs::File::open(setup.mnt().join("tiny.txt")).unwrap();
+    let mnt = setup.mnt().to_string_lossy().into_owned();
+    scdlfs(&[os("unmount"), setup.mnt().as_os_str()], &mut cleanup).assert_failure_saying(
+        "unmounting with a file open",
+        &[
+            &format!("{mnt} is busy"),
+            &format!("scdlfs unmount --lazy {mnt}"),
+        ],
+    );
+    assert!(is_mount_point(&setup.mnt()));
+    drop(open);
+    scdlfs(&[os("unmount"), setup.mnt().as_os_str()], &mut cleanup)
+        .assert_success("scdlfs unmount");
+    assert!(wait_for_exit(daemon, Duration::from_secs(20)).success());
+}
+
 // ---------------------------------------------------------------------------------------
 // The foreground daemon and signals.
 
