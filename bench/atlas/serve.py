@@ -3,18 +3,20 @@
 are served with ranges, ETags and If-Match (412) from the files, and ListObjectsV2 pages
 (delimited or not, continuation tokens, max-keys up to 1000) come from a key list
 computed once, each page answered after a fixed delay, as a real store's take time.
-PUT writes a file. No signature is checked.
+PUT writes a file. No signature is checked. GET /__stats counts the listing pages answered.
 
 usage: serve.py ROOT PORT PAGE_DELAY_SECONDS   (ROOT/<bucket>/<key>)
 """
-import bisect, email.utils, hashlib, os, sys, threading, time, urllib.parse
+import bisect, email.utils, hashlib, json, os, sys, threading, time, urllib.parse
 from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
 from xml.sax.saxutils import escape
 
 ROOT, PORT, DELAY = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 LOCK = threading.Lock()
 KEYS = {}  # bucket -> sorted list of keys
-PAGES = [0]
+PAGES = [0]  # listing pages answered so far
+# GET of this path answers {"list_pages": N}: how a bench tells whether a mount listed.
+STATS_PATH = "/__stats"
 
 
 def index():
@@ -75,6 +77,10 @@ class Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_GET(self):
+        if self.path == STATS_PATH:
+            with LOCK:
+                body = json.dumps(dict(list_pages=PAGES[0])).encode()
+            return self.reply(200, body, [("Content-Type", "application/json")])
         bucket, key, query = self.split()
         if query.get("list-type") == "2":
             return self.list(bucket, query)
