@@ -3,7 +3,7 @@
 are served with ranges, ETags and If-Match (412) from the files, and ListObjectsV2 pages
 (delimited or not, continuation tokens, max-keys up to 1000) come from a key list
 computed once, each page answered after a fixed delay, as a real store's take time.
-PUT writes a file. No signature is checked. GET /__stats counts the listing pages answered.
+PUT writes a file. No signature is checked. GET /__stats counts the listing pages answered, by prefix.
 
 usage: serve.py ROOT PORT PAGE_DELAY_SECONDS   (ROOT/<bucket>/<key>)
 """
@@ -14,8 +14,9 @@ from xml.sax.saxutils import escape
 ROOT, PORT, DELAY = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 LOCK = threading.Lock()
 KEYS = {}  # bucket -> sorted list of keys
-PAGES = [0]  # listing pages answered so far
-# GET of this path answers {"list_pages": N}: how a bench tells whether a mount listed.
+PAGES = {}  # listing pages answered so far, by the prefix listed
+# GET of this path answers {"list_pages": {prefix: pages}}: how a bench tells whether a
+# mount listed a dataset (a mount of the bucket lists its root besides).
 STATS_PATH = "/__stats"
 
 
@@ -79,7 +80,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == STATS_PATH:
             with LOCK:
-                body = json.dumps(dict(list_pages=PAGES[0])).encode()
+                body = json.dumps(dict(list_pages=PAGES)).encode()
             return self.reply(200, body, [("Content-Type", "application/json")])
         bucket, key, query = self.split()
         if query.get("list-type") == "2":
@@ -119,9 +120,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def list(self, bucket, query):
         time.sleep(DELAY)
-        with LOCK:
-            PAGES[0] += 1
         prefix, delim = query.get("prefix", ""), query.get("delimiter", "")
+        with LOCK:
+            PAGES[prefix] = PAGES.get(prefix, 0) + 1
         max_keys = min(int(query.get("max-keys", "1000")), 1000)
         after = query.get("start-after", "")
         token = query.get("continuation-token")

@@ -7,7 +7,8 @@ about 0.8 GB on disk), served by bench/atlas/serve.py, an S3-compatible endpoint
 time. It is made once in the work directory and kept.
 
 Each run, on fresh mounts of the bucket with empty caches:
-  1. the first `ls -a` of the dataset with no manifest: seconds, listing pages, daemon CPU;
+  1. the first `ls -a` of the dataset with no manifest: seconds, listing pages of the
+     dataset's prefix (from the mount's start), daemon CPU;
   2. `scdlfs manifest` writes the dataset's manifest (first run only), and the first `ls -a`
      of a fresh mount again, which should list nothing;
   3. on that mount, the first row through the released reader in a fresh interpreter (its
@@ -100,9 +101,12 @@ def start_endpoint(args, root):
     return "http://127.0.0.1:%d" % port, proc
 
 
-def list_pages(endpoint):
+def list_pages(endpoint, name):
+    """Listing pages the endpoint answered so far under the dataset `name` (not the
+    bucket's root, which a mount lists whenever it starts)."""
     with urllib.request.urlopen(endpoint + "/__stats", timeout=30) as answer:
-        return json.load(answer)["list_pages"]
+        pages = json.load(answer)["list_pages"]
+    return sum(n for prefix, n in pages.items() if prefix.startswith(name + "/"))
 
 
 def mount(args, endpoint, mnt, cache, run_i, what):
@@ -118,12 +122,13 @@ def mount(args, endpoint, mnt, cache, run_i, what):
     return proc
 
 
-def first_ls(endpoint, mnt, name, proc):
-    pages, cpu = list_pages(endpoint), cpu_seconds(proc.pid)
+def first_ls(endpoint, mnt, name, proc, pages):
+    """`pages`: the dataset's listing pages before the mount started."""
+    cpu = cpu_seconds(proc.pid)
     started = time.perf_counter()
     entries = os.listdir(os.path.join(mnt, name))
     seconds = time.perf_counter() - started
-    return dict(seconds=seconds, entries=sorted(entries), list_pages=list_pages(endpoint) - pages,
+    return dict(seconds=seconds, entries=sorted(entries), list_pages=list_pages(endpoint, name) - pages,
                 daemon_cpu_s=cpu_seconds(proc.pid) - cpu)
 
 
@@ -171,14 +176,16 @@ def run_atlas(args):
     try:
         for run_i in range(args.runs):
             r = dict(run=run_i)
+            pages = list_pages(endpoint, name)
             proc = mount(args, endpoint, mnt, cache, run_i, "listed")
-            r["ls_listed"] = first_ls(endpoint, mnt, name, proc)
+            r["ls_listed"] = first_ls(endpoint, mnt, name, proc, pages)
             unmount(mnt)
             stop(proc)
             if run_i == 0:
                 write_manifest(endpoint, name)
+            pages = list_pages(endpoint, name)
             proc = mount(args, endpoint, mnt, cache, run_i, "manifest")
-            r["ls_manifest"] = first_ls(endpoint, mnt, name, proc)
+            r["ls_manifest"] = first_ls(endpoint, mnt, name, proc, pages)
             r["first_row"] = first_row(os.path.join(mnt, name))
             r["ranks"] = ranks(args, os.path.join(mnt, name), proc, mnt, run_i)
             unmount(mnt)
