@@ -38,6 +38,14 @@ of 10,000 small chunks (256 with --quick, time-bounded). Run alone (`--systems
 hostile`), its results are kept beside the page (docs/benchmarks-hostile.json), and only
 its section, its row of the targets and the reduced variant's paragraph are replaced.
 
+The `atlas` system (issue 40), read only when named and by --quick: a dataset of 10^8 rows
+(10^7 with --quick) with real row offsets and sparse values (bench/atlas/), behind an
+endpoint whose listing pages each take 0.15 s; the first `ls` with and without a manifest,
+the released reader's first row, and 8 ranks (2) building each sampler and reading with it
+on one mount, with the daemon's RSS. It needs no other system's dataset; run alone
+(`--systems atlas`), it keeps its results beside the page (docs/benchmarks-atlas.json) and
+replaces only its section.
+
 The `ceiling` system reads scdlfs's windows epochs with no link (the daemon straight to
 the S3 server, whose ceiling the run measures) beside local disk: GB/s served and per
 daemon core. The `large` system reads a dataset of 8 chunks of 180 MB in windows of 2

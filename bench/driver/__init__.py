@@ -15,6 +15,8 @@ Its modules, from the bottom up:
   ceiling        the daemon with no link: its own ceiling beside local disk
   large          large chunks (8 of 180 MB, windows of 2) behind a link of their own
   hostile        another user's cold epoch alone and beside the tests' hostile hint writer
+  atlas          an atlas-sized dataset (bench/atlas/): first `ls` with and without a manifest,
+                 first row, 8 ranks' samplers and reads, the daemon's RSS
   node_targets   the targets table of issue 29, every row from the results
   registry       which system reads in which order, in the order a run reads them
   report         docs/benchmarks.md, README's summary block and the PNG

@@ -6,6 +6,7 @@ import json
 import os
 import tempfile
 
+from .atlas import atlas_section
 from .config import (CEILING, DROPPED, HALF, HOSTILE, HOSTILE_BEGIN, HOSTILE_CHUNKS, HOSTILE_CHUNK_ROWS, HOSTILE_END,
                      HOSTILE_MEAN_VALUES, HOSTILE_RATIO_TARGET, LARGE, LARGE_CHUNKS_PER_WINDOW, LARGE_LATENCY_MS,
                      LARGE_CHUNKS, LARGE_RATE_MBPS, NODE, NODE_BEGIN, NODE_END, NODE_RANKS, NODE_SCDL,
@@ -195,6 +196,17 @@ def write_report(saved, path_md, path_png, font, readme):
         hostile_saved = json.load(open(hostile_results))
     if any(r["system"].startswith(HOSTILE) for r in hostile_saved["results"]):
         lines.extend(hostile_section(hostile_saved, hostile_results))
+        w("")
+    small_saved, small_results = saved, results
+    if not any(SMALL_CACHE in k[0] for k in summary) and os.path.exists(side_results(path_md, "small-cache")):
+        # Run alone, the small-cache and atlas systems keep their results beside the page.
+        small_results = side_results(path_md, "small-cache")
+        small_saved = json.load(open(small_results))
+    if any(SMALL_CACHE in r["system"] for r in small_saved["results"]):
+        lines.extend(small_cache_section(Report(small_saved), small_results))
+        w("")
+    if os.path.exists(side_results(path_md, "atlas")):
+        lines.extend(atlas_section(json.load(open(side_results(path_md, "atlas"))), side_results(path_md, "atlas")))
         w("")
     if any(k[0].startswith(CEILING) for k in summary):
         lines.extend(ceiling_section(rep))

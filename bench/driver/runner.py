@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+from .atlas import ATLAS_BEGIN, ATLAS_END, atlas_problems, atlas_section, run_atlas
 from .config import (BUCKET, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN, RESTART_END, SMALL_BEGIN, SMALL_END,
                      SYSTEM_NAMES, TORCH_BEGIN, TORCH_END)
 from .measure import SERVER_FILES, disk_read_ahead_kib
@@ -45,7 +46,7 @@ def configure(args):
         args.readme = os.path.join(args.work, "README.md")
         if args.systems == ",".join(SYSTEM_NAMES):
             # The node scenario's short variant (R = 1 and 2), and the hostile writer's.
-            args.systems += ",node,hostile,small-cache"
+            args.systems += ",node,hostile,small-cache,atlas"
 
 
 def main(args, command):
@@ -66,6 +67,11 @@ def main(args, command):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     ensure_tools(args)
+    systems = args.systems.split(",")
+    if systems == ["atlas"]:
+        # Its own dataset and endpoint, no epochs: the page's atlas section alone.
+        run_atlas_alone(args, command, started)
+        return
     ctx = Ctx()
     ctx.args = args
     ctx.work, ctx.seed, ctx.limit, ctx.python = args.work, 1, args.time_limit, args.python
@@ -75,7 +81,6 @@ def main(args, command):
     ctx.mount_args = args.mount_args.split()
     ctx.name = "ds-%d" % args.size_mb
     ctx.info = generate(args, ctx.name, args.size_mb)
-    systems = args.systems.split(",")
     extra = {}  # dataset name -> its info, for the daemon's RSS against size
     if not args.quick and "scdlfs" in systems:
         for size in (args.small_size_mb, args.large_size_mb):
@@ -106,6 +111,14 @@ def main(args, command):
         other_orders = (args.other_orders or args.orders).split(",")
         quick_checks(args, systems, orders, other_orders, results, startup, ctx.info)
         write_report(saved, args.report, None, args.font, args.readme)
+        if "atlas" in systems:
+            atlas = dict(run_atlas(args), date=saved["date"], host=saved["host"])
+            problems = atlas_problems(atlas)
+            if problems:
+                sys.exit("bench quick failed:\n  " + "\n  ".join(problems))
+            splice(args.report, ATLAS_BEGIN, ATLAS_END, atlas_section(atlas, os.path.join(args.work, "atlas.json")))
+            with open(os.path.join(args.work, "atlas.json"), "w") as f:
+                json.dump(atlas, f, indent=1)
         sampled = [r for r in results if "cache_dir_peak_bytes" in r]
         print("bench quick: %d epochs passed, 0 failed (every epoch read ≥ %d rows or all, each checked; the cache "
               "budget bound on every scdlfs mount, and its directory held at most %.1f%% of the budget in %d "
@@ -145,6 +158,17 @@ def main(args, command):
             return
     write_report(saved, args.report, png, args.font, args.readme)
     log("wrote %s and the summary in %s in %.0f s" % (args.report, args.readme, time.time() - started))
+
+
+def run_atlas_alone(args, command, started):
+    """The atlas system run alone: its results beside the page, its section replaced."""
+    atlas = dict(run_atlas(args), command=command, date=time.strftime("%Y-%m-%d"), host=socket.gethostname(),
+                 cores=os.cpu_count(), minutes=(time.time() - started) / 60)
+    results = side_results(args.report, "atlas")
+    with open(results, "w") as f:
+        json.dump(atlas, f, indent=1)
+    splice(args.report, ATLAS_BEGIN, ATLAS_END, atlas_section(atlas, results))
+    log("updated the atlas section of %s in %.0f s" % (args.report, time.time() - started))
 
 
 def tool_versions():

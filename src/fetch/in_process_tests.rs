@@ -40,12 +40,13 @@ async fn bench<S: ObjectStore>(
     slots: usize,
     wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<S>,
 ) -> (Bench, Arc<S>) {
-    bench_with_cache(slots, 1 << 20, wrap).await
+    bench_with_cache(slots, 1 << 20, READ_TIMEOUT, wrap).await
 }
 
 async fn bench_with_cache<S: ObjectStore>(
     slots: usize,
     cache_budget: u64,
+    read_timeout: Duration,
     wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<S>,
 ) -> (Bench, Arc<S>) {
     let memory = Arc::new(InMemory::new());
@@ -53,7 +54,7 @@ async fn bench_with_cache<S: ObjectStore>(
     let put = memory.put(&key, PutPayload::from(content())).await.unwrap();
     let store = wrap(memory);
     let dir = tempfile::tempdir().unwrap();
-    let fetcher = fetcher_on(store.clone(), dir.path(), cache_budget, slots);
+    let fetcher = fetcher_on(store.clone(), dir.path(), cache_budget, slots, read_timeout);
     let object = Arc::new(ObjectInfo {
         id: ObjectId(0),
         key,
@@ -79,6 +80,7 @@ fn fetcher_on(
     cache_dir: &std::path::Path,
     cache_budget: u64,
     slots: usize,
+    read_timeout: Duration,
 ) -> Arc<Fetcher> {
     let owner = crate::cache::CacheOwner {
         source: "memory".into(),
@@ -92,7 +94,7 @@ fn fetcher_on(
         FetchLimits {
             part_size: PART,
             max_concurrent_requests: slots,
-            read_timeout: READ_TIMEOUT,
+            read_timeout,
             memory_cap: MEMORY_CAP,
         },
         Arc::new(Metrics::default()),
@@ -160,7 +162,7 @@ async fn reads_after_a_remount_claim_their_parts_files_before_adoption() {
         dir,
     } = bench;
     drop(fetcher);
-    let fetcher = fetcher_on(counts.clone(), dir.path(), 1 << 20, 4);
+    let fetcher = fetcher_on(counts.clone(), dir.path(), 1 << 20, 4, READ_TIMEOUT);
     // Another mount, other ids.
     let object = Arc::new(ObjectInfo {
         id: ObjectId(7),
@@ -364,7 +366,7 @@ async fn a_changed_object_is_refused_not_mixed() {
 async fn held_bytes_stay_under_the_cap_when_the_cache_has_no_room() {
     use crate::store::throttled::Throttle;
     // No disk room: every part is served from memory, and kept there when it fits.
-    let (bench, _store) = bench_with_cache(8, 0, |s| {
+    let (bench, _store) = bench_with_cache(8, 0, READ_TIMEOUT, |s| {
         Arc::new(HookedStore::new(
             s,
             Throttle::new(Duration::from_millis(5), 200_000),
@@ -901,7 +903,7 @@ async fn a_stray_read_into_a_part_needed_later_is_asked_for_alone_and_evicts_not
             + len
     };
     let room_for_three_parts = 3 * on_disk(PART) + on_disk(PART) / 2;
-    let (bench, trickle) = bench_with_cache(4, room_for_three_parts, |s| {
+    let (bench, trickle) = bench_with_cache(4, room_for_three_parts, READ_TIMEOUT, |s| {
         Arc::new(HookedStore::new(s, Trickle::new(PART as usize)))
     })
     .await;
@@ -1168,4 +1170,62 @@ async fn a_reader_of_bytes_a_planned_range_on_its_way_covers_waits_for_it() {
         1,
         "the reader asked for nothing"
     );
+}
+
+/// A reader of bytes whose planned range still queues for its place on the wire (every
+/// place taken by ranges the store holds) sends that range at once, beside the bound,
+/// rather than waiting for the ranges ahead of it to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_of_a_planned_range_queued_behind_a_full_wire_sends_it_at_once() {
+    // Long enough for the ranges ahead to be held at the gate for the whole test.
+    let held_for_the_test = Duration::from_secs(60);
+    let (bench, gate) = bench_with_cache(4, 1 << 20, held_for_the_test, |s| {
+        Arc::new(HookedStore::new(s, Gate::default()))
+    })
+    .await;
+    let bench = Arc::new(bench);
+    // Each request weighs at least its minimum: this many fill the wire.
+    let ahead =
+        (super::planned::PLANNED_BYTES_IN_FLIGHT / super::planned::PLANNED_REQUEST_WEIGHT) as usize;
+    for i in 0..ahead as u64 {
+        let range = PART + 3 * i..PART + 3 * i + 2;
+        let started = bench.fetcher.prefetch_planned(&bench.object, range, || {});
+        assert_eq!(started, Planned::Started);
+    }
+    let sent_for_part = |part: u64| {
+        gate.hook()
+            .order
+            .lock()
+            .iter()
+            .filter(|&&p| p == part)
+            .count()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while sent_for_part(1) < ahead && tokio::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(sent_for_part(1), ahead, "the ranges ahead hold every place");
+    let queued = bench
+        .fetcher
+        .prefetch_planned(&bench.object, 3000..3400, || {});
+    assert_eq!(queued, Planned::Started);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(sent_for_part(3), 0, "the last range queues for a place");
+    let reader = spawn_read_within(&bench, 3, 100..200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while sent_for_part(3) == 0 && tokio::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        sent_for_part(3),
+        1,
+        "the reader's range went beside the full wire"
+    );
+    gate.hook().open.add_permits(ahead + 1);
+    let read = tokio::time::timeout(Duration::from_secs(5), reader).await;
+    assert_eq!(
+        read.unwrap().unwrap().unwrap(),
+        expected_within(3, 100..200)
+    );
+    settle_planned(&bench.fetcher).await;
 }

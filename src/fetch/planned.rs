@@ -24,7 +24,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 
 use super::Fetcher;
 use crate::metrics::Metrics;
@@ -42,18 +42,46 @@ pub const PLANNED_BYTES_IN_FLIGHT: u64 = 16 << 20;
 /// What a request counts against [`PLANNED_BYTES_IN_FLIGHT`] at least, so that at most
 /// 256 are on the wire: with 8,000 single rows of 6 KB in flight, the daemon's
 /// connections and tasks held 300 MiB.
-const PLANNED_REQUEST_WEIGHT: u64 = 64 << 10;
+pub(super) const PLANNED_REQUEST_WEIGHT: u64 = 64 << 10;
 
 /// Ranges remembered as stored into the page cache, at most: a top-up that walks their
 /// step again (its plan moved) does not fetch them again. About 6 MiB of entries.
 pub const PLANNED_STORED_KEPT: usize = 1 << 16;
 
-/// One planned range: its bytes once they have arrived, the watch its fetch closes
-/// when it ends (whatever the outcome), or the note that the page cache has it.
+/// One planned range: its bytes once they have arrived, its fetch while it is on its
+/// way, or the note that the page cache has it.
 enum Entry {
     Held { bytes: Bytes, since: u64 },
-    Coming(watch::Receiver<()>),
+    Coming(Coming),
     Stored { since: u64 },
+}
+
+/// A planned range on its way.
+#[derive(Clone)]
+pub(super) struct Coming {
+    /// Closed by its fetch when it ends, whatever the outcome.
+    pub(super) done: watch::Receiver<()>,
+    /// Told by a reader that waits for the range.
+    awaited: Arc<Notify>,
+}
+
+impl Coming {
+    pub(super) fn new(done: watch::Receiver<()>) -> Coming {
+        Coming {
+            done,
+            awaited: Arc::new(Notify::new()),
+        }
+    }
+
+    /// A reader waits for these bytes: if the request still queues for its place on the
+    /// wire, it goes now. The bound on the wire keeps read-ahead from crowding it, not
+    /// a reader from its row: a step's ranges are asked for in the order of its rows'
+    /// offsets, which a reader of shuffled minibatches does not follow, and a row at
+    /// the end of that queue waited for the whole step (moto behind the bench's link:
+    /// 49 rows/s, hinted, against 6,301 without hints).
+    pub(super) fn awaited(&self) {
+        self.awaited.notify_one();
+    }
 }
 
 /// The planned ranges of every part, by their first byte in the part.
@@ -80,7 +108,7 @@ pub(super) enum Covered {
         offset: u64,
         bytes: Bytes,
     },
-    Coming(watch::Receiver<()>),
+    Coming(Coming),
     /// In the page cache: a read of it found the kernel had dropped it.
     Stored,
 }
@@ -100,19 +128,14 @@ impl PlannedRanges {
                     offset: start,
                     bytes: bytes.clone(),
                 },
-                Entry::Coming(done) => Covered::Coming(done.clone()),
+                Entry::Coming(coming) => Covered::Coming(coming.clone()),
                 Entry::Stored { .. } => Covered::Stored,
             })
     }
 
     /// Records that bytes `within` of the part are coming; `false` if another range
     /// starting there is still coming (its fetch will record it).
-    fn insert_coming(
-        &mut self,
-        key: PartKey,
-        within: Range<u64>,
-        done: watch::Receiver<()>,
-    ) -> bool {
+    fn insert_coming(&mut self, key: PartKey, within: Range<u64>, coming: Coming) -> bool {
         match self.by_part.get(&key).and_then(|r| r.get(&within.start)) {
             Some((_, Entry::Coming(_))) => return false,
             Some(_) => self.remove(key, within.start),
@@ -122,7 +145,7 @@ impl PlannedRanges {
         self.by_part
             .entry(key)
             .or_default()
-            .insert(within.start, (within.end, Entry::Coming(done)));
+            .insert(within.start, (within.end, Entry::Coming(coming)));
         true
     }
 
@@ -300,20 +323,27 @@ impl Fetcher {
             let Some(memory) = self.memory.try_reserve(len) else {
                 return Planned::Refused;
             };
-            let (sender, done_watch) = watch::channel(());
-            if !planned.insert_coming(key, within.clone(), done_watch) {
+            let (sender, done) = watch::channel(());
+            let coming = Coming::new(done);
+            let awaited = coming.awaited.clone();
+            if !planned.insert_coming(key, within.clone(), coming) {
                 return Planned::Coming;
             }
             // Dropped when the fetch ends, however: readers waiting on it look again.
-            (memory, sender)
+            (memory, sender, awaited)
         };
         let (this, object) = (self.clone(), object.clone());
         let on_the_wire = self.planned_in_flight.clone();
         self.runtime.spawn(async move {
-            let (memory, _closes_on_end) = memory;
+            let (memory, _closes_on_end, awaited) = memory;
             let weight = len.clamp(PLANNED_REQUEST_WEIGHT, PLANNED_BYTES_IN_FLIGHT);
-            let Ok(_wire) = on_the_wire.acquire_many_owned(weight as u32).await else {
-                return;
+            let _wire = tokio::select! {
+                wire = on_the_wire.acquire_many_owned(weight as u32) => match wire {
+                    Ok(permit) => Some(permit),
+                    Err(_) => return,
+                },
+                // Beside the bound ([`Coming::awaited`]).
+                () = awaited.notified() => None,
             };
             Metrics::add(&this.metrics.planned_requests, 1);
             let fetched = this.get_range(&object, range, memory).await.ok();
@@ -384,7 +414,7 @@ mod tests {
 
     fn arrive(ranges: &mut PlannedRanges, part: u64, within: Range<u64>) {
         let (_sender, done) = watch::channel(());
-        ranges.insert_coming(key(part), within.clone(), done);
+        ranges.insert_coming(key(part), within.clone(), Coming::new(done));
         let len = within.end - within.start;
         let bytes = Bytes::from(vec![7u8; len as usize]);
         ranges.arrived(key(part), within.start, len, Some(bytes));
@@ -405,7 +435,7 @@ mod tests {
     fn a_failed_range_leaves_nothing_behind() {
         let mut ranges = PlannedRanges::default();
         let (_sender, done) = watch::channel(());
-        ranges.insert_coming(key(0), 0..100, done);
+        ranges.insert_coming(key(0), 0..100, Coming::new(done));
         assert!(matches!(
             ranges.covering(key(0), &(10..20)),
             Some(Covered::Coming(_))
@@ -460,7 +490,7 @@ mod tests {
         let mut ranges = PlannedRanges::default();
         let (_sender, done) = watch::channel(());
         let coming = PLANNED_BYTES_HELD / 4 * 3;
-        assert!(ranges.insert_coming(key(0), 0..coming, done));
+        assert!(ranges.insert_coming(key(0), 0..coming, Coming::new(done)));
         arrive(&mut ranges, 1, 0..PLANNED_BYTES_HELD / 8);
         assert!(ranges.has_room_for(PLANNED_BYTES_HELD / 8));
         assert!(!ranges.has_room_for(PLANNED_BYTES_HELD / 8 + 1));

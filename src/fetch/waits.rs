@@ -58,8 +58,10 @@ impl Fetcher {
                 return Ok(held);
             }
             let planned = self.planned.lock().covering(key, &within);
-            if let Some(Covered::Coming(mut done)) = planned {
+            if let Some(Covered::Coming(coming)) = planned {
                 // A plan's exact bytes on their way: asking again would fetch them twice.
+                coming.awaited();
+                let mut done = coming.done;
                 while done.changed().await.is_ok() {}
                 continue;
             }

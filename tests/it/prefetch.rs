@@ -235,9 +235,11 @@ fn a_plan_over_a_cache_smaller_than_its_parts_fetches_each_planned_byte_once() {
         dataset_bytes()
     );
     // Besides: the row offsets, and the reader's faults before the first step's rows
-    // arrived or where a range's page is shared with a block not yet read.
+    // arrived or where a range's page is shared with a block not yet read; more of those
+    // race the ranges on a loaded machine (1.17-1.20× in five runs at a load of 6, one
+    // over 1.25×), and whole parts fetched 7.8×.
     assert!(
-        fetched <= dataset_bytes() * 5 / 4,
+        fetched <= dataset_bytes() * 4 / 3,
         "fetched {fetched} bytes of a {} byte dataset",
         dataset_bytes()
     );

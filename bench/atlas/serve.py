@@ -3,18 +3,21 @@
 are served with ranges, ETags and If-Match (412) from the files, and ListObjectsV2 pages
 (delimited or not, continuation tokens, max-keys up to 1000) come from a key list
 computed once, each page answered after a fixed delay, as a real store's take time.
-PUT writes a file. No signature is checked.
+PUT writes a file. No signature is checked. GET /__stats counts the listing pages answered, by prefix.
 
 usage: serve.py ROOT PORT PAGE_DELAY_SECONDS   (ROOT/<bucket>/<key>)
 """
-import bisect, email.utils, hashlib, os, sys, threading, time, urllib.parse
+import bisect, email.utils, hashlib, json, os, sys, threading, time, urllib.parse
 from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
 from xml.sax.saxutils import escape
 
 ROOT, PORT, DELAY = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 LOCK = threading.Lock()
 KEYS = {}  # bucket -> sorted list of keys
-PAGES = [0]
+PAGES = {}  # listing pages answered so far, by the prefix listed
+# GET of this path answers {"list_pages": {prefix: pages}}: how a bench tells whether a
+# mount listed a dataset (a mount of the bucket lists its root besides).
+STATS_PATH = "/__stats"
 
 
 def index():
@@ -75,6 +78,10 @@ class Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_GET(self):
+        if self.path == STATS_PATH:
+            with LOCK:
+                body = json.dumps(dict(list_pages=PAGES)).encode()
+            return self.reply(200, body, [("Content-Type", "application/json")])
         bucket, key, query = self.split()
         if query.get("list-type") == "2":
             return self.list(bucket, query)
@@ -113,9 +120,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def list(self, bucket, query):
         time.sleep(DELAY)
-        with LOCK:
-            PAGES[0] += 1
         prefix, delim = query.get("prefix", ""), query.get("delimiter", "")
+        with LOCK:
+            PAGES[prefix] = PAGES.get(prefix, 0) + 1
         max_keys = min(int(query.get("max-keys", "1000")), 1000)
         after = query.get("start-after", "")
         token = query.get("continuation-token")
