@@ -33,6 +33,10 @@
 //! what no plan names. Hints are advice: without the file, or when a write fails, rows
 //! come out exactly the same, and failures wait in [`Sampler::take_hint_error`].
 //!
+//! An order computed elsewhere (torch's samplers, scDataset's strategies, a user's
+//! own) is announced the same way through [`GivenOrderHints`], by a caller that reads
+//! that order ahead of its reader and hands over its steps.
+//!
 //! ```no_run
 //! use std::num::{NonZeroU32, NonZeroU64};
 //! use scdl_sampler::*;
@@ -57,6 +61,7 @@
 
 mod cached;
 mod epoch;
+mod given;
 mod hints;
 mod layout;
 mod order;
@@ -69,6 +74,7 @@ mod subset;
 
 pub use cached::CachedChunks;
 pub use epoch::{EpochCursor, EpochIter};
+pub use given::GivenOrderHints;
 pub use hints::{HintWriteError, HintWriter};
 pub use layout::{
     read_announcement, ChunkLayout, DatasetKind, DatasetLayout, LayoutError,

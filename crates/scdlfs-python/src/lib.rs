@@ -17,9 +17,11 @@ use std::sync::Arc;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeWarning, PyValueError};
 use pyo3::prelude::*;
+use scdl_format::hint::HINT_FILE;
 use scdl_sampler::{
-    BlockOrder, CachedChunks, ChunkWindowOrder, DatasetLayout, EpochCursor, EvenShares, Order,
-    RowSubset, Sampler, Shard, Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
+    BlockOrder, CachedChunks, ChunkWindowOrder, DatasetLayout, EpochCursor, EvenShares,
+    GivenOrderHints, HintWriter, Order, RowSubset, Sampler, Shard, Workers,
+    DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
 
 create_exception!(
@@ -221,6 +223,18 @@ fn shard_of(rank: i64, world_size: i64, even: &str) -> PyResult<Shard> {
     Shard::new(rank, world_size, even).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// Warns with [`HintWarning`] that the mount did not take the hints of `whose` (a
+/// "sampler", a "plan"): an error where warnings are made errors.
+fn warn_of_hint_failure(py: Python<'_>, whose: &str, error: &str) -> PyResult<()> {
+    let message = format!(
+        "the mount did not take this {whose}'s read-ahead hints, so its prefetch may stop (rows \
+         are unaffected; take_hint_error() returns the failure): {error}"
+    );
+    let message =
+        std::ffi::CString::new(message).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    PyErr::warn(py, py.get_type::<HintWarning>().as_any(), &message, 2)
+}
+
 impl NativeSampler {
     fn build(
         dataset_dir: PathBuf,
@@ -385,13 +399,7 @@ impl NativeSampler {
             }
             if let Some(error) = sampler.pending_hint_error() {
                 self.warned_of_hints = true;
-                let message = format!(
-                    "the mount did not take this sampler's read-ahead hints, so its prefetch may \
-                     stop (rows are unaffected; take_hint_error() returns the failure): {error}"
-                );
-                let message = std::ffi::CString::new(message)
-                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
-                PyErr::warn(py, py.get_type::<HintWarning>().as_any(), &message, 2)?;
+                warn_of_hint_failure(py, "sampler", &error)?;
             }
         }
         Ok(minibatch)
@@ -461,10 +469,119 @@ impl NativeSampler {
     }
 }
 
+/// The plan of an order given from outside (`scdlfs.Planned`, the scDataset adapter):
+/// steps handed over by the Python side as it reads the order ahead, written by
+/// [`GivenOrderHints`] through this process's own hint handle.
+#[pyclass(module = "scdlfs._native")]
+struct NativePlan {
+    dataset_dir: PathBuf,
+    /// The rows per chunk the greeting states; None when the directory has no hint
+    /// file (not on a mount) or hints are off: then nothing is ever opened.
+    chunk_rows: Option<u64>,
+    /// The hints of the process that last started a plan, by process id.
+    hints: Option<(u32, GivenOrderHints)>,
+    /// Whether this plan has warned of a hint failure ([`HintWarning`]): once.
+    warned_of_hints: bool,
+}
+
+#[pymethods]
+impl NativePlan {
+    /// A plan of the dataset at `dataset_dir`. Off a mount (no hint file) it reads
+    /// nothing of the directory: the wrapped order then costs nothing but a check.
+    #[new]
+    #[pyo3(signature = (dataset_dir, *, hints))]
+    fn new(dataset_dir: PathBuf, hints: bool) -> PyResult<NativePlan> {
+        let chunk_rows = match hints && dataset_dir.join(HINT_FILE).exists() {
+            true => Some(discover(&dataset_dir)?.chunks.chunk_size()),
+            false => None,
+        };
+        Ok(NativePlan {
+            dataset_dir,
+            chunk_rows,
+            hints: None,
+            warned_of_hints: false,
+        })
+    }
+
+    /// Starts a new plan for `epoch` in this process (opening this process's hint
+    /// handle the first time); whether the daemon is being told.
+    fn start(&mut self, epoch: u64) -> bool {
+        let Some(hints) = self.own_hints() else {
+            return false;
+        };
+        hints.start(epoch);
+        hints.is_active()
+    }
+
+    /// Appends `steps` (each the rows of one step) to the plan, then says the reader is
+    /// in step `reading` if given. Warns once of a hint failure met so far.
+    #[pyo3(signature = (steps, reading=None))]
+    fn advance(
+        &mut self,
+        py: Python<'_>,
+        steps: Vec<Vec<u64>>,
+        reading: Option<u64>,
+    ) -> PyResult<()> {
+        let Some(hints) = self.own_hints() else {
+            return Ok(());
+        };
+        hints.advance(&steps, reading);
+        let failure = hints.pending_error();
+        match failure {
+            Some(error) if !self.warned_of_hints => {
+                self.warned_of_hints = true;
+                warn_of_hint_failure(py, "plan", &error)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether this process tells the daemon the plan (opens the hint file if this
+    /// process has not yet).
+    fn hints_active(&mut self) -> bool {
+        self.own_hints().is_some_and(|h| h.is_active())
+    }
+
+    /// Waits until the steps announced so far have reached the hint file.
+    fn flush(&mut self) {
+        if let Some(hints) = self.own_hints() {
+            hints.flush();
+        }
+    }
+
+    /// The first hint failure in this process since the last call, if any.
+    fn take_hint_error(&mut self) -> Option<String> {
+        self.own_hints()?.take_error().map(|e| e.to_string())
+    }
+
+    /// Drops a hint handle inherited from the parent process (called after a fork).
+    fn forget_inherited_hints(&mut self) {
+        if matches!(&self.hints, Some((owner, _)) if *owner != std::process::id()) {
+            self.hints = None;
+        }
+    }
+}
+
+impl NativePlan {
+    /// This process's hints, opened on first use in it; None off a mount.
+    fn own_hints(&mut self) -> Option<&mut GivenOrderHints> {
+        let chunk_rows = self.chunk_rows?;
+        let pid = std::process::id();
+        if !matches!(&self.hints, Some((owner, _)) if *owner == pid) {
+            // Dropping an inherited writer closes this process's copy of the handle
+            // only; the parent's plan lives on.
+            let writer = HintWriter::open(&self.dataset_dir, chunk_rows);
+            self.hints = Some((pid, GivenOrderHints::new(writer)));
+        }
+        self.hints.as_mut().map(|(_, hints)| hints)
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeSampler>()?;
     m.add_class::<NativeEpoch>()?;
+    m.add_class::<NativePlan>()?;
     m.add_class::<PyRowSubset>()?;
     m.add_function(wrap_pyfunction!(split_by_chunk, m)?)?;
     m.add_function(wrap_pyfunction!(read_cached_chunks, m)?)?;

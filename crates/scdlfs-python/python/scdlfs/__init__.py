@@ -41,14 +41,17 @@ A sampler visits a part of the rows with ``indices=`` (e.g. a part of
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
+from itertools import chain, islice
 from typing import Any, Literal
 
-from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, HintWarning, NativeSampler, NotADatasetError, RowSubset
+from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, HintWarning, NativePlan, NativeSampler, NotADatasetError, RowSubset
 from scdlfs._native import read_cached_chunks
 from scdlfs._native import split_by_chunk as _split_by_chunk
 from scdlfs._mount import Mount, MountError, mount, open_dataset, redact, runtime_dir, scdlfs_binary
@@ -67,6 +70,7 @@ __all__ = [
     "Mount",
     "MountError",
     "NotADatasetError",
+    "Planned",
     "RowSubset",
     "distributed_rank_and_world_size",
     "mount",
@@ -155,9 +159,10 @@ def distributed_rank_and_world_size(
     return (found_rank if rank is None else rank, found_world if world_size is None else world_size)
 
 
-# Samplers alive in this process, so that a forked child (a DataLoader worker) drops
-# the hint handles it inherited instead of holding its parent's plans open.
-_LIVE: weakref.WeakSet[_SCDLSampler] = weakref.WeakSet()
+# Samplers and plans alive in this process (anything whose _native holds a hint
+# handle), so that a forked child (a DataLoader worker) drops the hint handles it
+# inherited instead of holding its parent's plans open.
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _forget_inherited_hints() -> None:
@@ -636,3 +641,180 @@ class BatchSampler:
         if self.drop_last:
             return rows // self.batch_size
         return -(-rows // self.batch_size)
+
+
+#: Rows per step of a wrapped order unless told otherwise: a fetch of the block order's
+#: defaults (minibatches of 64, fetch factor 16), the step size the daemon's prefetch
+#: is measured with.
+DEFAULT_STEP_ROWS = 1024
+
+_END = object()
+
+
+def _is_row(item: Any) -> bool:
+    """Whether an order's item is one row index (a Sampler's) rather than a batch of them
+    (a BatchSampler's)."""
+    try:
+        operator.index(item)
+    except TypeError:
+        return False
+    return True
+
+
+class _Lookahead:
+    """Steps of an order announced a bounded number ahead of the reader, as the samplers'
+    own plans are: topped up to ``lookahead`` steps (the one being entered counted) once
+    half of them or fewer remain, each top-up written with the reader's step."""
+
+    def __init__(self, native: NativePlan, steps: Iterator[tuple[Any, list[int]]], lookahead: int) -> None:
+        self._native = native
+        self._steps = steps
+        self._lookahead = lookahead
+        self._ahead: deque[tuple[Any, list[int]]] = deque()  # announced, not yet entered
+        self._done = False
+        self._entered = 0
+
+    def enter(self) -> Any:
+        """The next step's items, once the daemon has been told of it and of the steps
+        after it and that the reader is in it; ``_END`` after the last."""
+        fresh = []
+        if not self._done and len(self._ahead) <= self._lookahead // 2:
+            while len(self._ahead) + len(fresh) < self._lookahead:
+                step = next(self._steps, None)
+                if step is None:
+                    self._done = True
+                    break
+                fresh.append(step)
+            self._ahead.extend(fresh)
+        if not self._ahead:
+            return _END
+        self._native.advance([rows for _, rows in fresh], self._entered)
+        self._entered += 1
+        return self._ahead.popleft()[0]
+
+
+class Planned(_TorchSampler):  # type: ignore[misc,valid-type]
+    """Any order of rows, told to an scdlfs mount ahead of its reader: wrap a torch
+    ``Sampler`` (``RandomSampler``, ``WeightedRandomSampler``, ``SubsetRandomSampler``,
+    ``DistributedSampler``, one of your own) or ``BatchSampler``, or any re-iterable of
+    row indices or of lists of them, and give the wrapper to the DataLoader in its place:
+
+        sampler = scdlfs.Planned(RandomSampler(dataset), dataset)
+        loader = DataLoader(dataset, sampler=sampler, batch_size=64, num_workers=4)
+
+    It yields exactly the wrapped order. On a mount, the process that iterates it (the
+    DataLoader's main process) reads the order ahead of what it yields, cuts it into
+    steps of ``step_rows`` consecutive rows (a batch sampler's at batch boundaries) and
+    writes them as ``rows`` steps of the hint protocol, ``lookahead_rows`` ahead, through
+    the writer the samplers use; the daemon fetches those rows before the workers read
+    them. Each process (each rank of ``torch.distributed``) writes its own plan. Off a
+    mount, or with ``hints=False``, iterating it is iterating the wrapped order.
+
+    Indices must be row indices of the dataset at ``dataset`` (the directory, or a
+    ``SingleCellMemMapDataset`` opened there). A step's rows are fetched together: a
+    longer step or lookahead asks for more of the cache. ``set_epoch`` is passed on to
+    the wrapped order (and numbers the plan).
+    """
+
+    def __init__(
+        self,
+        order: Iterable[Any],
+        dataset: Dataset,
+        lookahead_rows: int = DEFAULT_HINT_LOOKAHEAD * DEFAULT_STEP_ROWS,
+        step_rows: int = DEFAULT_STEP_ROWS,
+        hints: bool = True,
+    ) -> None:
+        if step_rows < 1:
+            raise ValueError(f"step_rows must be at least 1, got {step_rows}")
+        if lookahead_rows < 1:
+            raise ValueError(f"lookahead_rows must be at least 1, got {lookahead_rows}")
+        self.order = order
+        self.lookahead_rows = lookahead_rows
+        self.step_rows = step_rows
+        self._dataset_dir = _directory_of(dataset)
+        self._hints = hints
+        self._epoch = 0
+        self._native = NativePlan(self._dataset_dir, hints=hints)
+        _LIVE.add(self)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+        set_epoch = getattr(self.order, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def dataset_dir(self) -> str:
+        return self._dataset_dir
+
+    def __len__(self) -> int:
+        return len(self.order)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        order = iter(self.order)
+        if not self._native.start(self._epoch):
+            # Not on a mount: the wrapped order's own iterator, not one more layer.
+            return order
+        lookahead = -(-self.lookahead_rows // self.step_rows)
+        return self._planned(_Lookahead(self._native, self._steps(order), lookahead))
+
+    @staticmethod
+    def _planned(lookahead: _Lookahead) -> Iterator[Any]:
+        while (items := lookahead.enter()) is not _END:
+            yield from items
+
+    def _steps(self, order: Iterator[Any]) -> Iterator[tuple[list[Any], list[int]]]:
+        """The order cut into steps: (the items as the order gives them, their rows)."""
+        first = next(order, _END)
+        if first is _END:
+            return
+        order = chain((first,), order)
+        if _is_row(first):
+            while items := list(islice(order, self.step_rows)):
+                yield items, items
+            return
+        batches: list[Any] = []
+        rows = 0
+        for batch in order:
+            batches.append(batch)
+            rows += len(batch)
+            if rows >= self.step_rows:
+                yield batches, list(chain.from_iterable(batches))
+                batches, rows = [], 0
+        if batches:
+            yield batches, list(chain.from_iterable(batches))
+
+    @property
+    def hints_active(self) -> bool:
+        """Whether this process tells the daemon the plan (False off a mount or with
+        ``hints=False``)."""
+        return self._native.hints_active()
+
+    def take_hint_error(self) -> str | None:
+        """The first hint failure in this process since the last call (iterating warns
+        of the first one with :class:`HintWarning`)."""
+        return self._native.take_hint_error()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The native plan holds this process's hint handle: a process that unpickles
+        # the wrapper opens its own.
+        return {"order": self.order, "dataset_dir": self._dataset_dir, "lookahead_rows": self.lookahead_rows,
+                "step_rows": self.step_rows, "hints": self._hints, "epoch": self._epoch}  # fmt: skip
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.order = state["order"]
+        self._dataset_dir = state["dataset_dir"]
+        self.lookahead_rows = state["lookahead_rows"]
+        self.step_rows = state["step_rows"]
+        self._hints = state["hints"]
+        self._epoch = state["epoch"]
+        self._native = NativePlan(self._dataset_dir, hints=self._hints)
+        _LIVE.add(self)
+
+    def __repr__(self) -> str:
+        return (f"Planned({self.order!r}, {self._dataset_dir!r}, lookahead_rows={self.lookahead_rows}, "
+                f"step_rows={self.step_rows}, hints={self._hints})")  # fmt: skip
