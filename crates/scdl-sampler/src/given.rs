@@ -18,13 +18,19 @@ use crate::subset::RowSubset;
 #[derive(Debug)]
 pub struct GivenOrderHints {
     hints: HintWriter,
+    /// The epoch of a plan started and not yet written: its `plan` line goes out with
+    /// the first steps, since a daemon takes a new handle's plan only once it has a step.
+    starting: Option<u64>,
 }
 
 impl GivenOrderHints {
     /// Announces through `hints` (see [`HintWriter::open`]; a disabled writer, or one
     /// without a hint file, writes nothing).
     pub fn new(hints: HintWriter) -> GivenOrderHints {
-        GivenOrderHints { hints }
+        GivenOrderHints {
+            hints,
+            starting: None,
+        }
     }
 
     /// Whether the daemon is being told the plan.
@@ -34,9 +40,9 @@ impl GivenOrderHints {
 
     /// Starts a new plan (for `epoch`, which the daemon only reports), dropping the
     /// steps of the previous one: the next [`GivenOrderHints::advance`]'s first step
-    /// is step 0.
+    /// is step 0. Written with that advance.
     pub fn start(&mut self, epoch: u64) {
-        self.hints.write_lines(&[HintLine::Plan { epoch }]);
+        self.starting = Some(epoch);
     }
 
     /// Appends `steps` (each the rows of one step, in any order, repeats allowed; an
@@ -47,12 +53,15 @@ impl GivenOrderHints {
         if !self.hints.is_active() {
             return;
         }
-        let mut lines: Vec<HintLine> = steps
-            .iter()
-            .map(|rows| RowSubset::from_rows(rows.as_ref().iter().copied()))
-            .filter(|rows| !rows.is_empty())
-            .flat_map(|rows| HintLine::rows_step(rows.ranges()))
-            .collect();
+        let plan = self.starting.take().map(|epoch| HintLine::Plan { epoch });
+        let mut lines: Vec<HintLine> = plan.into_iter().collect();
+        lines.extend(
+            steps
+                .iter()
+                .map(|rows| RowSubset::from_rows(rows.as_ref().iter().copied()))
+                .filter(|rows| !rows.is_empty())
+                .flat_map(|rows| HintLine::rows_step(rows.ranges())),
+        );
         lines.extend(reading.map(|step| HintLine::Reading { step }));
         if !lines.is_empty() {
             self.hints.write_lines(&lines);

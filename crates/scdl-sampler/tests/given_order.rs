@@ -82,12 +82,20 @@ fn steps_and_positions_go_out_in_the_order_given() {
     hints.advance(&[vec![5, 3, 4], vec![900]], Some(0));
     hints.advance(&[] as &[Vec<u64>], Some(1));
     hints.advance(&[vec![10, 11, 500, 12]], None);
-    hints.start(8);
-    hints.advance(&[vec![1]], Some(0));
-    hints.flush();
     let rows = |ranges: &[std::ops::Range<u64>]| HintLine::Rows {
         ranges: ranges.to_vec(),
     };
+    hints.start(8);
+    hints.flush();
+    assert_eq!(
+        hint_lines(dataset.path()).last(),
+        Some(&rows(&[10..13, 500..501])),
+        "a plan goes out with its first steps"
+    );
+    hints.advance(&[vec![1]], Some(0));
+    hints.start(9);
+    hints.advance(&[] as &[Vec<u64>], None);
+    hints.flush();
     assert_eq!(
         hint_lines(dataset.path())[2..],
         [
@@ -100,6 +108,7 @@ fn steps_and_positions_go_out_in_the_order_given() {
             HintLine::Plan { epoch: 8 },
             rows(&[1..2]),
             HintLine::Reading { step: 0 },
+            HintLine::Plan { epoch: 9 },
         ]
     );
 }

@@ -75,6 +75,7 @@ __all__ = [
     "distributed_rank_and_world_size",
     "mount",
     "open_dataset",
+    "plan_scdataset",
     "read_cached_chunks",
     "redact",
     "runtime_dir",
@@ -687,6 +688,9 @@ class _Lookahead:
                 fresh.append(step)
             self._ahead.extend(fresh)
         if not self._ahead:
+            # The plan's line, if no step went with it: an empty order's plan still
+            # replaces the one of the epoch before.
+            self._native.advance([], None)
             return _END
         self._native.advance([rows for _, rows in fresh], self._entered)
         self._entered += 1
@@ -818,3 +822,128 @@ class Planned(_TorchSampler):  # type: ignore[misc,valid-type]
     def __repr__(self) -> str:
         return (f"Planned({self.order!r}, {self._dataset_dir!r}, lookahead_rows={self.lookahead_rows}, "
                 f"step_rows={self.step_rows}, hints={self._hints})")  # fmt: skip
+
+
+def plan_scdataset(
+    scdataset: Any,
+    dataset: Dataset = None,
+    lookahead_rows: int = DEFAULT_HINT_LOOKAHEAD * DEFAULT_STEP_ROWS,
+    hints: bool = True,
+) -> Any:
+    """Makes an ``scdataset.scDataset`` (the released package, 0.3) tell an scdlfs mount
+    the order its strategy draws (``Streaming``, ``BlockShuffling``,
+    ``BlockWeightedSampling``, ``ClassBalancedSampling`` or your own), and returns it:
+
+        data = scdlfs.plan_scdataset(scDataset(reader, BlockShuffling(block_size=32), batch_size=64,
+                                               fetch_factor=16, fetch_callback=read_rows))
+        loader = DataLoader(data, batch_size=None, num_workers=4)
+
+    Each process that iterates it (each DataLoader worker, each rank) announces its own
+    fetches, one ``rows`` step per fetch, ``lookahead_rows`` ahead, through the writer
+    :class:`Planned` uses, and says which fetch it reads as it reads it. The package is
+    unchanged: the instance's strategy is wrapped to see the epoch's indices, and its
+    ``fetch_callback`` (or the plain ``collection[indices]``) to see each fetch. Its
+    indices must be row indices of ``dataset`` (by default the directory of the
+    scDataset's collection, e.g. a ``SingleCellMemMapDataset``). Should a fetch not be
+    the one planned (an scDataset that deals fetches otherwise than 0.3 does), that
+    process stops planning for the epoch and warns once."""
+    plan = _ScDatasetPlan(scdataset, _directory_of(scdataset.collection if dataset is None else dataset),
+                          lookahead_rows, hints)  # fmt: skip
+    scdataset.strategy = plan
+    scdataset.fetch_callback = plan.fetch
+    return scdataset
+
+
+class _ScDatasetPlan:
+    """An scDataset's strategy and fetch callback, seen by the plan: the strategy's
+    indices are cut into this process's fetches as ``scDataset.__iter__`` (0.3) deals
+    them (round-robin over ranks, then contiguous runs over DataLoader workers), and each
+    fetch read enters the next step."""
+
+    def __init__(self, owner: Any, dataset_dir: str, lookahead_rows: int, hints: bool) -> None:
+        if lookahead_rows < 1:
+            raise ValueError(f"lookahead_rows must be at least 1, got {lookahead_rows}")
+        self.owner = owner
+        self.strategy = owner.strategy
+        self.fetch_callback = owner.fetch_callback
+        self.dataset_dir = dataset_dir
+        self.lookahead_rows = lookahead_rows
+        self.hints = hints
+        self._native = NativePlan(dataset_dir, hints=hints)
+        self._lookahead: _Lookahead | None = None
+        self._warned = False
+        _LIVE.add(self)
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else scDataset asks of its strategy (get_len, _shuffle_before_yield).
+        if name.startswith("__") or "strategy" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.strategy, name)
+
+    def get_indices(self, data_collection: Any, seed: int | None = None, rng: Any = None) -> Any:
+        indices = self.strategy.get_indices(data_collection, seed=seed, rng=rng)
+        # scDataset counts the epoch up just before it asks for the indices.
+        epoch = self.owner._epoch - 1
+        self._lookahead = None
+        if self._native.start(epoch):
+            lookahead = max(1, self.lookahead_rows // self.owner.fetch_size)
+            self._lookahead = _Lookahead(self._native, self._fetches(indices), lookahead)
+        return indices
+
+    def _fetches(self, indices: Any) -> Iterator[tuple[Any, list[int]]]:
+        """This process's fetches, as scDataset 0.3's ``__iter__`` deals them, sorted as
+        it reads them: (the rows as an array, as a list)."""
+        import numpy as np
+        from torch.utils.data import get_worker_info
+
+        owner, n = self.owner, len(indices)
+        size = owner.fetch_size
+        ids = list(range(owner.rank, -(-n // size), owner.world_size))
+        worker = get_worker_info()
+        if worker is not None and ids:
+            per_worker, remainder = divmod(len(ids), worker.num_workers)
+            start = worker.id * per_worker + min(worker.id, remainder)
+            ids = ids[start : start + per_worker + (worker.id < remainder)]
+        for i in ids:
+            rows = np.sort(indices[i * size : min((i + 1) * size, n)])
+            yield rows, rows.tolist()
+
+    def fetch(self, collection: Any, fetch_indices: Any) -> Any:
+        if self._lookahead is not None:
+            self._enter(fetch_indices)
+        if self.fetch_callback is not None:
+            return self.fetch_callback(collection, fetch_indices)
+        return collection[fetch_indices]
+
+    def _enter(self, fetch_indices: Any) -> None:
+        import numpy as np
+
+        planned = self._lookahead.enter()  # type: ignore[union-attr]
+        if planned is not _END and np.array_equal(planned, fetch_indices):
+            return
+        self._lookahead = None
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                "scdlfs.plan_scdataset: a fetch of this scDataset is not the one its plan foresaw (a version that "
+                "deals fetches otherwise than scdataset 0.3?); the mount is told no more of this epoch's order "
+                "(rows are unaffected)",
+                HintWarning,
+                stacklevel=3,
+            )
+
+    def take_hint_error(self) -> str | None:
+        """The first hint failure in this process since the last call."""
+        return self._native.take_hint_error()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A spawned DataLoader worker opens its own hint handle.
+        return {"owner": self.owner, "strategy": self.strategy, "fetch_callback": self.fetch_callback,
+                "dataset_dir": self.dataset_dir, "lookahead_rows": self.lookahead_rows, "hints": self.hints}  # fmt: skip
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._native = NativePlan(self.dataset_dir, hints=self.hints)
+        self._lookahead = None
+        self._warned = False
+        _LIVE.add(self)

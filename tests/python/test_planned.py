@@ -1,0 +1,325 @@
+"""Any order gets the plan (issue 43): `scdlfs.Planned` around torch's samplers, batch
+samplers and plain lists of rows, and `scdlfs.plan_scdataset` around the released
+scDataset 0.3.0 with its own strategies.
+
+The plan's exact lines are checked against a regular `.scdlfs-hints` file in a local
+copy of conftest's `synth_3k` (3000 rows in chunks of 256), decoded here as the protocol
+defines them (docs/hint-protocol.md). The rest runs over a real mount of a moto_server
+bucket holding `scdlfs-bench gen`'s dataset, whose rows are checked by digest: the
+wrapped order comes out exactly, and the daemon reports each process's plan.
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, WeightedRandomSampler
+
+import scdl_helpers as H
+import scdlfs
+from sampler_helpers import DigestRows, bench_bin, collate_rows, read_digests, status
+
+ROWS = 3000  # synth_3k
+BUCKET = "scdlfs-planned"
+DATASET = "synth"
+# About 8 MB in 4 chunks of 2048 rows (the last one short), parts of 256 KiB.
+GEN_ARGS = ["--size-mb", "8", "--mean-values", "150", "--genes", "2000", "--chunk-rows", "2048"]
+
+
+# --------------------------------------------------------------------------
+# The plan's lines, in a regular hint file
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hinted(chunked, tmp_path) -> Path:
+    """A local copy of synth_3k with an empty regular hint file: the writer greets and
+    writes into it as into a mount's."""
+    copy = tmp_path / "synth_3k"
+    shutil.copytree(chunked["synth_3k"], copy)
+    (copy / ".scdlfs-hints").write_bytes(b"")
+    return copy
+
+
+def plan_lines(directory: Path) -> list[list[str]]:
+    return [line.split() for line in (directory / ".scdlfs-hints").read_text().splitlines() if line]
+
+
+def steps_of(lines: list[list[str]]) -> tuple[list[list[int]], list[int]]:
+    """The rows of each step after the last `plan` line (`rows+` lines joined to the
+    `rows` line that ends their step), and the steps `reading` names."""
+    last_plan = max(i for i, line in enumerate(lines) if line[0] == "plan")
+    steps, positions, rows = [], [], []
+    for word, *numbers in lines[last_plan + 1 :]:
+        if word in ("rows", "rows+"):
+            pairs = list(map(int, numbers))
+            rows += [r for start, stop in zip(pairs[::2], pairs[1::2]) for r in range(start, stop)]
+            if word == "rows":
+                steps.append(rows)
+                rows = []
+        elif word == "reading":
+            positions.append(int(numbers[0]))
+    return steps, positions
+
+
+def test_the_plan_is_the_order_cut_into_steps(hinted):
+    order = np.random.default_rng(4).permutation(ROWS).tolist()
+    planned = scdlfs.Planned(order, hinted, lookahead_rows=400, step_rows=100)
+    planned.set_epoch(5)
+    assert planned.hints_active
+    assert list(planned) == order
+    assert planned.take_hint_error() is None
+    lines = plan_lines(hinted)
+    assert lines[:3] == [["scdlfs-hints", "4"], ["chunk-rows", "256"], ["plan", "5"]]
+    steps, positions = steps_of(lines)
+    assert steps == [sorted(order[i : i + 100]) for i in range(0, ROWS, 100)]
+    assert positions == list(range(30))
+
+
+def test_the_plan_stays_a_bounded_lookahead_ahead(hinted):
+    """While step k is read, more than k + lookahead/2 and at most k + lookahead steps
+    are announced (4 steps here), as with the samplers' own plans."""
+    order = list(range(ROWS))
+    planned = scdlfs.Planned(order, hinted, lookahead_rows=400, step_rows=100)
+    for i, row in enumerate(planned):
+        if i % 100:
+            continue
+        reading = i // 100
+        planned.take_hint_error()  # waits for the writes queued so far
+        announced = len(steps_of(plan_lines(hinted))[0])
+        assert min(reading + 2, 29) < announced <= min(reading + 4, 30), (reading, announced)
+
+
+def test_a_batch_samplers_steps_end_at_batch_boundaries(hinted):
+    generator = torch.Generator().manual_seed(2)
+    batches = list(BatchSampler(RandomSampler(range(ROWS), generator=generator), 64, drop_last=False))
+    generator.manual_seed(2)
+    planned = scdlfs.Planned(BatchSampler(RandomSampler(range(ROWS), generator=generator), 64, False), hinted,
+                             step_rows=100)  # fmt: skip
+    assert list(planned) == batches
+    planned.take_hint_error()
+    steps, _ = steps_of(plan_lines(hinted))
+    # Two batches of 64 make the first step of at least 100 rows; the last is short.
+    expected = [sorted(batches[i] + batches[i + 1]) if i + 1 < len(batches) else sorted(batches[i])
+                for i in range(0, len(batches), 2)]  # fmt: skip
+    assert steps == expected
+
+
+def test_repeated_rows_are_announced_once_per_step(hinted):
+    """A weighted draw with replacement repeats rows; each is fetched once per step."""
+    weights = [10.0 if row < 300 else 0.1 for row in range(ROWS)]
+    generator = torch.Generator().manual_seed(3)
+    order = list(WeightedRandomSampler(weights, 2000, replacement=True, generator=generator))
+    planned = scdlfs.Planned(order, hinted, step_rows=500)
+    assert list(planned) == order
+    planned.take_hint_error()
+    steps, _ = steps_of(plan_lines(hinted))
+    assert steps == [sorted(set(order[i : i + 500])) for i in range(0, 2000, 500)]
+    assert any(len(step) < 500 for step in steps)
+
+
+def test_off_a_mount_it_is_the_wrapped_orders_own_iterator(chunked, tmp_path):
+    """No hint file: nothing is read of the directory, nothing is written, and iterating
+    the wrapper is iterating the order (no layer in between)."""
+    not_a_dataset = tmp_path / "anything"
+    not_a_dataset.mkdir()
+    order = list(range(10))
+    for directory in (chunked["synth_3k"], not_a_dataset):
+        planned = scdlfs.Planned(order, directory)
+        assert type(iter(planned)) is type(iter(order))
+        assert list(planned) == order
+        assert not planned.hints_active and planned.take_hint_error() is None
+    assert list(not_a_dataset.iterdir()) == []
+    off = scdlfs.Planned(order, tmp_path / "anything", hints=False)
+    assert not off.hints_active
+
+
+def test_set_epoch_is_passed_on_and_numbers_the_plan(hinted):
+    sampler = DistributedSampler(range(ROWS), num_replicas=3, rank=1, shuffle=True, seed=8)
+    planned = scdlfs.Planned(sampler, hinted)
+    planned.set_epoch(2)
+    twin = DistributedSampler(range(ROWS), num_replicas=3, rank=1, shuffle=True, seed=8)
+    twin.set_epoch(2)
+    assert list(planned) == list(twin) and sampler.epoch == 2
+    planned.take_hint_error()
+    assert ["plan", "2"] in plan_lines(hinted)
+
+
+# --------------------------------------------------------------------------
+# On a mount
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def generated(workdir) -> tuple[Path, np.ndarray]:
+    out = workdir / "planned" / DATASET
+    out.parent.mkdir(parents=True, exist_ok=True)
+    digests = workdir / "planned" / "digests.bin"
+    H.run([bench_bin(), "gen", "--out", out, "--digests", digests, "--seed", "5", *GEN_ARGS], timeout=120)
+    return out, read_digests(digests)
+
+
+@pytest.fixture(scope="module")
+def mount(moto, generated, tmp_path_factory):
+    client = moto.client()
+    client.create_bucket(Bucket=BUCKET)
+    H.upload_tree(client, BUCKET, f"{DATASET}/", generated[0])
+    base = tmp_path_factory.mktemp("planned-mount")
+    with H.ScdlfsMount(f"s3://{BUCKET}", base / "mnt", base / "cache", moto.endpoint,
+                       extra=["--read-part-size", "256KiB"], cache_size="256MiB") as m:  # fmt: skip
+        yield m
+
+
+def plans_of(m) -> list[dict]:
+    return [p for p in status(m.bin, m.mountpoint)["active_plans"] if p["dataset"] == DATASET]
+
+
+def random_rows(rows: int, seed: int) -> RandomSampler:
+    return RandomSampler(range(rows), generator=torch.Generator().manual_seed(seed))
+
+
+ORDERS = [
+    pytest.param("random", 0, id="RandomSampler-in-process"),
+    pytest.param("random", 2, id="RandomSampler-2-workers"),
+    pytest.param("weighted", 2, id="WeightedRandomSampler-2-workers"),
+    pytest.param("batches", 2, id="BatchSampler-2-workers"),
+]
+
+
+@pytest.mark.parametrize("kind, num_workers", ORDERS)
+def test_a_wrapped_order_comes_out_exactly_and_the_daemon_has_its_plan(kind, num_workers, mount, generated):
+    path = str(mount.mountpoint / DATASET)
+    _, digests = generated
+    rows = len(digests)
+
+    def order():
+        if kind == "weighted":
+            weights = torch.linspace(0.1, 1.0, rows)
+            return WeightedRandomSampler(weights, rows, replacement=True, generator=torch.Generator().manual_seed(6))
+        if kind == "batches":
+            return BatchSampler(random_rows(rows, 6), 64, drop_last=False)
+        return random_rows(rows, 6)
+
+    expected = list(order())
+    planned = scdlfs.Planned(order(), path, lookahead_rows=2048, step_rows=512)
+    assert planned.hints_active, planned.take_hint_error()
+    writes_before = status(mount.bin, mount.mountpoint)["counters"]["hint_writes"]
+    if kind == "batches":
+        loader = DataLoader(DigestRows(path), batch_sampler=planned, num_workers=num_workers, collate_fn=collate_rows)
+    else:
+        loader = DataLoader(DigestRows(path), batch_size=64, sampler=planned, num_workers=num_workers,
+                            collate_fn=collate_rows)  # fmt: skip
+    got, plans = [], None
+    for i, batch in enumerate(loader):
+        got.extend(batch)
+        if i == 10:
+            plans = plans_of(mount)
+    assert [row for row, _, _ in got] == (sum(expected, []) if kind == "batches" else expected)
+    assert all(digest == digests[row] for row, digest, _ in got)
+    assert len(plans) == 1 and plans[0]["steps"] >= 1, plans
+    assert status(mount.bin, mount.mountpoint)["counters"]["hint_writes"] > writes_before
+    assert planned.take_hint_error() is None
+    del loader
+
+
+def test_each_rank_writes_its_own_plan(mount, generated):
+    """Two ranks' DistributedSamplers, each wrapped (as each rank's process would): two
+    plans on the mount, each of its own rank's rows, together every row once."""
+    path = str(mount.mountpoint / DATASET)
+    rows = len(generated[1]) // 2 * 2  # DistributedSampler pads an odd count with a repeated row
+    ranks = [scdlfs.Planned(DistributedSampler(range(rows), num_replicas=2, rank=r, seed=1), path,
+                            lookahead_rows=1024, step_rows=256) for r in range(2)]  # fmt: skip
+    for planned in ranks:
+        planned.set_epoch(3)
+    iterators = [iter(planned) for planned in ranks]
+    shares = [[next(it) for _ in range(300)] for it in iterators]
+    plans = plans_of(mount)
+    assert [p["epoch"] for p in plans] == [3, 3] and all(p["steps"] >= 1 for p in plans), plans
+    for share, it in zip(shares, iterators):
+        share.extend(it)
+    assert not set(shares[0]) & set(shares[1])
+    assert sorted(shares[0] + shares[1]) == list(range(rows))
+    assert all(planned.take_hint_error() is None for planned in ranks)
+
+
+# --------------------------------------------------------------------------
+# scDataset 0.3.0, unchanged
+# --------------------------------------------------------------------------
+
+
+def fetch_rows(collection, indices):
+    """scDataset's fetch callback: the fetch's rows through the SCDL reader."""
+    return [collection[int(row)] for row in indices]
+
+
+def batch_rows(fetched, positions):
+    return [fetched[int(p)] for p in positions]
+
+
+class CountedRows(DigestRows):
+    """DigestRows that knows its row count: bionemo-scdl 0.1.3's number_of_rows() counts
+    the rows of the feature index, which the generated dataset has none of."""
+
+    def __init__(self, path, rows):
+        super().__init__(path)
+        self.rows = rows
+
+    def __len__(self):
+        return self.rows
+
+    def __getstate__(self):
+        return {**super().__getstate__(), "rows": self.rows}
+
+
+def scdataset_of(path, rows, strategy, seed=0):
+    from scdataset import scDataset
+
+    return scDataset(CountedRows(path, rows), strategy, batch_size=64, fetch_factor=16, fetch_callback=fetch_rows,
+                     batch_callback=batch_rows, seed=seed)  # fmt: skip
+
+
+def test_scdataset_block_shuffling_in_workers_every_row_once_with_plans(mount, generated):
+    from scdataset.strategy import BlockShuffling
+
+    path = str(mount.mountpoint / DATASET)
+    _, digests = generated
+    data = scdlfs.plan_scdataset(scdataset_of(path, len(digests), BlockShuffling(block_size=32)), path)
+    loader = DataLoader(data, batch_size=None, num_workers=2, persistent_workers=True, collate_fn=collate_rows)
+    epochs = []
+    for _ in range(2):
+        got, plans = [], None
+        for i, batch in enumerate(loader):
+            got.extend(batch)
+            if i == 4:
+                plans = plans_of(mount)
+        assert sorted(row for row, _, _ in got) == list(range(len(digests)))
+        assert all(digest == digests[row] for row, digest, _ in got)
+        # One plan per worker.
+        assert len(plans) == 2 and all(p["steps"] >= 1 for p in plans), plans
+        epochs.append([row for row, _, _ in got])
+    assert epochs[0] != epochs[1]
+    del loader
+
+
+def test_scdataset_class_balanced_rows_are_the_strategys_own(mount, generated):
+    """ClassBalancedSampling draws with replacement: the epoch is the strategy's own
+    multiset, read in process, with every fetch the one planned (no HintWarning)."""
+    from scdataset.strategy import ClassBalancedSampling
+
+    path = str(mount.mountpoint / DATASET)
+    rows = len(generated[1])
+    labels = np.arange(rows) % 5 == 0  # a rare class of a fifth of the rows
+    strategy = ClassBalancedSampling(labels, total_size=rows, block_size=16)
+    data = scdlfs.plan_scdataset(scdataset_of(path, rows, strategy, seed=7), path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", scdlfs.HintWarning)
+        got = [row for batch in data for row, _, _ in batch]
+        plans = plans_of(mount)
+    assert sorted(got) == sorted(strategy.get_indices(data.collection, seed=7).tolist())
+    assert len(plans) == 1 and plans[0]["steps"] >= 1, plans
+    assert data.strategy.take_hint_error() is None
