@@ -11,6 +11,9 @@
 //!   random, a fetch of them read in ascending order, the fetch's rows shuffled in memory
 //!   and cut into minibatches.
 //!
+//! The block order can also draw rows by weight, or balance classes
+//! ([`RowWeights`], [`Sampler::with_row_weights`]), still reading in blocks.
+//!
 //! An order can visit a subset of the rows instead of all of them ([`RowSubset`]): a
 //! split by whole chunks ([`RowSubset::split_by_chunk`]) or any rows a caller lists,
 //! with windows and blocks made of the subset's rows so that reads stay local.
@@ -71,6 +74,7 @@ mod sampler;
 mod seeding;
 mod shard;
 mod subset;
+mod weights;
 
 pub use cached::CachedChunks;
 pub use epoch::{EpochCursor, EpochIter};
@@ -84,3 +88,4 @@ pub use order::{BlockOrder, ChunkWindowOrder, EpochPlan, Order, Step};
 pub use sampler::{RestrictError, Sampler, DEFAULT_HINT_LOOKAHEAD};
 pub use shard::{rank_share, worker_share, EvenShares, Shard, ShardError, ShareStep, Workers};
 pub use subset::{RowSubset, SubsetError};
+pub use weights::{RowWeights, WeightsError};

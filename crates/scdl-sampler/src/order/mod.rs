@@ -23,6 +23,7 @@ use crate::permutation::Permutation;
 use crate::ranges::RangeSet;
 use crate::seeding::{self, Stream};
 use crate::subset::RowSubset;
+use crate::weights::{Draws, RowWeights};
 
 /// Visit chunks a window at a time, as the original `ChunkAwareSampler` does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +99,8 @@ pub enum Step {
     Window { chunks: Vec<u32> },
     /// Every row of these blocks, sorted ascending (all in the plan's subset).
     Fetch { blocks: Vec<Range<u64>> },
+    /// The rows a weighted fetch drew, sorted ascending, a row drawn twice listed twice.
+    Draws { rows: Vec<u64> },
 }
 
 impl Step {
@@ -108,6 +111,10 @@ impl Step {
         match self {
             Step::Window { chunks } => HintLine::window_step(chunks),
             Step::Fetch { blocks } => HintLine::rows_step(blocks),
+            // A row drawn twice is fetched once.
+            Step::Draws { rows } => {
+                HintLine::rows_step(RowSubset::from_rows(rows.iter().copied()).ranges())
+            }
         }
     }
 }
@@ -134,6 +141,13 @@ enum Units {
         fetches: blocks::Fetches,
         /// The fetch that holds the subset's last block when it is short: every other
         /// fetch's blocks are full, so fetches count their rows without listing them.
+        short: Option<usize>,
+    },
+    /// A weighted block order's fetches: units drawn, not visited.
+    Draws {
+        fetches: blocks::Fetches,
+        draws: Draws,
+        /// As for [`Units::Fetches`]: the fetch whose last unit draws fewer rows.
         short: Option<usize>,
     },
 }
@@ -167,6 +181,37 @@ impl EpochPlan {
         cached: &CachedChunks,
     ) -> EpochPlan {
         EpochPlan::with_cache(chunks, subset, order, epoch, Some(cached))
+    }
+
+    /// The plan of epoch `epoch` of `order` drawing rows of `subset` by `weights` (see
+    /// [`crate::weights`]), which must fit the dataset and give the subset some weight
+    /// ([`RowWeights::check_for`]).
+    pub fn over_weighted(
+        chunks: ChunkLayout,
+        subset: Arc<RowSubset>,
+        order: BlockOrder,
+        epoch: u64,
+        weights: Arc<RowWeights>,
+    ) -> EpochPlan {
+        let fetches = blocks::Fetches::new(&order, &subset);
+        let draws = Draws::new(weights, &subset, order.block_size.get(), order.seed, epoch);
+        // The epoch's last unit draws the rows a short last block would hold.
+        let short = fetches
+            .short_block()
+            .map(|last| fetches.step_of_position(last));
+        EpochPlan {
+            chunks,
+            // Units are drawn, not visited: the visit is never asked.
+            visit: Visit::new(0, RangeSet::default(), false, order.seed, epoch),
+            subset,
+            order: Order::Blocks(order),
+            epoch,
+            units: Units::Draws {
+                fetches,
+                draws,
+                short,
+            },
+        }
     }
 
     fn with_cache(
@@ -218,7 +263,7 @@ impl EpochPlan {
     pub fn step_count(&self) -> usize {
         match &self.units {
             Units::Windows(w) => w.step_count(),
-            Units::Fetches { fetches, .. } => fetches.step_count(),
+            Units::Fetches { fetches, .. } | Units::Draws { fetches, .. } => fetches.step_count(),
         }
     }
 
@@ -231,6 +276,15 @@ impl EpochPlan {
             Units::Fetches { fetches, .. } => Step::Fetch {
                 blocks: fetches.rows_of(|p| self.visit.unit_at(p), &self.subset, step),
             },
+            Units::Draws {
+                fetches,
+                draws,
+                short,
+            } => {
+                let mut rows = fetches.draw_rows(draws, &self.subset, step, *short == Some(step));
+                rows.sort_unstable();
+                Step::Draws { rows }
+            }
         }
     }
 
@@ -256,11 +310,14 @@ impl EpochPlan {
                     self.subset.position_of(rows.end) - self.subset.position_of(rows.start)
                 })
                 .sum(),
-            Units::Fetches { fetches, short } => fetches.row_count(step, *short == Some(step)),
+            Units::Fetches { fetches, short } | Units::Draws { fetches, short, .. } => {
+                fetches.row_count(step, *short == Some(step))
+            }
         }
     }
 
-    /// The rows of step `step` as contiguous ranges, in the order the step lists them.
+    /// The rows of step `step` as contiguous ranges, in the order the step lists them
+    /// (a weighted fetch's a row each, a row drawn twice listed twice).
     pub fn row_ranges(&self, step: usize) -> Vec<Range<u64>> {
         match self.step(step) {
             Step::Window { chunks } => chunks
@@ -268,6 +325,7 @@ impl EpochPlan {
                 .flat_map(|&c| self.subset.intersect(self.chunks.chunk_rows(c)))
                 .collect(),
             Step::Fetch { blocks } => blocks,
+            Step::Draws { rows } => rows.into_iter().map(|row| row..row + 1).collect(),
         }
     }
 
