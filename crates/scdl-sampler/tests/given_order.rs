@@ -82,14 +82,14 @@ fn steps_and_positions_go_out_in_the_order_given() {
     hints.advance(&[vec![5, 3, 4], vec![900]], Some(0));
     hints.advance(&[] as &[Vec<u64>], Some(1));
     hints.advance(&[vec![10, 11, 500, 12]], None);
-    let rows = |ranges: &[std::ops::Range<u64>]| HintLine::Rows {
-        ranges: ranges.to_vec(),
+    let rows = |pairs: &[(u64, u64)]| HintLine::Rows {
+        ranges: pairs.iter().map(|&(start, end)| start..end).collect(),
     };
     hints.start(8);
     hints.flush();
     assert_eq!(
         hint_lines(dataset.path()).last(),
-        Some(&rows(&[10..13, 500..501])),
+        Some(&rows(&[(10, 13), (500, 501)])),
         "a plan goes out with its first steps"
     );
     hints.advance(&[vec![1]], Some(0));
@@ -100,13 +100,13 @@ fn steps_and_positions_go_out_in_the_order_given() {
         hint_lines(dataset.path())[2..],
         [
             HintLine::Plan { epoch: 7 },
-            rows(&[3..6]),
-            rows(&[900..901]),
+            rows(&[(3, 6)]),
+            rows(&[(900, 901)]),
             HintLine::Reading { step: 0 },
             HintLine::Reading { step: 1 },
-            rows(&[10..13, 500..501]),
+            rows(&[(10, 13), (500, 501)]),
             HintLine::Plan { epoch: 8 },
-            rows(&[1..2]),
+            rows(&[(1, 2)]),
             HintLine::Reading { step: 0 },
             HintLine::Plan { epoch: 9 },
         ]
