@@ -1,6 +1,7 @@
 """Any order gets the plan (issue 43): `scdlfs.Planned` around torch's samplers, batch
-samplers and plain lists of rows, and `scdlfs.plan_scdataset` around the released
-scDataset 0.3.0 with its own strategies.
+samplers and plain lists of rows, `scdlfs.plan_scdataset` around the released
+scDataset 0.3.0 with its own strategies, and `BlockSampler`'s own weighted and
+class-balanced orders.
 
 The plan's exact lines are checked against a regular `.scdlfs-hints` file in a local
 copy of conftest's `synth_3k` (3000 rows in chunks of 256), decoded here as the protocol
@@ -323,3 +324,86 @@ def test_scdataset_class_balanced_rows_are_the_strategys_own(mount, generated):
     assert sorted(got) == sorted(strategy.get_indices(data.collection, seed=7).tolist())
     assert len(plans) == 1 and plans[0]["steps"] >= 1, plans
     assert data.strategy.take_hint_error() is None
+
+
+# --------------------------------------------------------------------------
+# BlockSampler's weighted and class-balanced orders
+# --------------------------------------------------------------------------
+
+
+def test_a_class_balanced_block_order_draws_a_rare_class_as_often(chunked):
+    path = chunked["synth_3k"]
+    labels = ["rare" if row % 500 >= 450 else "common" for row in range(ROWS)]  # 10 % rare, in runs
+    sampler = scdlfs.BlockSampler(path, block_size=16, seed=4, labels=labels)
+    drawn = []
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        epoch_rows = list(sampler)
+        assert len(epoch_rows) == len(sampler) == ROWS
+        drawn += epoch_rows
+    rare = sum(labels[row] == "rare" for row in drawn) / len(drawn)
+    assert 0.4 < rare < 0.6, rare
+    # Seeded: the same epoch again, whatever form the labels take.
+    codes = np.array([label == "rare" for label in labels])
+    again = scdlfs.BlockSampler(path, block_size=16, seed=4, labels=codes)
+    again.set_epoch(3)
+    assert list(again) == epoch_rows
+
+
+def test_weights_pick_the_rows_and_ranks_share_the_draws(chunked):
+    path = chunked["synth_3k"]
+    weights = np.zeros(ROWS)
+    weights[[3, 4, 5, 700, 2999]] = [1.0, 2.0, 1.0, 5.0, 1.0]
+    whole = scdlfs.BlockSampler(path, block_size=4, seed=2, weights=weights, world_size=1)
+    rows = list(whole)
+    assert set(rows) <= {3, 4, 5, 700, 2999} and len(rows) == ROWS
+    assert list(scdlfs.BlockSampler(path, block_size=4, seed=2, weights=weights.tolist(), world_size=1)) == rows
+    shares = [list(scdlfs.BlockSampler(path, block_size=4, seed=2, weights=torch.from_numpy(weights), rank=r,
+                                       world_size=2, even="uneven")) for r in range(2)]  # fmt: skip
+    assert sorted(shares[0] + shares[1]) == sorted(rows)
+
+
+def test_a_weighted_epoch_resumes_where_it_stopped(chunked):
+    path = chunked["synth_3k"]
+    labels = [row // 1000 for row in range(ROWS)]
+    sampler = scdlfs.BlockSampler(path, seed=9, labels=labels)
+    sampler.set_epoch(1)
+    iterator = iter(sampler)
+    head = [next(iterator) for _ in range(777)]
+    state = sampler.state_dict()
+    rest = list(iterator)
+    resumed = scdlfs.BlockSampler(path, seed=9, labels=labels)
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest and len(head) + len(rest) == ROWS
+
+
+def test_weights_that_cannot_drive_an_order_are_refused(chunked):
+    path = chunked["synth_3k"]
+    with pytest.raises(ValueError, match="not both"):
+        scdlfs.BlockSampler(path, weights=[1.0] * ROWS, labels=[0] * ROWS)
+    with pytest.raises(ValueError, match="cached chunks"):
+        scdlfs.BlockSampler(path, labels=[0] * ROWS, cache_aware=True)
+    with pytest.raises(ValueError, match="2999 weights"):
+        scdlfs.BlockSampler(path, weights=[1.0] * (ROWS - 1))
+    with pytest.raises(ValueError, match="finite"):
+        scdlfs.BlockSampler(path, weights=[-1.0] + [1.0] * (ROWS - 1))
+    with pytest.raises(ValueError, match="weight 0"):
+        scdlfs.BlockSampler(path, weights=[0.0] * 100 + [1.0] * (ROWS - 100), indices=range(100))
+
+
+def test_a_class_balanced_block_order_on_a_mount_tells_its_plan(mount, generated):
+    path = str(mount.mountpoint / DATASET)
+    _, digests = generated
+    labels = np.arange(len(digests)) % 7 == 0
+    sampler = scdlfs.BlockSampler(path, block_size=32, fetch_factor=4, labels=labels, seed=5)
+    loader = DataLoader(DigestRows(path), batch_sampler=sampler.batches(), num_workers=2, collate_fn=collate_rows)
+    got, plans = [], None
+    for i, batch in enumerate(loader):
+        got.extend(batch)
+        if i == 5:
+            plans = plans_of(mount)
+    assert [row for row, _, _ in got] == list(sampler)
+    assert all(digest == digests[row] for row, digest, _ in got)
+    assert len(plans) == 1 and plans[0]["steps"] >= 1, plans
+    assert sampler.take_hint_error() is None
+    del loader

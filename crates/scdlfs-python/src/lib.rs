@@ -14,13 +14,14 @@ use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeWarning, PyValueError};
 use pyo3::prelude::*;
 use scdl_format::hint::HINT_FILE;
 use scdl_sampler::{
     BlockOrder, CachedChunks, ChunkWindowOrder, DatasetLayout, EpochCursor, EvenShares,
-    GivenOrderHints, HintWriter, Order, RowSubset, Sampler, Shard, Workers,
+    GivenOrderHints, HintWriter, Order, RowSubset, RowWeights, Sampler, Shard, Workers,
     DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
 
@@ -52,6 +53,8 @@ struct NativeSampler {
     order: Order,
     shard: Shard,
     subset: Arc<RowSubset>,
+    /// The weights rows are drawn by (a weighted block order), if any.
+    weights: Option<Arc<RowWeights>>,
     /// The chunks the epochs started from now on read first (the cache-aware order).
     cached_first: Option<CachedChunks>,
     /// Whether this sampler has warned of a hint failure ([`HintWarning`]): once.
@@ -243,6 +246,7 @@ impl NativeSampler {
         hints: bool,
         lookahead: i64,
         subset: Option<&PyRowSubset>,
+        weights: Option<Arc<RowWeights>>,
     ) -> PyResult<NativeSampler> {
         let lookahead = usize::try_from(lookahead)
             .ok()
@@ -258,9 +262,15 @@ impl NativeSampler {
             None => Arc::new(RowSubset::all(layout.chunks.total_rows())),
         };
         let unhinted = Sampler::without_hints(&layout, order, shard, Workers::single())
-            .map_err(|e| PyValueError::new_err(e.to_string()))?
-            .restricted_to(subset.clone())
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let unhinted = match &weights {
+            Some(weights) => unhinted
+                .with_row_weights(weights.clone())
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            None => unhinted,
+        }
+        .restricted_to(subset.clone())
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(NativeSampler {
             layout,
             unhinted,
@@ -270,6 +280,7 @@ impl NativeSampler {
             order,
             shard,
             subset,
+            weights,
             cached_first: None,
             warned_of_hints: false,
         })
@@ -287,7 +298,13 @@ impl NativeSampler {
             // only; the parent's plan lives on.
             self.hinted = None;
             let mut sampler = Sampler::new(&self.layout, self.order, self.shard, Workers::single())
-                .expect("the shard was checked against the order when the sampler was built")
+                .expect("the shard was checked against the order when the sampler was built");
+            if let Some(weights) = &self.weights {
+                sampler = sampler
+                    .with_row_weights(weights.clone())
+                    .expect("the weights were checked when the sampler was built");
+            }
+            let mut sampler = sampler
                 .restricted_to(self.subset.clone())
                 .expect("the subset was checked when the sampler was built")
                 .with_hint_lookahead(self.lookahead);
@@ -331,12 +348,15 @@ impl NativeSampler {
             hints,
             hint_lookahead,
             subset.as_deref(),
+            None,
         )
     }
 
-    /// The scDataset block order over the dataset at `dataset_dir`.
+    /// The scDataset block order over the dataset at `dataset_dir`, drawing rows by
+    /// `weights` (one a row) or balancing the classes of `labels` (a class code a row)
+    /// if either is given.
     #[staticmethod]
-    #[pyo3(signature = (dataset_dir, *, block_size, batch_size, fetch_factor, seed, rank, world_size, even, hints, hint_lookahead, subset=None))]
+    #[pyo3(signature = (dataset_dir, *, block_size, batch_size, fetch_factor, seed, rank, world_size, even, hints, hint_lookahead, subset=None, weights=None, labels=None))]
     #[allow(clippy::too_many_arguments)]
     fn blocks(
         dataset_dir: PathBuf,
@@ -350,7 +370,21 @@ impl NativeSampler {
         hints: bool,
         hint_lookahead: i64,
         subset: Option<PyRef<'_, PyRowSubset>>,
+        weights: Option<PyBuffer<f64>>,
+        labels: Option<PyBuffer<u64>>,
+        py: Python<'_>,
     ) -> PyResult<NativeSampler> {
+        let weights = match (weights, labels) {
+            (Some(_), Some(_)) => {
+                return Err(PyValueError::new_err("give weights or labels, not both"))
+            }
+            (Some(weights), None) => Some(
+                RowWeights::new(&weights.to_vec(py)?)
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            ),
+            (None, Some(labels)) => Some(RowWeights::class_balanced(&labels.to_vec(py)?)),
+            (None, None) => None,
+        };
         let order = Order::Blocks(BlockOrder {
             seed: seed_of(seed)?,
             block_size: positive_u64("block_size", block_size)?,
@@ -365,6 +399,7 @@ impl NativeSampler {
             hints,
             hint_lookahead,
             subset.as_deref(),
+            weights.map(Arc::new),
         )
     }
 

@@ -45,6 +45,7 @@ A sampler visits a part of the rows with ``indices=`` (e.g. a part of
 
 from __future__ import annotations
 
+import array
 import operator
 import os
 import sys
@@ -452,7 +453,10 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         _LIVE.add(self)
 
     def __repr__(self) -> str:
-        settings = ", ".join(f"{k}={v!r}" for k, v in self._settings.items())
+        # A weight or label a row: their count, not the rows.
+        shown = {k: f"<{len(v)} rows>" if k in ("weights", "labels") and v is not None else repr(v)
+                 for k, v in self._settings.items()}  # fmt: skip
+        settings = ", ".join(f"{k}={v}" for k, v in shown.items())
         return f"{type(self).__name__}({self._dataset_dir!r}, {settings}, cache_aware={self._cache_aware}, epoch={self._epoch})"
 
 
@@ -550,11 +554,20 @@ class BlockSampler(_SCDLSampler):
     step, and one ranged read per block), the fetch's rows shuffled and cut into
     minibatches of ``batch_size``. Ranks take whole fetches round-robin.
 
+    With ``weights`` (one a row of the dataset, any scale) or ``labels`` (one a row, any
+    hashable class), an epoch instead draws as many rows as it visits, with replacement,
+    each row with a chance in proportion to its weight, or so that every class is drawn
+    as often (scDataset's ``BlockWeightedSampling`` and ``ClassBalancedSampling``): each
+    unit draws a block by weight and its rows inside the block by weight, so fetches
+    still read blocks. Seeded, sharded by rank and resumable as the plain order; not
+    with ``cache_aware``.
+
     Args: as :class:`ChunkWindowSampler` (``indices``: blocks are cut from those rows in
     ascending order), and
         block_size: rows per block (1 gives uniformly random rows).
         batch_size: rows per minibatch.
         fetch_factor: minibatches per fetch.
+        weights, labels: draw rows by weight, or balance classes (give one).
     """
 
     def __init__(
@@ -574,8 +587,16 @@ class BlockSampler(_SCDLSampler):
         drop_last: bool | None = None,
         indices: Indices = None,
         cache_aware: bool = False,
+        weights: Any = None,
+        labels: Any = None,
     ) -> None:
-        order = dict(block_size=block_size, batch_size=batch_size, fetch_factor=fetch_factor, seed=seed)
+        if weights is not None and labels is not None:
+            raise ValueError("give weights or labels, not both")
+        if cache_aware and (weights is not None or labels is not None):
+            raise ValueError("a weighted order draws its rows: it cannot read the cached chunks first")
+        order = dict(block_size=block_size, batch_size=batch_size, fetch_factor=fetch_factor, seed=seed,
+                     weights=None if weights is None else _doubles(weights),
+                     labels=None if labels is None else _class_codes(labels))  # fmt: skip
         super().__init__(dataset, order, rank, world_size, even, hints, hint_lookahead, num_replicas, drop_last,
                          indices, cache_aware)  # fmt: skip
 
@@ -586,6 +607,28 @@ class BlockSampler(_SCDLSampler):
         """The batch-sampler form, for ``DataLoader(batch_sampler=...)``: the order's own
         minibatches of ``batch_size`` rows (a fetch's last one may be shorter)."""
         return BatchSampler(self, None, False)
+
+
+def _doubles(values: Any) -> Any:
+    """``values`` as a buffer of float64 for the native order: a numpy (or torch) array
+    converted without a copy where it already is one, anything else through ``array``."""
+    if hasattr(values, "__array__"):
+        import numpy as np
+
+        return np.ascontiguousarray(values, dtype=np.float64)
+    return array.array("d", values)
+
+
+def _class_codes(labels: Any) -> Any:
+    """A class code (0, 1, …) a row for ``labels`` of any hashable class, as a buffer of
+    uint64: which rows share a class is all the order needs."""
+    if hasattr(labels, "__array__"):
+        import numpy as np
+
+        codes = np.unique(np.asarray(labels), return_inverse=True)[1].reshape(-1)
+        return np.ascontiguousarray(codes, dtype=np.uint64)
+    seen: dict[Any, int] = {}
+    return array.array("Q", (seen.setdefault(label, len(seen)) for label in labels))
 
 
 class BatchSampler:
@@ -867,7 +910,9 @@ class _ScDatasetPlan:
     def __init__(self, owner: Any, dataset_dir: str, lookahead_rows: int, hints: bool) -> None:
         if lookahead_rows < 1:
             raise ValueError(f"lookahead_rows must be at least 1, got {lookahead_rows}")
-        self.owner = owner
+        # Weak: the scDataset holds this plan, and a cycle would keep its hint handle
+        # open until a garbage collection rather than until the scDataset goes.
+        self._owner = weakref.ref(owner)
         self.strategy = owner.strategy
         self.fetch_callback = owner.fetch_callback
         self.dataset_dir = dataset_dir
@@ -886,21 +931,22 @@ class _ScDatasetPlan:
 
     def get_indices(self, data_collection: Any, seed: int | None = None, rng: Any = None) -> Any:
         indices = self.strategy.get_indices(data_collection, seed=seed, rng=rng)
-        # scDataset counts the epoch up just before it asks for the indices.
-        epoch = self.owner._epoch - 1
+        owner = self._owner()
         self._lookahead = None
-        if self._native.start(epoch):
-            lookahead = max(1, self.lookahead_rows // self.owner.fetch_size)
-            self._lookahead = _Lookahead(self._native, self._fetches(indices), lookahead)
+        # scDataset counts the epoch up just before it asks for the indices.
+        if owner is not None and self._native.start(owner._epoch - 1):
+            lookahead = max(1, self.lookahead_rows // owner.fetch_size)
+            self._lookahead = _Lookahead(self._native, self._fetches(owner, indices), lookahead)
         return indices
 
-    def _fetches(self, indices: Any) -> Iterator[tuple[Any, list[int]]]:
+    @staticmethod
+    def _fetches(owner: Any, indices: Any) -> Iterator[tuple[Any, list[int]]]:
         """This process's fetches, as scDataset 0.3's ``__iter__`` deals them, sorted as
         it reads them: (the rows as an array, as a list)."""
         import numpy as np
         from torch.utils.data import get_worker_info
 
-        owner, n = self.owner, len(indices)
+        n = len(indices)
         size = owner.fetch_size
         ids = list(range(owner.rank, -(-n // size), owner.world_size))
         worker = get_worker_info()
@@ -942,11 +988,13 @@ class _ScDatasetPlan:
 
     def __getstate__(self) -> dict[str, Any]:
         # A spawned DataLoader worker opens its own hint handle.
-        return {"owner": self.owner, "strategy": self.strategy, "fetch_callback": self.fetch_callback,
+        return {"owner": self._owner(), "strategy": self.strategy, "fetch_callback": self.fetch_callback,
                 "dataset_dir": self.dataset_dir, "lookahead_rows": self.lookahead_rows, "hints": self.hints}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        owner = state.pop("owner")
         self.__dict__.update(state)
+        self._owner = weakref.ref(owner)
         self._native = NativePlan(self.dataset_dir, hints=self.hints)
         self._lookahead = None
         self._warned = False
