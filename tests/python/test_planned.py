@@ -23,7 +23,8 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Rando
 
 import scdl_helpers as H
 import scdlfs
-from sampler_helpers import DigestRows, bench_bin, collate_rows, read_digests, status
+from sampler_helpers import (CountedRows, DigestRows, batch_rows, bench_bin, collate_rows, fetch_rows, read_digests,
+                             status)
 
 ROWS = 3000  # synth_3k
 BUCKET = "scdlfs-planned"
@@ -251,30 +252,6 @@ def test_each_rank_writes_its_own_plan(mount, generated):
 # --------------------------------------------------------------------------
 # scDataset 0.3.0, unchanged
 # --------------------------------------------------------------------------
-
-
-def fetch_rows(collection, indices):
-    """scDataset's fetch callback: the fetch's rows through the SCDL reader."""
-    return [collection[int(row)] for row in indices]
-
-
-def batch_rows(fetched, positions):
-    return [fetched[int(p)] for p in positions]
-
-
-class CountedRows(DigestRows):
-    """DigestRows that knows its row count: bionemo-scdl 0.1.3's number_of_rows() counts
-    the rows of the feature index, which the generated dataset has none of."""
-
-    def __init__(self, path, rows):
-        super().__init__(path)
-        self.rows = rows
-
-    def __len__(self):
-        return self.rows
-
-    def __getstate__(self):
-        return {**super().__getstate__(), "rows": self.rows}
 
 
 def scdataset_of(path, rows, strategy, seed=0):
