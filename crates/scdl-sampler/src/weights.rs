@@ -81,7 +81,10 @@ impl PartialEq for Cumulative {
 
 impl Eq for Cumulative {}
 
-/// One weight a row of a dataset, as running sums.
+/// One weight a row of a dataset, as running sums, for the weighted block order
+/// ([`crate::Sampler::with_row_weights`], [`crate::EpochPlan::over_weighted`]): each
+/// unit of an epoch draws a block by weight and its rows inside that block by weight, so
+/// a row's chance per draw is its share of the weight, and a fetch still reads blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowWeights {
     rows: Cumulative,

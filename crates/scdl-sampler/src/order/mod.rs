@@ -184,7 +184,7 @@ impl EpochPlan {
     }
 
     /// The plan of epoch `epoch` of `order` drawing rows of `subset` by `weights` (see
-    /// [`crate::weights`]), which must fit the dataset and give the subset some weight
+    /// [`RowWeights`]), which must fit the dataset and give the subset some weight
     /// ([`RowWeights::check_for`]).
     pub fn over_weighted(
         chunks: ChunkLayout,
