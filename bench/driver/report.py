@@ -532,8 +532,9 @@ def planned_section(rep, results):
       "scDataset 0.3.0's `BlockShuffling(block_size=32)` (batch 64, fetch factor 16) beside blocks of 32 in fetches "
       "of 1,024 (`blocks16`); torch's `RandomSampler` (steps of 1,024 rows) beside blocks of 1 (`random-rows`); "
       "scDataset's `ClassBalancedSampling` (a rare type of a twentieth of the rows, in runs of 1,000). "
-      "*× link*: epoch s ÷ the link limit. Measured %s on %s, medians of %d run(s); epochs stop after %.0f s "
-      "(then ~, extrapolated)." % (LARGE_CHUNKS, LARGE_RATE_MBPS, LARGE_LATENCY_MS, 100 * SMALL_CACHE_SHARE,
+      "*epoch s*: from the first batch, as in the PyTorch section (*first row s*: the DataLoader's start-up to it, "
+      "workers forked, the first fetch read); *× link*: epoch s ÷ the link limit. Measured %s on %s, medians of %d "
+      "run(s); epochs stop after %.0f s (then ~, extrapolated)." % (LARGE_CHUNKS, LARGE_RATE_MBPS, LARGE_LATENCY_MS, 100 * SMALL_CACHE_SHARE,
                                   saved["date"], saved["host"], rep.args["runs"], rep.args["time_limit"]))
     w("")
     w("| cache | order | plan | epoch s | × link | fetched / dataset | first row s |")
