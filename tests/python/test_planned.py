@@ -261,6 +261,40 @@ def scdataset_of(path, rows, strategy, seed=0):
                      batch_callback=batch_rows, seed=seed)  # fmt: skip
 
 
+class RecordedFetches:
+    """An scDataset fetch callback that keeps the rows of each fetch it reads."""
+
+    def __init__(self):
+        self.fetches = []
+
+    def __call__(self, collection, rows):
+        self.fetches.append(rows.tolist())
+        return collection[rows]
+
+
+def test_an_scdatasets_plan_is_its_fetches_also_once_pickled(hinted):
+    """The plan of an scDataset is its fetches as it reads them, one step each, in order;
+    a copy made by pickling (as a spawned DataLoader worker gets it) opens its own handle
+    and plans its own epochs."""
+    import pickle
+
+    from scdataset import scDataset
+    from scdataset.strategy import BlockShuffling
+
+    data = scdlfs.plan_scdataset(scDataset(np.arange(ROWS), BlockShuffling(block_size=32), batch_size=64,
+                                           fetch_factor=4, fetch_callback=RecordedFetches(), seed=1), hinted)  # fmt: skip
+    copy = pickle.loads(pickle.dumps(data))
+    rows = np.concatenate(list(copy)).tolist()
+    fetches = copy.strategy.fetch_callback.fetches
+    assert sorted(rows) == list(range(ROWS))
+    assert copy.strategy.take_hint_error() is None
+    lines = plan_lines(hinted)
+    assert ["plan", "0"] in lines
+    steps, positions = steps_of(lines)
+    assert steps == fetches and len(fetches) == -(-ROWS // 256)
+    assert positions == list(range(len(fetches)))
+
+
 def test_scdataset_block_shuffling_in_workers_every_row_once_with_plans(mount, generated):
     from scdataset.strategy import BlockShuffling
 
