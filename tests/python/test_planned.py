@@ -141,6 +141,23 @@ def test_off_a_mount_it_is_the_wrapped_orders_own_iterator(chunked, tmp_path):
     assert not off.hints_active
 
 
+def test_a_plan_the_mount_does_not_take_is_warned_of_once(chunked, tmp_path):
+    """A hint file whose every write fails (/dev/full), as a mount of another protocol
+    version refuses the greeting: the order comes out the same, warned of once, and the
+    failure stays for take_hint_error."""
+    shutil.copy(chunked["synth_3k"] / "header.sch", tmp_path / "header.sch")
+    (tmp_path / ".scdlfs-hints").symlink_to("/dev/full")
+    order = list(range(ROWS))
+    planned = scdlfs.Planned(order, tmp_path)
+    with pytest.warns(scdlfs.HintWarning, match=r"plan's read-ahead hints.*No space left on device") as caught:
+        assert list(planned) == order
+    assert len([w for w in caught if issubclass(w.category, scdlfs.HintWarning)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(planned) == order, "once per plan"
+    assert "No space left on device" in planned.take_hint_error()
+
+
 def test_set_epoch_is_passed_on_and_numbers_the_plan(hinted):
     sampler = DistributedSampler(range(ROWS), num_replicas=3, rank=1, shuffle=True, seed=8)
     planned = scdlfs.Planned(sampler, hinted)

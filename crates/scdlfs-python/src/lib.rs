@@ -539,13 +539,16 @@ impl NativePlan {
     }
 
     /// Starts a new plan for `epoch` in this process (opening this process's hint
-    /// handle the first time); whether the daemon is being told.
-    fn start(&mut self, epoch: u64) -> bool {
+    /// handle the first time); whether the daemon is being told. A handle the mount
+    /// would not open or greet is warned of here, once.
+    fn start(&mut self, py: Python<'_>, epoch: u64) -> PyResult<bool> {
         let Some(hints) = self.own_hints() else {
-            return false;
+            return Ok(false);
         };
         hints.start(epoch);
-        hints.is_active()
+        let active = hints.is_active();
+        self.warn_once(py)?;
+        Ok(active)
     }
 
     /// Appends `steps` (each the rows of one step) to the plan, then says the reader is
@@ -561,27 +564,13 @@ impl NativePlan {
             return Ok(());
         };
         hints.advance(&steps, reading);
-        let failure = hints.pending_error();
-        match failure {
-            Some(error) if !self.warned_of_hints => {
-                self.warned_of_hints = true;
-                warn_of_hint_failure(py, "plan", &error)
-            }
-            _ => Ok(()),
-        }
+        self.warn_once(py)
     }
 
     /// Whether this process tells the daemon the plan (opens the hint file if this
     /// process has not yet).
     fn hints_active(&mut self) -> bool {
         self.own_hints().is_some_and(|h| h.is_active())
-    }
-
-    /// Waits until the steps announced so far have reached the hint file.
-    fn flush(&mut self) {
-        if let Some(hints) = self.own_hints() {
-            hints.flush();
-        }
     }
 
     /// The first hint failure in this process since the last call, if any.
@@ -598,6 +587,22 @@ impl NativePlan {
 }
 
 impl NativePlan {
+    /// Warns of the first hint failure met so far in this process, if this plan has not
+    /// warned yet.
+    fn warn_once(&mut self, py: Python<'_>) -> PyResult<()> {
+        let failure = self
+            .hints
+            .as_ref()
+            .and_then(|(_, hints)| hints.pending_error());
+        match failure {
+            Some(error) if !self.warned_of_hints => {
+                self.warned_of_hints = true;
+                warn_of_hint_failure(py, "plan", &error)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// This process's hints, opened on first use in it; None off a mount.
     fn own_hints(&mut self) -> Option<&mut GivenOrderHints> {
         let chunk_rows = self.chunk_rows?;
