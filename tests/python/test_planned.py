@@ -242,6 +242,7 @@ def test_a_wrapped_order_comes_out_exactly_and_the_daemon_has_its_plan(kind, num
     for i, batch in enumerate(loader):
         got.extend(batch)
         if i == 10:
+            assert planned.take_hint_error() is None  # and the steps queued so far written
             plans = plans_of(mount, epoch)
     assert [row for row, _, _ in got] == (sum(expected, []) if kind == "batches" else expected)
     assert all(digest == digests[row] for row, digest, _ in got)
@@ -262,6 +263,7 @@ def test_each_rank_writes_its_own_plan(mount, generated):
         planned.set_epoch(3)
     iterators = [iter(planned) for planned in ranks]
     shares = [[next(it) for _ in range(300)] for it in iterators]
+    assert all(planned.take_hint_error() is None for planned in ranks)  # and the steps written
     plans = plans_of(mount, 3)
     assert len(plans) == 2 and all(p["steps"] >= 1 for p in plans), plans
     for share, it in zip(shares, iterators):
@@ -326,11 +328,10 @@ def test_scdataset_block_shuffling_in_workers_every_row_once_with_plans(mount, g
     loader = DataLoader(data, batch_size=None, num_workers=2, persistent_workers=True, collate_fn=collate_rows)
     epochs = []
     for epoch in range(2):  # scDataset counts its epochs itself, in each persistent worker
-        got, plans = [], None
-        for i, batch in enumerate(loader):
-            got.extend(batch)
-            if i == 4:
-                plans = plans_of(mount, epoch)
+        got = [item for batch in loader for item in batch]
+        # The persistent workers keep their handles, and so their plans, past the epoch;
+        # each wrote its plan as its first fetch began, a whole epoch ago.
+        plans = plans_of(mount, epoch)
         assert sorted(row for row, _, _ in got) == list(range(len(digests)))
         assert all(digest == digests[row] for row, digest, _ in got)
         # One plan per worker.
@@ -353,6 +354,7 @@ def test_scdataset_class_balanced_rows_are_the_strategys_own(mount, generated):
     with warnings.catch_warnings():
         warnings.simplefilter("error", scdlfs.HintWarning)
         got = [row for batch in data for row, _, _ in batch]
+        assert data.strategy.take_hint_error() is None  # and the steps written
         plans = plans_of(mount, 0)
     assert sorted(got) == sorted(strategy.get_indices(data.collection, seed=7).tolist())
     assert len(plans) == 1 and plans[0]["steps"] >= 1, plans
@@ -360,27 +362,36 @@ def test_scdataset_class_balanced_rows_are_the_strategys_own(mount, generated):
 
 
 # --------------------------------------------------------------------------
-# BlockSampler's weighted and class-balanced orders
+# Weighted and class-balanced orders of the samplers
 # --------------------------------------------------------------------------
 
 
-def test_a_class_balanced_block_order_draws_a_rare_class_as_often(chunked):
+@pytest.mark.parametrize("kind", [scdlfs.BlockSampler, scdlfs.ChunkWindowSampler])
+def test_a_class_balanced_order_draws_a_rare_class_as_often(kind, chunked):
     path = chunked["synth_3k"]
     labels = ["rare" if row % 500 >= 450 else "common" for row in range(ROWS)]  # 10 % rare, in runs
-    sampler = scdlfs.BlockSampler(path, block_size=16, seed=4, labels=labels)
     drawn = []
+    sampler = kind(path, seed=4, labels=labels)
     for epoch in range(4):
         sampler.set_epoch(epoch)
         epoch_rows = list(sampler)
-        assert len(epoch_rows) == len(sampler) == ROWS
+        assert len(epoch_rows) == len(sampler)
         drawn += epoch_rows
     rare = sum(labels[row] == "rare" for row in drawn) / len(drawn)
     assert 0.4 < rare < 0.6, rare
     # Seeded: the same epoch again, whatever form the labels take.
     codes = np.array([label == "rare" for label in labels])
-    again = scdlfs.BlockSampler(path, block_size=16, seed=4, labels=codes)
+    again = kind(path, seed=4, labels=codes)
     again.set_epoch(3)
     assert list(again) == epoch_rows
+
+
+def test_a_weighted_window_order_never_reads_rows_of_weight_0(chunked):
+    path = chunked["synth_3k"]
+    weights = [0.0 if 256 <= row < 768 else 1.0 for row in range(ROWS)]  # chunks 1 and 2 weigh nothing
+    sampler = scdlfs.ChunkWindowSampler(path, chunks_per_window=2, seed=6, weights=weights)
+    rows = list(sampler)
+    assert len(rows) == len(sampler) and not any(256 <= row < 768 for row in rows)
 
 
 def test_weights_pick_the_rows_and_ranks_share_the_draws(chunked):
@@ -435,6 +446,7 @@ def test_a_class_balanced_block_order_on_a_mount_tells_its_plan(mount, generated
     for i, batch in enumerate(loader):
         got.extend(batch)
         if i == 5:
+            assert sampler.take_hint_error() is None  # and the steps queued so far written
             plans = plans_of(mount, 12)
     assert [row for row, _, _ in got] == list(sampler)
     assert all(digest == digests[row] for row, digest, _ in got)

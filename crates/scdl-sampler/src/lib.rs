@@ -11,8 +11,8 @@
 //!   random, a fetch of them read in ascending order, the fetch's rows shuffled in memory
 //!   and cut into minibatches.
 //!
-//! The block order can also draw rows by weight, or balance classes
-//! ([`RowWeights`], [`Sampler::with_row_weights`]), still reading in blocks.
+//! Either order can also draw rows by weight, or balance classes ([`RowWeights`],
+//! [`Sampler::with_row_weights`]), still reading in blocks or chunk windows.
 //!
 //! An order can visit a subset of the rows instead of all of them ([`RowSubset`]): a
 //! split by whole chunks ([`RowSubset::split_by_chunk`]) or any rows a caller lists,

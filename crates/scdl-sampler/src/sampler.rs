@@ -118,13 +118,10 @@ impl Sampler {
         self.cached_first = cached.map(Arc::new);
     }
 
-    /// The same block order drawing its rows by `weights` (see [`RowWeights`]): each
-    /// epoch as many draws as the rows it visits, with replacement, in blocks. Not with
-    /// the chunk-window order; a cache-aware order set is ignored while weights are.
+    /// The same order drawing its rows by `weights` (see [`RowWeights`]), with
+    /// replacement, in blocks or chunk windows as the plain order reads. A cache-aware
+    /// order set is ignored while weights are.
     pub fn with_row_weights(self, weights: Arc<RowWeights>) -> Result<Sampler, WeightsError> {
-        if !matches!(self.order, Order::Blocks(_)) {
-            return Err(WeightsError::NotBlocks);
-        }
         weights.check_for(self.chunks.total_rows(), &self.subset)?;
         Ok(Sampler {
             weights: Some(weights),
@@ -186,14 +183,14 @@ impl Sampler {
 
     fn share(&self, epoch: u64) -> (EpochPlan, Vec<ShareStep>) {
         let subset = self.subset.clone();
-        let plan = match (&self.weights, &self.cached_first, self.order) {
-            (Some(weights), _, Order::Blocks(order)) => {
-                EpochPlan::over_weighted(self.chunks, subset, order, epoch, weights.clone())
+        let plan = match (&self.weights, &self.cached_first) {
+            (Some(weights), _) => {
+                EpochPlan::over_weighted(self.chunks, subset, self.order, epoch, weights.clone())
             }
-            (_, Some(cached), _) => {
+            (None, Some(cached)) => {
                 EpochPlan::over_cache_aware(self.chunks, subset, self.order, epoch, cached)
             }
-            _ => EpochPlan::over(self.chunks, subset, self.order, epoch),
+            (None, None) => EpochPlan::over(self.chunks, subset, self.order, epoch),
         };
         let share = worker_share(&plan, &self.shard, &self.workers);
         (plan, share)

@@ -1,16 +1,18 @@
-//! Weighted block orders: each row drawn with a chance in proportion to its weight (as
+//! Weighted orders: each row drawn with a chance in proportion to its weight (as
 //! scDataset's `BlockWeightedSampling`), or to the inverse of its class's size (as its
 //! `ClassBalancedSampling`: a rare cell type drawn as often as a common one), while
-//! reads stay in blocks.
+//! reads stay in blocks or chunk windows.
 //!
-//! An epoch is as many draws as the rows it visits, cut as the plain block order cuts
-//! them: a unit is a drawn block, a fetch `f` units. Unit `p` of the epoch draws one row
-//! of the subset by weight, takes the block (of the plain order's blocks) that holds it,
-//! and draws its `block_size` rows inside that block, again by weight. A row's chance
-//! per draw is then exactly its weight over the subset's (the block's chance is its
-//! weight share, the row's inside it its share of the block), with every unit's rows in
-//! one block, so a fetch reads `f` blocks' ranges as the plain order does. Draws are
-//! with replacement: a row may come twice in an epoch, and once per fetch in its hints.
+//! An epoch has the units of the plain order (blocks, or chunks), cut into steps as the
+//! plain order cuts them, but each unit is drawn: unit `p` of the epoch draws one row of
+//! the subset by weight, takes the group that holds it (the plain order's block, or its
+//! chunk), and draws the unit's rows inside that group, again by weight: `block_size` of
+//! them, or as many as the chunk holds of the subset. A row's chance per draw is then
+//! exactly its weight over the subset's (the group's chance is its weight share, the
+//! row's inside it its share of the group), with every unit's rows in one group, so a
+//! fetch reads `f` blocks' ranges and a window `k` chunks, as in the plain orders. Draws
+//! are with replacement: a row may come twice in an epoch, and once per step in its
+//! hints.
 //!
 //! Every unit is drawn from a random stream of its own (seed, epoch, position), so any
 //! step is computed from its index alone, and ranks, workers and resumes share out and
@@ -21,6 +23,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use rand::Rng;
+use rand_chacha::ChaCha8Rng;
 
 use crate::seeding::{self, Stream};
 use crate::subset::RowSubset;
@@ -34,8 +37,6 @@ pub enum WeightsError {
     Count { given: u64, rows: u64 },
     #[error("every row the order visits has weight 0")]
     Nothing,
-    #[error("weights drive the block order only, not the chunk-window order")]
-    NotBlocks,
 }
 
 /// Running sums of non-negative weights: `at(i)` is the weight before item `i`.
@@ -81,10 +82,11 @@ impl PartialEq for Cumulative {
 
 impl Eq for Cumulative {}
 
-/// One weight a row of a dataset, as running sums, for the weighted block order
+/// One weight a row of a dataset, as running sums, for the weighted orders
 /// ([`crate::Sampler::with_row_weights`], [`crate::EpochPlan::over_weighted`]): each
-/// unit of an epoch draws a block by weight and its rows inside that block by weight, so
-/// a row's chance per draw is its share of the weight, and a fetch still reads blocks.
+/// unit of an epoch draws a block (or chunk) by weight and its rows inside it by weight,
+/// so a row's chance per draw is its share of the weight, and a step still reads blocks
+/// (or chunks).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowWeights {
     rows: Cumulative,
@@ -156,13 +158,13 @@ impl RowWeights {
     }
 }
 
-/// The draws of one epoch's weighted block order over a subset.
+/// The draws of one epoch's weighted order over a subset: each unit's rows, drawn inside
+/// the group (a block, a chunk) that holds the row it draws first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Draws {
     weights: Arc<RowWeights>,
     /// Running sums of the weights of the subset's ranges.
     ranges: Cumulative,
-    block_size: u64,
     seed: u64,
     epoch: u64,
 }
@@ -171,29 +173,46 @@ impl Draws {
     pub(crate) fn new(
         weights: Arc<RowWeights>,
         subset: &RowSubset,
-        block_size: u64,
         seed: u64,
         epoch: u64,
     ) -> Draws {
         Draws {
             ranges: Cumulative::of(subset.ranges().iter().map(|r| weights.weight(r))),
             weights,
-            block_size,
             seed,
             epoch,
         }
     }
 
-    /// The `count` rows unit `position` of the epoch draws, in the order drawn.
-    pub(crate) fn unit(&self, subset: &RowSubset, position: u64, count: u64) -> Vec<u64> {
+    /// Unit `position`'s random stream, and the row it draws first from the whole
+    /// subset: the row that picks the unit's group.
+    fn anchor_and_rng(&self, subset: &RowSubset, position: u64) -> (u64, ChaCha8Rng) {
         let mut rng = seeding::rng(self.seed, self.epoch, Stream::Draw(position));
         let anchor = self
             .weights
             .draw_in(subset.ranges(), &self.ranges, rng.random());
-        let block = subset.position_of(anchor) / self.block_size;
-        let rows = subset.rows_at(block * self.block_size..(block + 1) * self.block_size);
+        (anchor, rng)
+    }
+
+    /// The row unit `position` draws first, which picks its group.
+    pub(crate) fn anchor(&self, subset: &RowSubset, position: u64) -> u64 {
+        self.anchor_and_rng(subset, position).0
+    }
+
+    /// The rows unit `position` draws, in the order drawn: inside `group(anchor)` (the
+    /// rows, as ranges, of the group that holds its anchor), as many as `count` says of
+    /// that group.
+    pub(crate) fn unit(
+        &self,
+        subset: &RowSubset,
+        position: u64,
+        group: impl FnOnce(u64) -> Vec<Range<u64>>,
+        count: impl FnOnce(&[Range<u64>]) -> u64,
+    ) -> Vec<u64> {
+        let (anchor, mut rng) = self.anchor_and_rng(subset, position);
+        let rows = group(anchor);
         let sums = Cumulative::of(rows.iter().map(|r| self.weights.weight(r)));
-        (0..count)
+        (0..count(&rows))
             .map(|_| self.weights.draw_in(&rows, &sums, rng.random()))
             .collect()
     }

@@ -82,8 +82,8 @@ proptest! {
             _ => RowSubset::all(rows),
         };
         prop_assume!(weights.check_for(rows, &subset).is_ok());
-        let order = blocks_of(order);
         let plan = EpochPlan::over_weighted(chunks, Arc::new(subset.clone()), order, epoch, weights);
+        let order = blocks_of(order);
         let drawn = drawn_rows(&plan);
         prop_assert_eq!(drawn.len() as u64, subset.len());
         prop_assert!(drawn.iter().all(|&r| subset.contains(r) && w[r as usize] > 0.0));
@@ -102,19 +102,45 @@ proptest! {
             prop_assert_eq!(announced, step_rows.iter().copied().collect::<BTreeSet<_>>().into_iter().collect::<Vec<_>>());
         }
         // Seeded: the same plan again.
-        prop_assert_eq!(&plan, &EpochPlan::over_weighted(chunks, Arc::new(subset), order, epoch, plan_weights(&w)));
+        let again = EpochPlan::over_weighted(chunks, Arc::new(subset), Order::Blocks(order), epoch, plan_weights(&w));
+        prop_assert_eq!(&plan, &again);
     }
 
-    /// Ranks' shares are the epoch's fetches dealt out whole: together exactly the
+    /// A window order's epoch draws, for each unit, as many rows as the drawn chunk
+    /// holds of the subset, each of positive weight and in that chunk: a window's rows lie
+    /// in the chunks it announces (each once), no more than the order's chunks per window.
+    #[test]
+    fn a_window_epoch_draws_its_rows_by_weight_in_chunks(
+        (rows, w) in (1u64..700).prop_flat_map(|rows| (Just(rows), weights(rows))),
+        order in window_orders(), epoch in 0u64..4, chunk_size in 1u64..90,
+    ) {
+        prop_assume!(w.iter().any(|&x| x > 0.0));
+        let chunks = ChunkLayout::new(rows, chunk_size).unwrap();
+        let plan = EpochPlan::over_weighted(chunks, Arc::new(RowSubset::all(rows)), order, epoch, plan_weights(&w));
+        let Order::ChunkWindows(windows) = order else { unreachable!("window_orders() makes window orders") };
+        for step in 0..plan.step_count() {
+            let Step::Window { chunks: announced } = plan.step(step) else {
+                panic!("a window order made {:?}", plan.step(step));
+            };
+            prop_assert!(announced.len() as u32 <= windows.chunks_per_window.get());
+            prop_assert_eq!(announced.iter().collect::<BTreeSet<_>>().len(), announced.len());
+            let step_rows = plan.rows_of(step);
+            prop_assert_eq!(step_rows.len() as u64, plan.row_count(step));
+            prop_assert!(step_rows.iter().all(|&r| w[r as usize] > 0.0
+                && announced.contains(&((r / chunk_size) as u32))));
+        }
+    }
+
+    /// Ranks' shares are the epoch's steps dealt out whole: together exactly the
     /// epoch's draws (uneven shares), and a resumed share the rest of the uninterrupted one.
     #[test]
     fn ranks_share_and_resume_the_draws(
         (rows, w) in (1u64..500).prop_flat_map(|rows| (Just(rows), weights(rows))),
-        order in block_orders(), epoch in 0u64..3, world in 1u32..4, cut in 0.0f64..1.0,
+        order in orders(), epoch in 0u64..3, world in 1u32..4, cut in 0.0f64..1.0,
     ) {
         prop_assume!(w.iter().any(|&x| x > 0.0));
         let chunks = ChunkLayout::new(rows, 32).unwrap();
-        let plan = EpochPlan::over_weighted(chunks, Arc::new(RowSubset::all(rows)), blocks_of(order), epoch, plan_weights(&w));
+        let plan = EpochPlan::over_weighted(chunks, Arc::new(RowSubset::all(rows)), order, epoch, plan_weights(&w));
         let mut together = Vec::new();
         for rank in 0..world {
             let shard = Shard::new(rank, nonzero(world), EvenShares::Uneven).unwrap();
@@ -157,27 +183,26 @@ fn announced_rows(plan: &EpochPlan, step: usize) -> Vec<u64> {
 #[test]
 fn a_rare_class_is_drawn_as_often_as_a_common_one() {
     // 95 % of the rows in class 0, in long runs as cell types lie in an atlas, 5 % in
-    // class 1; blocks of 16, 40,000 draws over four epochs.
+    // class 1; blocks of 16, or windows of 2 chunks of 1,024, 40,000 draws over four epochs.
     let rows = 10_000u64;
     let labels: Vec<u64> = (0..rows).map(|r| u64::from(r % 1000 >= 950)).collect();
     let weights = Arc::new(RowWeights::class_balanced(&labels));
-    let order = blocks_of(block_order(3, 16, 64, 16));
     let chunks = ChunkLayout::new(rows, 1024).unwrap();
-    let mut per_class = [0u64; 2];
-    for epoch in 0..4 {
-        let plan = EpochPlan::over_weighted(
-            chunks,
-            Arc::new(RowSubset::all(rows)),
-            order,
-            epoch,
-            weights.clone(),
-        );
-        for row in drawn_rows(&plan) {
-            per_class[labels[row as usize] as usize] += 1;
+    for order in [block_order(3, 16, 64, 16), window_order(3, 2)] {
+        let mut per_class = [0u64; 2];
+        for epoch in 0..4 {
+            let all = Arc::new(RowSubset::all(rows));
+            let plan = EpochPlan::over_weighted(chunks, all, order, epoch, weights.clone());
+            for row in drawn_rows(&plan) {
+                per_class[labels[row as usize] as usize] += 1;
+            }
         }
+        let rare_share = per_class[1] as f64 / (per_class[0] + per_class[1]) as f64;
+        assert!(
+            (0.45..0.55).contains(&rare_share),
+            "{order:?}: {per_class:?}"
+        );
     }
-    let rare_share = per_class[1] as f64 / (per_class[0] + per_class[1]) as f64;
-    assert!((0.45..0.55).contains(&rare_share), "{per_class:?}");
 }
 
 #[test]
@@ -198,12 +223,6 @@ fn weights_that_cannot_drive_an_order_are_refused() {
     assert_eq!(
         sampler(blocks).with_row_weights(weights(&[1.0; 9])).err(),
         Some(WeightsError::Count { given: 9, rows: 10 })
-    );
-    assert_eq!(
-        sampler(window_order(1, 1))
-            .with_row_weights(weights(&[1.0; 10]))
-            .err(),
-        Some(WeightsError::NotBlocks)
     );
     let mut w = [0.0; 10];
     w[7] = 1.0;

@@ -226,6 +226,25 @@ fn shard_of(rank: i64, world_size: i64, even: &str) -> PyResult<Shard> {
     Shard::new(rank, world_size, even).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// The weights of a weighted order: `weights` as given, or one over its class's size a
+/// row for `labels`; None for neither.
+fn row_weights(
+    py: Python<'_>,
+    weights: Option<PyBuffer<f64>>,
+    labels: Option<PyBuffer<u64>>,
+) -> PyResult<Option<Arc<RowWeights>>> {
+    let weights = match (weights, labels) {
+        (Some(_), Some(_)) => {
+            return Err(PyValueError::new_err("give weights or labels, not both"))
+        }
+        (Some(weights), None) => RowWeights::new(&weights.to_vec(py)?)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?,
+        (None, Some(labels)) => RowWeights::class_balanced(&labels.to_vec(py)?),
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(Arc::new(weights)))
+}
+
 /// Warns with [`HintWarning`] that the mount did not take the hints of `whose` (a
 /// "sampler", a "plan"): an error where warnings are made errors.
 fn warn_of_hint_failure(py: Python<'_>, whose: &str, error: &str) -> PyResult<()> {
@@ -317,9 +336,11 @@ impl NativeSampler {
 
 #[pymethods]
 impl NativeSampler {
-    /// The chunk-window order over the dataset at `dataset_dir`.
+    /// The chunk-window order over the dataset at `dataset_dir`, drawing rows by
+    /// `weights` (one a row) or balancing the classes of `labels` (a class code a row)
+    /// if either is given.
     #[staticmethod]
-    #[pyo3(signature = (dataset_dir, *, chunks_per_window, seed, shuffle_chunks, shuffle_within_window, rank, world_size, even, hints, hint_lookahead, subset=None))]
+    #[pyo3(signature = (dataset_dir, *, chunks_per_window, seed, shuffle_chunks, shuffle_within_window, rank, world_size, even, hints, hint_lookahead, subset=None, weights=None, labels=None))]
     #[allow(clippy::too_many_arguments)]
     fn chunk_windows(
         dataset_dir: PathBuf,
@@ -333,7 +354,11 @@ impl NativeSampler {
         hints: bool,
         hint_lookahead: i64,
         subset: Option<PyRef<'_, PyRowSubset>>,
+        weights: Option<PyBuffer<f64>>,
+        labels: Option<PyBuffer<u64>>,
+        py: Python<'_>,
     ) -> PyResult<NativeSampler> {
+        let weights = row_weights(py, weights, labels)?;
         let order = Order::ChunkWindows(ChunkWindowOrder {
             seed: seed_of(seed)?,
             chunks_per_window: positive_u32("chunks_per_window", chunks_per_window)?,
@@ -348,7 +373,7 @@ impl NativeSampler {
             hints,
             hint_lookahead,
             subset.as_deref(),
-            None,
+            weights,
         )
     }
 
@@ -374,17 +399,7 @@ impl NativeSampler {
         labels: Option<PyBuffer<u64>>,
         py: Python<'_>,
     ) -> PyResult<NativeSampler> {
-        let weights = match (weights, labels) {
-            (Some(_), Some(_)) => {
-                return Err(PyValueError::new_err("give weights or labels, not both"))
-            }
-            (Some(weights), None) => Some(
-                RowWeights::new(&weights.to_vec(py)?)
-                    .map_err(|e| PyValueError::new_err(e.to_string()))?,
-            ),
-            (None, Some(labels)) => Some(RowWeights::class_balanced(&labels.to_vec(py)?)),
-            (None, None) => None,
-        };
+        let weights = row_weights(py, weights, labels)?;
         let order = Order::Blocks(BlockOrder {
             seed: seed_of(seed)?,
             block_size: positive_u64("block_size", block_size)?,
@@ -399,7 +414,7 @@ impl NativeSampler {
             hints,
             hint_lookahead,
             subset.as_deref(),
-            weights.map(Arc::new),
+            weights,
         )
     }
 

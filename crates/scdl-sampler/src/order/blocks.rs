@@ -136,7 +136,11 @@ impl Fetches {
                     true => self.rows - position * self.block_size,
                     false => self.block_size,
                 };
-                draws.unit(subset, position, count)
+                let block_of = |anchor| {
+                    let block = subset.position_of(anchor) / self.block_size;
+                    subset.rows_at(block * self.block_size..(block + 1) * self.block_size)
+                };
+                draws.unit(subset, position, block_of, |_| count)
             })
             .collect()
     }

@@ -490,6 +490,10 @@ class ChunkWindowSampler(_SCDLSampler):
         cache_aware: read the chunks the daemon holds first each epoch (default False:
             docs/preparing-data.md has what it does to minibatch diversity); see
             :meth:`set_epoch` and :meth:`set_cached_chunks`.
+        weights, labels: draw rows by weight (one a row, any scale), or so that every
+            class (one a row, any hashable) comes as often: each unit of the epoch draws a
+            chunk by weight and as many of its rows as it holds, by weight, with
+            replacement, so windows still read whole chunks (not with ``cache_aware``).
     """
 
     def __init__(
@@ -510,12 +514,15 @@ class ChunkWindowSampler(_SCDLSampler):
         drop_last: bool | None = None,
         indices: Indices = None,
         cache_aware: bool = False,
+        weights: Any = None,
+        labels: Any = None,
     ) -> None:
         order = dict(
             chunks_per_window=chunks_per_window,
             seed=seed,
             shuffle_chunks=shuffle if shuffle_chunks is None else shuffle_chunks,
             shuffle_within_window=shuffle if shuffle_within_window is None else shuffle_within_window,
+            **_weighting(weights, labels, cache_aware),
         )
         super().__init__(dataset, order, rank, world_size, even, hints, hint_lookahead, num_replicas, drop_last,
                          indices, cache_aware)  # fmt: skip
@@ -555,7 +562,8 @@ class BlockSampler(_SCDLSampler):
     minibatches of ``batch_size``. Ranks take whole fetches round-robin.
 
     With ``weights`` (one a row of the dataset, any scale) or ``labels`` (one a row, any
-    hashable class), an epoch instead draws as many rows as it visits, with replacement,
+    hashable class), as :class:`ChunkWindowSampler` takes them, an epoch instead draws
+    as many rows as it visits, with replacement,
     each row with a chance in proportion to its weight, or so that every class is drawn
     as often (scDataset's ``BlockWeightedSampling`` and ``ClassBalancedSampling``): each
     unit draws a block by weight and its rows inside the block by weight, so fetches
@@ -567,7 +575,6 @@ class BlockSampler(_SCDLSampler):
         block_size: rows per block (1 gives uniformly random rows).
         batch_size: rows per minibatch.
         fetch_factor: minibatches per fetch.
-        weights, labels: draw rows by weight, or balance classes (give one).
     """
 
     def __init__(
@@ -590,13 +597,8 @@ class BlockSampler(_SCDLSampler):
         weights: Any = None,
         labels: Any = None,
     ) -> None:
-        if weights is not None and labels is not None:
-            raise ValueError("give weights or labels, not both")
-        if cache_aware and (weights is not None or labels is not None):
-            raise ValueError("a weighted order draws its rows: it cannot read the cached chunks first")
         order = dict(block_size=block_size, batch_size=batch_size, fetch_factor=fetch_factor, seed=seed,
-                     weights=None if weights is None else _doubles(weights),
-                     labels=None if labels is None else _class_codes(labels))  # fmt: skip
+                     **_weighting(weights, labels, cache_aware))  # fmt: skip
         super().__init__(dataset, order, rank, world_size, even, hints, hint_lookahead, num_replicas, drop_last,
                          indices, cache_aware)  # fmt: skip
 
@@ -607,6 +609,16 @@ class BlockSampler(_SCDLSampler):
         """The batch-sampler form, for ``DataLoader(batch_sampler=...)``: the order's own
         minibatches of ``batch_size`` rows (a fetch's last one may be shorter)."""
         return BatchSampler(self, None, False)
+
+
+def _weighting(weights: Any, labels: Any, cache_aware: bool) -> dict[str, Any]:
+    """The native order's ``weights``/``labels`` arguments, checked."""
+    if weights is not None and labels is not None:
+        raise ValueError("give weights or labels, not both")
+    if cache_aware and (weights is not None or labels is not None):
+        raise ValueError("a weighted order draws its rows: it cannot read the cached chunks first")
+    return dict(weights=None if weights is None else _doubles(weights),
+                labels=None if labels is None else _class_codes(labels))  # fmt: skip
 
 
 def _doubles(values: Any) -> Any:

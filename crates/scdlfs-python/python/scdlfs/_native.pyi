@@ -46,6 +46,8 @@ class NativeSampler:
         hints: bool,
         hint_lookahead: int,
         subset: RowSubset | None = None,
+        weights: object | None = None,
+        labels: object | None = None,
     ) -> NativeSampler: ...
     @staticmethod
     def blocks(
