@@ -53,6 +53,13 @@ behind a 250 MB/s + 20 ms link of its own (issue 29's large-chunk targets). The 
 targets table of issue 29 reads every row from the results. `--perf-dir` records the
 daemon of every scdlfs epoch with `perf record -e cpu-clock`, one file per epoch.
 
+The `planned` system (issue 43), read only when named: on the large chunks' dataset and
+link, full cache and a tenth, the SCDL reader through a DataLoader in others' orders
+(scDataset 0.3.0's BlockShuffling and ClassBalancedSampling, torch's RandomSampler) told
+to the mount by `scdlfs.plan_scdataset`/`scdlfs.Planned` and unwrapped, beside the scdlfs
+BlockSampler in the same shapes. Run alone (`--systems planned`), its results are kept
+beside the page (docs/benchmarks-planned.json) and only its section is replaced.
+
 This file is the command line; the driver is the package bench/driver (its __init__
 lists its modules: processes, tools, servers and the link, measurement, the systems'
 registry, summaries and targets, the report)."""

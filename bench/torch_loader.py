@@ -11,6 +11,13 @@ workers, the first batch) takes seconds on its own and is reported as first_row_
 the wall-clock times the DataLoader started and the epoch ended (started_at, ended_at),
 for the node scenario's ranks. --rank/--world-size read one rank's share, as dealt
 (even="uneven": the ranks' shares make up the epoch).
+
+Besides the samplers' orders (windows, blocks), the orders of issue 43: torch's
+RandomSampler through scdlfs.Planned (planned-random), the released scDataset's
+BlockShuffling and ClassBalancedSampling through scdlfs.plan_scdataset (scdataset-blocks,
+scdataset-balanced), each read unwrapped with --no-hints, and the scdlfs BlockSampler in
+the same shapes (blocks16: blocks of 32 in fetches of 16 minibatches of 64; random-rows:
+blocks of 1).
 """
 
 import argparse
@@ -56,51 +63,114 @@ class DigestRows:
         return {"path": self.path, "_ds": None}
 
 
+class CountedRows(DigestRows):
+    """DigestRows that knows its row count, for readers that ask for len() (scDataset):
+    bionemo-scdl 0.1.3's number_of_rows() counts the rows of the feature index, which the
+    generated dataset has none of."""
+
+    def __init__(self, path, rows):
+        super().__init__(path)
+        self.rows = rows
+
+    def __len__(self):
+        return self.rows
+
+    def __getstate__(self):
+        return {**super().__getstate__(), "rows": self.rows}
+
+
+def fetch_rows(collection, indices):
+    """scDataset's fetch callback: the fetch's rows through the SCDL reader."""
+    return [collection[int(row)] for row in indices]
+
+
+def batch_rows(fetched, positions):
+    """scDataset's batch callback: a minibatch's rows of the fetch."""
+    return [fetched[int(p)] for p in positions]
+
+
 def collate_rows(items):
     """Keeps the (row, digest, bytes) triples as they are: rows differ in length."""
     return items
+
+
+# The orders issue 43 compares: others' orders told to the mount through the scdlfs
+# package's wrappers (or, with --no-hints, read as they are), beside the scdlfs samplers'
+# own orders of the same shape.
+OTHER_ORDERS = ["planned-random", "scdataset-blocks", "scdataset-balanced", "blocks16", "random-rows"]
+
+
+def rare_labels(rows):
+    """Cell types for the class-balanced orders: a rare type of a twentieth of the rows,
+    in runs of 1,000 as types lie in an atlas, the rest one common type."""
+    import numpy as np
+
+    return (np.arange(rows) // 1000) % 20 == 0
+
+
+def loader_of(args, rows):
+    """The DataLoader of `args.order`, the rows an epoch has, and the sampler whose hint
+    errors can be asked for (None where the plans are the workers')."""
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler
+
+    import scdlfs
+
+    hints = not args.no_hints
+    common = dict(num_workers=args.workers, collate_fn=collate_rows)
+    shard = dict(rank=args.rank, world_size=args.world_size, even="uneven", hints=hints)
+    # The orders of `scdlfs-bench read` (bench/src/read.rs), from the same Rust sampler.
+    if args.order == "windows":
+        sampler = scdlfs.ChunkWindowSampler(args.dataset, chunks_per_window=4, seed=args.seed, **shard)
+        sampler.set_epoch(args.epoch)
+        return DataLoader(DigestRows(args.dataset), batch_size=64, sampler=sampler, **common), len(sampler), sampler
+    if args.order in ("blocks", "blocks16", "random-rows"):
+        # blocks16 and random-rows: scDataset's BlockShuffling(32) and torch's RandomSampler
+        # in steps of 1,024 rows, by the scdlfs sampler (fetches of 16 minibatches of 64).
+        block_size, fetch_factor = {"blocks": (32, 32), "blocks16": (32, 16), "random-rows": (1, 16)}[args.order]
+        sampler = scdlfs.BlockSampler(args.dataset, block_size=block_size, fetch_factor=fetch_factor, batch_size=64,
+                                      seed=args.seed, **shard)
+        sampler.set_epoch(args.epoch)
+        return DataLoader(DigestRows(args.dataset), batch_sampler=sampler.batches(), **common), len(sampler), sampler
+    if args.order == "planned-random":
+        order = RandomSampler(range(rows), generator=torch.Generator().manual_seed(args.seed * 1000 + args.epoch))
+        sampler = scdlfs.Planned(order, args.dataset, hints=hints)
+        return DataLoader(DigestRows(args.dataset), batch_size=64, sampler=sampler, **common), rows, sampler
+    from scdataset import scDataset
+    from scdataset.strategy import BlockShuffling, ClassBalancedSampling
+
+    if args.order == "scdataset-blocks":
+        strategy = BlockShuffling(block_size=32)
+    else:
+        strategy = ClassBalancedSampling(rare_labels(rows), block_size=32)
+    data = scDataset(CountedRows(args.dataset, rows), strategy, batch_size=64, fetch_factor=16,
+                     fetch_callback=fetch_rows, batch_callback=batch_rows, seed=args.seed * 1000 + args.epoch)
+    if hints:
+        data = scdlfs.plan_scdataset(data, args.dataset)
+    # Each worker plans its own fetches: the main process has no plan to ask about.
+    return DataLoader(data, batch_size=None, **common), strategy.get_len(data.collection), None
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--dataset", required=True)
     p.add_argument("--digests", required=True)
-    p.add_argument("--order", choices=["windows", "blocks"], required=True)
+    p.add_argument("--order", choices=["windows", "blocks"] + OTHER_ORDERS, required=True)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--rank", type=int, default=0, help="this process's share (the node scenario's ranks)")
     p.add_argument("--world-size", type=int, default=1)
-    p.add_argument("--no-hints", action="store_true")
+    p.add_argument("--no-hints", action="store_true", help="no plan: the samplers' hints off, others' orders unwrapped")
     p.add_argument("--time-limit", type=float)
     args = p.parse_args()
 
     # Imported before the workers fork, as a training script does, so that they start warm.
     from bionemo.scdl.io.single_cell_memmap_dataset import SingleCellMemMapDataset  # noqa: F401
-    from torch.utils.data import DataLoader
-
-    import scdlfs
 
     digests = np.fromfile(args.digests, dtype="<u8")
-    # The orders of `scdlfs-bench read` (bench/src/read.rs), from the same Rust sampler.
-    if args.order == "windows":
-        sampler = scdlfs.ChunkWindowSampler(args.dataset, chunks_per_window=4, seed=args.seed,
-                                            rank=args.rank, world_size=args.world_size, even="uneven",
-                                            hints=not args.no_hints)
-        batch_size = 64
-    else:
-        sampler = scdlfs.BlockSampler(args.dataset, block_size=32, fetch_factor=32, batch_size=64, seed=args.seed,
-                                      rank=args.rank, world_size=args.world_size, even="uneven",
-                                      hints=not args.no_hints)
-        batch_size = None
-    sampler.set_epoch(args.epoch)
-    if batch_size is None:
-        loader = DataLoader(DigestRows(args.dataset), batch_sampler=sampler.batches(), num_workers=args.workers,
-                            collate_fn=collate_rows)
-    else:
-        loader = DataLoader(DigestRows(args.dataset), batch_size=batch_size, sampler=sampler,
-                            num_workers=args.workers, collate_fn=collate_rows)
-    hints = sampler.hints_active
+    loader, epoch_rows, sampler = loader_of(args, len(digests))
+    hints = not args.no_hints if sampler is None else sampler.hints_active
     rows = bytes_read = 0
     first_batch = None
     completed = True
@@ -120,12 +190,13 @@ def main():
     first_row = (first_batch or started) - started
     seconds = time.monotonic() - (first_batch or started)
     ended_at = time.time()
-    problem = sampler.take_hint_error()
+    problem = sampler.take_hint_error() if sampler is not None else None
     if problem:
         sys.exit("hints failed: %s" % problem)
-    print(json.dumps(dict(rows=rows, epoch_rows=len(sampler), completed=completed, seconds=seconds,
+    view = getattr(sampler, "dataset_kind", None)
+    print(json.dumps(dict(rows=rows, epoch_rows=epoch_rows, completed=completed, seconds=seconds,
                           rows_per_s=rows / seconds, first_row_s=first_row, stall_s=None,
-                          bytes_read=bytes_read, hints=hints, view=sampler.dataset_kind,
+                          bytes_read=bytes_read, hints=hints, view=view,
                           started_at=started_at, ended_at=ended_at)))
 
 

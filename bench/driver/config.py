@@ -29,7 +29,7 @@ STARTUP_PARTS, QUICK_STARTUP_PARTS = 100_000, 10_000  # parts in the cache of th
 SYSTEM_NAMES = ["local", "scdlfs", "halfcache", "s3fs", "rclone", "python", "torch", "restart", "ceiling", "large"]
 # Read only when named (or by --quick): `--systems node` alone updates its own section;
 # `halfcache-aware` is the half-cache case with its next epoch in the cache-aware order.
-OPT_IN_SYSTEMS = ["node", "halfcache-aware", "hostile", "small-cache", "atlas"]
+OPT_IN_SYSTEMS = ["node", "halfcache-aware", "hostile", "small-cache", "planned", "atlas"]
 NODE = "scdlfs node"
 NODE_BEGIN, NODE_END = "<!-- node section: begin -->", "<!-- node section: end -->"
 NODE_RANKS, QUICK_NODE_RANKS = [1, 2, 4, 8], [1, 2]
@@ -46,6 +46,9 @@ LARGE_RATE_MBPS, LARGE_LATENCY_MS = 250.0, 20.0
 # A cache of a tenth of the dataset (issue 39, driver/large.py's sys_small_cache).
 SMALL_CACHE, SMALL_CACHE_SHARE = "cache 10%", 0.1
 SMALL_BEGIN, SMALL_END = "<!-- small-cache section: begin -->", "<!-- small-cache section: end -->"
+# Others' orders with and without their plans (issue 43, driver/planned.py).
+PLANNED = "any order"
+PLANNED_BEGIN, PLANNED_END = "<!-- planned section: begin -->", "<!-- planned section: end -->"
 # A hostile hint writer beside another user's cold epoch (issue 30, driver/hostile.py): a
 # dataset of HOSTILE_CHUNKS chunks of HOSTILE_CHUNK_ROWS short rows (--quick: fewer).
 HOSTILE = "hostile hint writer"

@@ -7,6 +7,7 @@ from .config import OPT_IN_SYSTEMS, SYSTEM_NAMES, TORCH_ORDERS
 from .hostile import sys_hostile
 from .large import sys_large, sys_small_cache
 from .node import sys_node
+from .planned import sys_planned
 from .restart import sys_restart, sys_startup
 from .systems import sys_local, sys_python, sys_rclone, sys_s3fs, sys_scdlfs, sys_scdlfs_half, sys_torch
 
@@ -59,6 +60,9 @@ REGISTRY = [
     System("large", windows_only, sys_large),
     # The large chunks' dataset and link with a cache of a tenth of it (issue 39).
     System("small-cache", windows_only, sys_small_cache),
+    # The large chunks' dataset and link: others' orders with and without their plans,
+    # beside the scdlfs sampler's, full cache and a tenth (issue 43).
+    System("planned", windows_only, sys_planned),
     # Its own dataset of many small chunks; the victim's cold epoch alone and beside the
     # hostile hint writer, in turns.
     System("hostile", windows_only, sys_hostile),

@@ -10,7 +10,7 @@ from .atlas import atlas_section
 from .config import (CEILING, DROPPED, HALF, HOSTILE, HOSTILE_BEGIN, HOSTILE_CHUNKS, HOSTILE_CHUNK_ROWS, HOSTILE_END,
                      HOSTILE_MEAN_VALUES, HOSTILE_RATIO_TARGET, LARGE, LARGE_CHUNKS_PER_WINDOW, LARGE_LATENCY_MS,
                      LARGE_CHUNKS, LARGE_RATE_MBPS, NODE, NODE_BEGIN, NODE_END, NODE_RANKS, NODE_SCDL,
-                     NODE_TORCH_WORKERS, ORDERS, PYTHON_LOADER_CHUNKS, QUICK_HOSTILE_CHUNKS, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN,
+                     NODE_TORCH_WORKERS, ORDERS, PLANNED, PLANNED_BEGIN, PLANNED_END, PYTHON_LOADER_CHUNKS, QUICK_HOSTILE_CHUNKS, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN,
                      RESTART_END, RESTART_FIRST, RESTART_LONG, SMALL_BEGIN, SMALL_CACHE, SMALL_CACHE_SHARE, SMALL_END,
                      STARTUP_PARTS, STARTUP_PART_SIZE, TORCH, TORCH_BEGIN, TORCH_END, TORCH_ORDERS, WARM)
 from .hostile import HOSTILE_HEAD_START_S, HOSTILE_UID, epoch_seconds, hostile_runs
@@ -526,6 +526,43 @@ def small_cache_section(rep, results):
     w("")
     w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
     w(SMALL_END)
+    return lines
+
+
+def planned_section(rep, results):
+    """Others' orders with and without their plans (issue 43, driver/planned.py), between
+    markers, so that a run of the system alone replaces it: each cold epoch against the
+    large chunks' link, beside the scdlfs sampler's order of the same shape."""
+    summary, saved = rep.summary, rep.saved
+    lines = [PLANNED_BEGIN, "## Any order with its plan", ""]
+    w = lines.append
+    w("Issue 43: the SCDL reader (bionemo-scdl) in a `DataLoader` with 2 workers (bench/torch_loader.py), every row "
+      "checked, reads the large chunks' dataset (%d chunks of about 180 MB) through its link (%.0f MB/s + %.0f ms) "
+      "on a fresh mount, cold, page cache dropped, with the full cache and with a cache of %.0f%% of the dataset. "
+      "Others' orders with their plan (`plan`: told to the mount by `scdlfs.plan_scdataset` or `scdlfs.Planned`) and "
+      "without (`no plan`: the same order unwrapped), beside the scdlfs `BlockSampler` in the same shape: "
+      "scDataset 0.3.0's `BlockShuffling(block_size=32)` (batch 64, fetch factor 16) beside blocks of 32 in fetches "
+      "of 1,024 (`blocks16`); torch's `RandomSampler` (steps of 1,024 rows) beside blocks of 1 (`random-rows`); "
+      "scDataset's `ClassBalancedSampling` (a rare type of a twentieth of the rows, in runs of 1,000). "
+      "*epoch s*: from the first batch, as in the PyTorch section (*first row s*: the DataLoader's start-up to it, "
+      "workers forked, the first fetch read); *× link*: epoch s ÷ the link limit. Measured %s on %s, medians of %d "
+      "run(s); epochs stop after %.0f s (then ~, extrapolated)." % (LARGE_CHUNKS, LARGE_RATE_MBPS, LARGE_LATENCY_MS, 100 * SMALL_CACHE_SHARE,
+                                  saved["date"], saved["host"], rep.args["runs"], rep.args["time_limit"]))
+    w("")
+    w("| cache | order | plan | epoch s | × link | fetched / dataset | first row s |")
+    w("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for (system, order), m in sorted(summary.items()):
+        if PLANNED not in system:
+            continue
+        rs = [r for r in saved["results"] if r["system"] == system and r["order"] == order]
+        w("| %s | %s | %s | %s | %s | %s | %s |" % (
+            SMALL_CACHE if SMALL_CACHE in system else "full", order, "no plan" if "no hints" in system else "plan",
+            epoch_text(m), fmt(m["epoch_s"] / rs[0]["link_s"], ".2f"),
+            fmt(m["bytes_per_row"] * rs[0]["dataset_rows"] / rs[0]["dataset_bytes"], ".2f") + "×",
+            fmt(m["first_row_s"], ".2f")))
+    w("")
+    w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
+    w(PLANNED_END)
     return lines
 
 

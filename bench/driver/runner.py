@@ -14,13 +14,15 @@ import sys
 import time
 
 from .atlas import ATLAS_BEGIN, ATLAS_END, atlas_problems, atlas_section, run_atlas
-from .config import (BUCKET, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN, RESTART_END, SMALL_BEGIN, SMALL_END,
+from .config import (BUCKET, PLANNED_BEGIN, PLANNED_END, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN,
+                     RESTART_END, SMALL_BEGIN, SMALL_END,
                      SYSTEM_NAMES, TORCH_BEGIN, TORCH_END)
 from .measure import SERVER_FILES, disk_read_ahead_kib
 from .procs import cleanup, log
 from .quick import quick_checks
 from .registry import REGISTRY
-from .report import (restart_section, results_copy, side_results, small_cache_section, splice, splice_hostile,
+from .report import (planned_section, restart_section, results_copy, side_results, small_cache_section, splice,
+                     splice_hostile,
                      torch_section,
                      write_report)
 from .servers import generate, probe, start_proxy, start_server
@@ -147,7 +149,8 @@ def main(args, command):
         return
     for alone, begin, end, section in (("torch", TORCH_BEGIN, TORCH_END, torch_section),
                                        ("restart", RESTART_BEGIN, RESTART_END, restart_section),
-                                       ("small-cache", SMALL_BEGIN, SMALL_END, small_cache_section)):
+                                       ("small-cache", SMALL_BEGIN, SMALL_END, small_cache_section),
+                                       ("planned", PLANNED_BEGIN, PLANNED_END, planned_section)):
         if systems == [alone]:
             # Run alone, a system updates only its own section of the page.
             results = side_results(args.report, alone)

@@ -78,7 +78,7 @@ def ensure_tools(args):
         run([sys.executable, "-m", "venv", boto_venv])
         run([os.path.join(boto_venv, "bin", "pip"), "install", "-q", "boto3==1.40.*"])
         args.python = os.path.join(boto_venv, "bin", "python")
-    if {"torch", "node"} & set(args.systems.split(",")):
+    if {"torch", "node", "planned"} & set(args.systems.split(",")):
         # The test venv (torch, bionemo-scdl) with the scdlfs package installed from this tree
         # (the torch system, and the node scenario's SCDL reader).
         py = os.path.join(venv, "bin", "python")

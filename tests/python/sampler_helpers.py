@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # get this sys.path) unpickle by module name.
 sys.path.append(str(REPO_ROOT / "bench"))
 
-from torch_loader import DigestRows, collate_rows  # noqa: E402
+from torch_loader import CountedRows, DigestRows, batch_rows, collate_rows, fetch_rows  # noqa: E402
 
 
 def bench_bin() -> Path:

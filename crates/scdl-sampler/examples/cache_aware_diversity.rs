@@ -74,7 +74,7 @@ fn left_by_previous_epoch(chunks: ChunkLayout, epoch: u64) -> CachedChunks {
         .steps()
         .flat_map(|step| match step {
             Step::Window { chunks } => chunks,
-            Step::Fetch { .. } => unreachable!(),
+            Step::Fetch { .. } | Step::Draws { .. } => unreachable!(),
         })
         .collect();
     let last_half = &visited[visited.len() / 2..];

@@ -11,6 +11,9 @@
 //!   random, a fetch of them read in ascending order, the fetch's rows shuffled in memory
 //!   and cut into minibatches.
 //!
+//! Either order can also draw rows by weight, or balance classes ([`RowWeights`],
+//! [`Sampler::with_row_weights`]), still reading in blocks or chunk windows.
+//!
 //! An order can visit a subset of the rows instead of all of them ([`RowSubset`]): a
 //! split by whole chunks ([`RowSubset::split_by_chunk`]) or any rows a caller lists,
 //! with windows and blocks made of the subset's rows so that reads stay local.
@@ -32,6 +35,10 @@
 //! for the daemon). The daemon prefetches those chunks or rows and may evict
 //! what no plan names. Hints are advice: without the file, or when a write fails, rows
 //! come out exactly the same, and failures wait in [`Sampler::take_hint_error`].
+//!
+//! An order computed elsewhere (torch's samplers, scDataset's strategies, a user's
+//! own) is announced the same way through [`GivenOrderHints`], by a caller that reads
+//! that order ahead of its reader and hands over its steps.
 //!
 //! ```no_run
 //! use std::num::{NonZeroU32, NonZeroU64};
@@ -57,6 +64,7 @@
 
 mod cached;
 mod epoch;
+mod given;
 mod hints;
 mod layout;
 mod order;
@@ -66,9 +74,11 @@ mod sampler;
 mod seeding;
 mod shard;
 mod subset;
+mod weights;
 
 pub use cached::CachedChunks;
 pub use epoch::{EpochCursor, EpochIter};
+pub use given::GivenOrderHints;
 pub use hints::{HintWriteError, HintWriter};
 pub use layout::{
     read_announcement, ChunkLayout, DatasetKind, DatasetLayout, LayoutError,
@@ -78,3 +88,4 @@ pub use order::{BlockOrder, ChunkWindowOrder, EpochPlan, Order, Step};
 pub use sampler::{RestrictError, Sampler, DEFAULT_HINT_LOOKAHEAD};
 pub use shard::{rank_share, worker_share, EvenShares, Shard, ShardError, ShareStep, Workers};
 pub use subset::{RowSubset, SubsetError};
+pub use weights::{RowWeights, WeightsError};

@@ -11,6 +11,7 @@ use crate::layout::{ChunkLayout, DatasetLayout};
 use crate::order::{EpochPlan, Order};
 use crate::shard::{worker_share, Shard, ShardError, ShareStep, Workers};
 use crate::subset::{RowSubset, SubsetError};
+use crate::weights::{RowWeights, WeightsError};
 
 /// Steps announced ahead of the reader unless the caller says otherwise: enough for
 /// the daemon to keep its downloads busy (at least half of them are always announced,
@@ -26,6 +27,8 @@ pub enum RestrictError {
     Subset(#[from] SubsetError),
     #[error(transparent)]
     Shard(#[from] ShardError),
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
 }
 
 #[derive(Debug)]
@@ -39,6 +42,8 @@ pub struct Sampler {
     lookahead: NonZeroUsize,
     /// Read these chunks first (a cache-aware order), if set.
     cached_first: Option<Arc<CachedChunks>>,
+    /// Draw rows by these weights (a weighted block order), if set.
+    weights: Option<Arc<RowWeights>>,
 }
 
 impl Sampler {
@@ -83,6 +88,7 @@ impl Sampler {
             hints: open_hints(&layout.dir),
             lookahead: DEFAULT_HINT_LOOKAHEAD,
             cached_first: None,
+            weights: None,
         })
     }
 
@@ -112,6 +118,17 @@ impl Sampler {
         self.cached_first = cached.map(Arc::new);
     }
 
+    /// The same order drawing its rows by `weights` (see [`RowWeights`]), with
+    /// replacement, in blocks or chunk windows as the plain order reads. A cache-aware
+    /// order set is ignored while weights are.
+    pub fn with_row_weights(self, weights: Arc<RowWeights>) -> Result<Sampler, WeightsError> {
+        weights.check_for(self.chunks.total_rows(), &self.subset)?;
+        Ok(Sampler {
+            weights: Some(weights),
+            ..self
+        })
+    }
+
     /// The chunks the next epoch reads first, if the order is cache-aware.
     pub fn cache_aware_order(&self) -> Option<&CachedChunks> {
         self.cached_first.as_deref()
@@ -128,6 +145,9 @@ impl Sampler {
     /// dataset); see [`RowSubset`] for how the orders keep their locality.
     pub fn restricted_to(self, subset: Arc<RowSubset>) -> Result<Sampler, RestrictError> {
         subset.check_within(self.chunks.total_rows())?;
+        if let Some(weights) = &self.weights {
+            weights.check_for(self.chunks.total_rows(), &subset)?;
+        }
         self.shard
             .check_step_count(self.order.step_count_over(&self.chunks, &subset))?;
         Ok(Sampler { subset, ..self })
@@ -163,11 +183,14 @@ impl Sampler {
 
     fn share(&self, epoch: u64) -> (EpochPlan, Vec<ShareStep>) {
         let subset = self.subset.clone();
-        let plan = match &self.cached_first {
-            Some(cached) => {
+        let plan = match (&self.weights, &self.cached_first) {
+            (Some(weights), _) => {
+                EpochPlan::over_weighted(self.chunks, subset, self.order, epoch, weights.clone())
+            }
+            (None, Some(cached)) => {
                 EpochPlan::over_cache_aware(self.chunks, subset, self.order, epoch, cached)
             }
-            None => EpochPlan::over(self.chunks, subset, self.order, epoch),
+            (None, None) => EpochPlan::over(self.chunks, subset, self.order, epoch),
         };
         let share = worker_share(&plan, &self.shard, &self.workers);
         (plan, share)

@@ -23,6 +23,8 @@ pub(crate) enum Stream {
     StepRows(usize),
     /// The chunks' order when a dataset is split by chunk (the same every epoch).
     Split,
+    /// The block and rows drawn by unit `position` of a weighted epoch.
+    Draw(u64),
 }
 
 pub(crate) fn rng(seed: u64, epoch: u64, stream: Stream) -> ChaCha8Rng {
@@ -34,6 +36,9 @@ pub(crate) fn rng(seed: u64, epoch: u64, stream: Stream) -> ChaCha8Rng {
         Stream::Steps => 0,
         Stream::StepRows(index) => index as u64 + 1,
         Stream::Split => u64::MAX,
+        // The upper half of the stream numbers, apart from the steps' (an epoch has
+        // fewer than 2^63 steps or units).
+        Stream::Draw(position) => (1 << 63) | position,
     });
     rng
 }

@@ -78,7 +78,7 @@ proptest! {
         let visited = |plan: &EpochPlan| -> Vec<u32> {
             plan.steps().flat_map(|s| match s {
                 Step::Window { chunks } => chunks,
-                Step::Fetch { .. } => unreachable!(),
+                Step::Fetch { .. } | Step::Draws { .. } => unreachable!(),
             }).collect()
         };
         let mut plain = visited(&EpochPlan::new(chunks, order, epoch));

@@ -19,14 +19,14 @@ fn all_rows(plan: &EpochPlan) -> Vec<u64> {
 fn window_chunks(step: &Step) -> &[u32] {
     match step {
         Step::Window { chunks } => chunks,
-        Step::Fetch { .. } => panic!("a window order made a fetch"),
+        Step::Fetch { .. } | Step::Draws { .. } => panic!("a window order made a fetch"),
     }
 }
 
 fn fetch_blocks(step: &Step) -> &[std::ops::Range<u64>] {
     match step {
         Step::Fetch { blocks } => blocks,
-        Step::Window { .. } => panic!("a block order made a window"),
+        Step::Window { .. } | Step::Draws { .. } => panic!("a block order made a window or draws"),
     }
 }
 
@@ -151,6 +151,7 @@ proptest! {
             let expected = match &step {
                 Step::Window { chunks } => vec![HintLine::Window { chunks: chunks.clone() }],
                 Step::Fetch { blocks } => vec![HintLine::Rows { ranges: blocks.clone() }],
+                Step::Draws { .. } => unreachable!("an unweighted order draws nothing"),
             };
             prop_assert_eq!(step.hint_lines(), expected);
         }

@@ -239,7 +239,7 @@ fn windows_over_a_subset_hold_only_the_chunks_it_meets() {
         .steps()
         .flat_map(|s| match s {
             Step::Window { chunks } => chunks,
-            Step::Fetch { .. } => unreachable!(),
+            Step::Fetch { .. } | Step::Draws { .. } => unreachable!(),
         })
         .collect();
     held.sort_unstable();

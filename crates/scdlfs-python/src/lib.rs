@@ -14,12 +14,15 @@ use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeWarning, PyValueError};
 use pyo3::prelude::*;
+use scdl_format::hint::HINT_FILE;
 use scdl_sampler::{
-    BlockOrder, CachedChunks, ChunkWindowOrder, DatasetLayout, EpochCursor, EvenShares, Order,
-    RowSubset, Sampler, Shard, Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
+    BlockOrder, CachedChunks, ChunkWindowOrder, DatasetLayout, EpochCursor, EvenShares,
+    GivenOrderHints, HintWriter, Order, RowSubset, RowWeights, Sampler, Shard, Workers,
+    DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
 
 create_exception!(
@@ -50,6 +53,8 @@ struct NativeSampler {
     order: Order,
     shard: Shard,
     subset: Arc<RowSubset>,
+    /// The weights rows are drawn by (a weighted block order), if any.
+    weights: Option<Arc<RowWeights>>,
     /// The chunks the epochs started from now on read first (the cache-aware order).
     cached_first: Option<CachedChunks>,
     /// Whether this sampler has warned of a hint failure ([`HintWarning`]): once.
@@ -221,6 +226,37 @@ fn shard_of(rank: i64, world_size: i64, even: &str) -> PyResult<Shard> {
     Shard::new(rank, world_size, even).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// The weights of a weighted order: `weights` as given, or one over its class's size a
+/// row for `labels`; None for neither.
+fn row_weights(
+    py: Python<'_>,
+    weights: Option<PyBuffer<f64>>,
+    labels: Option<PyBuffer<u64>>,
+) -> PyResult<Option<Arc<RowWeights>>> {
+    let weights = match (weights, labels) {
+        (Some(_), Some(_)) => {
+            return Err(PyValueError::new_err("give weights or labels, not both"))
+        }
+        (Some(weights), None) => RowWeights::new(&weights.to_vec(py)?)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?,
+        (None, Some(labels)) => RowWeights::class_balanced(&labels.to_vec(py)?),
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(Arc::new(weights)))
+}
+
+/// Warns with [`HintWarning`] that the mount did not take the hints of `whose` (a
+/// "sampler", a "plan"): an error where warnings are made errors.
+fn warn_of_hint_failure(py: Python<'_>, whose: &str, error: &str) -> PyResult<()> {
+    let message = format!(
+        "the mount did not take this {whose}'s read-ahead hints, so its prefetch may stop (rows \
+         are unaffected; take_hint_error() returns the failure): {error}"
+    );
+    let message =
+        std::ffi::CString::new(message).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    PyErr::warn(py, py.get_type::<HintWarning>().as_any(), &message, 2)
+}
+
 impl NativeSampler {
     fn build(
         dataset_dir: PathBuf,
@@ -229,6 +265,7 @@ impl NativeSampler {
         hints: bool,
         lookahead: i64,
         subset: Option<&PyRowSubset>,
+        weights: Option<Arc<RowWeights>>,
     ) -> PyResult<NativeSampler> {
         let lookahead = usize::try_from(lookahead)
             .ok()
@@ -244,9 +281,15 @@ impl NativeSampler {
             None => Arc::new(RowSubset::all(layout.chunks.total_rows())),
         };
         let unhinted = Sampler::without_hints(&layout, order, shard, Workers::single())
-            .map_err(|e| PyValueError::new_err(e.to_string()))?
-            .restricted_to(subset.clone())
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let unhinted = match &weights {
+            Some(weights) => unhinted
+                .with_row_weights(weights.clone())
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            None => unhinted,
+        }
+        .restricted_to(subset.clone())
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(NativeSampler {
             layout,
             unhinted,
@@ -256,6 +299,7 @@ impl NativeSampler {
             order,
             shard,
             subset,
+            weights,
             cached_first: None,
             warned_of_hints: false,
         })
@@ -273,7 +317,13 @@ impl NativeSampler {
             // only; the parent's plan lives on.
             self.hinted = None;
             let mut sampler = Sampler::new(&self.layout, self.order, self.shard, Workers::single())
-                .expect("the shard was checked against the order when the sampler was built")
+                .expect("the shard was checked against the order when the sampler was built");
+            if let Some(weights) = &self.weights {
+                sampler = sampler
+                    .with_row_weights(weights.clone())
+                    .expect("the weights were checked when the sampler was built");
+            }
+            let mut sampler = sampler
                 .restricted_to(self.subset.clone())
                 .expect("the subset was checked when the sampler was built")
                 .with_hint_lookahead(self.lookahead);
@@ -286,9 +336,11 @@ impl NativeSampler {
 
 #[pymethods]
 impl NativeSampler {
-    /// The chunk-window order over the dataset at `dataset_dir`.
+    /// The chunk-window order over the dataset at `dataset_dir`, drawing rows by
+    /// `weights` (one a row) or balancing the classes of `labels` (a class code a row)
+    /// if either is given.
     #[staticmethod]
-    #[pyo3(signature = (dataset_dir, *, chunks_per_window, seed, shuffle_chunks, shuffle_within_window, rank, world_size, even, hints, hint_lookahead, subset=None))]
+    #[pyo3(signature = (dataset_dir, *, chunks_per_window, seed, shuffle_chunks, shuffle_within_window, rank, world_size, even, hints, hint_lookahead, subset=None, weights=None, labels=None))]
     #[allow(clippy::too_many_arguments)]
     fn chunk_windows(
         dataset_dir: PathBuf,
@@ -302,7 +354,11 @@ impl NativeSampler {
         hints: bool,
         hint_lookahead: i64,
         subset: Option<PyRef<'_, PyRowSubset>>,
+        weights: Option<PyBuffer<f64>>,
+        labels: Option<PyBuffer<u64>>,
+        py: Python<'_>,
     ) -> PyResult<NativeSampler> {
+        let weights = row_weights(py, weights, labels)?;
         let order = Order::ChunkWindows(ChunkWindowOrder {
             seed: seed_of(seed)?,
             chunks_per_window: positive_u32("chunks_per_window", chunks_per_window)?,
@@ -317,12 +373,15 @@ impl NativeSampler {
             hints,
             hint_lookahead,
             subset.as_deref(),
+            weights,
         )
     }
 
-    /// The scDataset block order over the dataset at `dataset_dir`.
+    /// The scDataset block order over the dataset at `dataset_dir`, drawing rows by
+    /// `weights` (one a row) or balancing the classes of `labels` (a class code a row)
+    /// if either is given.
     #[staticmethod]
-    #[pyo3(signature = (dataset_dir, *, block_size, batch_size, fetch_factor, seed, rank, world_size, even, hints, hint_lookahead, subset=None))]
+    #[pyo3(signature = (dataset_dir, *, block_size, batch_size, fetch_factor, seed, rank, world_size, even, hints, hint_lookahead, subset=None, weights=None, labels=None))]
     #[allow(clippy::too_many_arguments)]
     fn blocks(
         dataset_dir: PathBuf,
@@ -336,7 +395,11 @@ impl NativeSampler {
         hints: bool,
         hint_lookahead: i64,
         subset: Option<PyRef<'_, PyRowSubset>>,
+        weights: Option<PyBuffer<f64>>,
+        labels: Option<PyBuffer<u64>>,
+        py: Python<'_>,
     ) -> PyResult<NativeSampler> {
+        let weights = row_weights(py, weights, labels)?;
         let order = Order::Blocks(BlockOrder {
             seed: seed_of(seed)?,
             block_size: positive_u64("block_size", block_size)?,
@@ -351,6 +414,7 @@ impl NativeSampler {
             hints,
             hint_lookahead,
             subset.as_deref(),
+            weights,
         )
     }
 
@@ -385,13 +449,7 @@ impl NativeSampler {
             }
             if let Some(error) = sampler.pending_hint_error() {
                 self.warned_of_hints = true;
-                let message = format!(
-                    "the mount did not take this sampler's read-ahead hints, so its prefetch may \
-                     stop (rows are unaffected; take_hint_error() returns the failure): {error}"
-                );
-                let message = std::ffi::CString::new(message)
-                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
-                PyErr::warn(py, py.get_type::<HintWarning>().as_any(), &message, 2)?;
+                warn_of_hint_failure(py, "sampler", &error)?;
             }
         }
         Ok(minibatch)
@@ -461,10 +519,124 @@ impl NativeSampler {
     }
 }
 
+/// The plan of an order given from outside (`scdlfs.Planned`, the scDataset adapter):
+/// steps handed over by the Python side as it reads the order ahead, written by
+/// [`GivenOrderHints`] through this process's own hint handle.
+#[pyclass(module = "scdlfs._native")]
+struct NativePlan {
+    dataset_dir: PathBuf,
+    /// The rows per chunk the greeting states; None when the directory has no hint
+    /// file (not on a mount) or hints are off: then nothing is ever opened.
+    chunk_rows: Option<u64>,
+    /// The hints of the process that last started a plan, by process id.
+    hints: Option<(u32, GivenOrderHints)>,
+    /// Whether this plan has warned of a hint failure ([`HintWarning`]): once.
+    warned_of_hints: bool,
+}
+
+#[pymethods]
+impl NativePlan {
+    /// A plan of the dataset at `dataset_dir`. Off a mount (no hint file) it reads
+    /// nothing of the directory: the wrapped order then costs nothing but a check.
+    #[new]
+    #[pyo3(signature = (dataset_dir, *, hints))]
+    fn new(dataset_dir: PathBuf, hints: bool) -> PyResult<NativePlan> {
+        let chunk_rows = match hints && dataset_dir.join(HINT_FILE).exists() {
+            true => Some(discover(&dataset_dir)?.chunks.chunk_size()),
+            false => None,
+        };
+        Ok(NativePlan {
+            dataset_dir,
+            chunk_rows,
+            hints: None,
+            warned_of_hints: false,
+        })
+    }
+
+    /// Starts a new plan for `epoch` in this process (opening this process's hint
+    /// handle the first time); whether the daemon is being told. A handle the mount
+    /// would not open or greet is warned of here, once.
+    fn start(&mut self, py: Python<'_>, epoch: u64) -> PyResult<bool> {
+        let Some(hints) = self.own_hints() else {
+            return Ok(false);
+        };
+        hints.start(epoch);
+        let active = hints.is_active();
+        self.warn_once(py)?;
+        Ok(active)
+    }
+
+    /// Appends `steps` (each the rows of one step) to the plan, then says the reader is
+    /// in step `reading` if given. Warns once of a hint failure met so far.
+    #[pyo3(signature = (steps, reading=None))]
+    fn advance(
+        &mut self,
+        py: Python<'_>,
+        steps: Vec<Vec<u64>>,
+        reading: Option<u64>,
+    ) -> PyResult<()> {
+        let Some(hints) = self.own_hints() else {
+            return Ok(());
+        };
+        hints.advance(&steps, reading);
+        self.warn_once(py)
+    }
+
+    /// Whether this process tells the daemon the plan (opens the hint file if this
+    /// process has not yet).
+    fn hints_active(&mut self) -> bool {
+        self.own_hints().is_some_and(|h| h.is_active())
+    }
+
+    /// The first hint failure in this process since the last call, if any.
+    fn take_hint_error(&mut self) -> Option<String> {
+        self.own_hints()?.take_error().map(|e| e.to_string())
+    }
+
+    /// Drops a hint handle inherited from the parent process (called after a fork).
+    fn forget_inherited_hints(&mut self) {
+        if matches!(&self.hints, Some((owner, _)) if *owner != std::process::id()) {
+            self.hints = None;
+        }
+    }
+}
+
+impl NativePlan {
+    /// Warns of the first hint failure met so far in this process, if this plan has not
+    /// warned yet.
+    fn warn_once(&mut self, py: Python<'_>) -> PyResult<()> {
+        let failure = self
+            .hints
+            .as_ref()
+            .and_then(|(_, hints)| hints.pending_error());
+        match failure {
+            Some(error) if !self.warned_of_hints => {
+                self.warned_of_hints = true;
+                warn_of_hint_failure(py, "plan", &error)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// This process's hints, opened on first use in it; None off a mount.
+    fn own_hints(&mut self) -> Option<&mut GivenOrderHints> {
+        let chunk_rows = self.chunk_rows?;
+        let pid = std::process::id();
+        if !matches!(&self.hints, Some((owner, _)) if *owner == pid) {
+            // Dropping an inherited writer closes this process's copy of the handle
+            // only; the parent's plan lives on.
+            let writer = HintWriter::open(&self.dataset_dir, chunk_rows);
+            self.hints = Some((pid, GivenOrderHints::new(writer)));
+        }
+        self.hints.as_mut().map(|(_, hints)| hints)
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeSampler>()?;
     m.add_class::<NativeEpoch>()?;
+    m.add_class::<NativePlan>()?;
     m.add_class::<PyRowSubset>()?;
     m.add_function(wrap_pyfunction!(split_by_chunk, m)?)?;
     m.add_function(wrap_pyfunction!(read_cached_chunks, m)?)?;

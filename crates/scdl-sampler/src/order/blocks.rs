@@ -16,6 +16,7 @@ use crate::cached::CachedChunks;
 use crate::layout::ChunkLayout;
 use crate::ranges::RangeSet;
 use crate::subset::RowSubset;
+use crate::weights::Draws;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Fetches {
@@ -114,6 +115,33 @@ impl Fetches {
         blocks
             .into_iter()
             .flat_map(|b| subset.rows_at(b * self.block_size..(b + 1) * self.block_size))
+            .collect()
+    }
+
+    /// The rows fetch `step` of a weighted order draws, unit by unit: `block_size`
+    /// each, but for the last unit of the epoch when `short` (see
+    /// [`Fetches::row_count`]).
+    pub(super) fn draw_rows(
+        &self,
+        draws: &Draws,
+        subset: &RowSubset,
+        step: usize,
+        short: bool,
+    ) -> Vec<u64> {
+        let first = step as u64 * self.blocks_per_fetch;
+        let end = (first + self.blocks_per_fetch).min(self.unit_count());
+        (first..end)
+            .flat_map(|position| {
+                let count = match short && position + 1 == self.unit_count() {
+                    true => self.rows - position * self.block_size,
+                    false => self.block_size,
+                };
+                let block_of = |anchor| {
+                    let block = subset.position_of(anchor) / self.block_size;
+                    subset.rows_at(block * self.block_size..(block + 1) * self.block_size)
+                };
+                draws.unit(subset, position, block_of, |_| count)
+            })
             .collect()
     }
 }

@@ -23,6 +23,7 @@ use crate::permutation::Permutation;
 use crate::ranges::RangeSet;
 use crate::seeding::{self, Stream};
 use crate::subset::RowSubset;
+use crate::weights::{Draws, RowWeights};
 
 /// Visit chunks a window at a time, as the original `ChunkAwareSampler` does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,10 +95,12 @@ impl Order {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Every row of these chunks (listed in the epoch's chunk order) that is in the
-    /// plan's subset.
+    /// plan's subset; in a weighted order, the rows drawn in them.
     Window { chunks: Vec<u32> },
     /// Every row of these blocks, sorted ascending (all in the plan's subset).
     Fetch { blocks: Vec<Range<u64>> },
+    /// The rows a weighted fetch drew, sorted ascending, a row drawn twice listed twice.
+    Draws { rows: Vec<u64> },
 }
 
 impl Step {
@@ -108,6 +111,10 @@ impl Step {
         match self {
             Step::Window { chunks } => HintLine::window_step(chunks),
             Step::Fetch { blocks } => HintLine::rows_step(blocks),
+            // A row drawn twice is fetched once.
+            Step::Draws { rows } => {
+                HintLine::rows_step(RowSubset::from_rows(rows.iter().copied()).ranges())
+            }
         }
     }
 }
@@ -134,6 +141,18 @@ enum Units {
         fetches: blocks::Fetches,
         /// The fetch that holds the subset's last block when it is short: every other
         /// fetch's blocks are full, so fetches count their rows without listing them.
+        short: Option<usize>,
+    },
+    /// A weighted chunk-window order's windows: units drawn, not visited.
+    DrawnWindows {
+        windows: windows::Windows,
+        draws: Draws,
+    },
+    /// A weighted block order's fetches: units drawn, not visited.
+    Draws {
+        fetches: blocks::Fetches,
+        draws: Draws,
+        /// As for [`Units::Fetches`]: the fetch whose last unit draws fewer rows.
         short: Option<usize>,
     },
 }
@@ -167,6 +186,55 @@ impl EpochPlan {
         cached: &CachedChunks,
     ) -> EpochPlan {
         EpochPlan::with_cache(chunks, subset, order, epoch, Some(cached))
+    }
+
+    /// The plan of epoch `epoch` of `order` drawing rows of `subset` by `weights` (see
+    /// [`RowWeights`]), which must fit the dataset and give the subset some weight
+    /// ([`RowWeights::check_for`]).
+    pub fn over_weighted(
+        chunks: ChunkLayout,
+        subset: Arc<RowSubset>,
+        order: Order,
+        epoch: u64,
+        weights: Arc<RowWeights>,
+    ) -> EpochPlan {
+        let draws = Draws::new(weights, &subset, order.seed(), epoch);
+        let units = match &order {
+            Order::ChunkWindows(o) => Units::DrawnWindows {
+                windows: windows::Windows::new(o, &chunks, &subset),
+                draws,
+            },
+            Order::Blocks(o) => {
+                let fetches = blocks::Fetches::new(o, &subset);
+                // The epoch's last unit draws the rows a short last block would hold.
+                let short = fetches
+                    .short_block()
+                    .map(|last| fetches.step_of_position(last));
+                Units::Draws {
+                    fetches,
+                    draws,
+                    short,
+                }
+            }
+        };
+        EpochPlan {
+            chunks,
+            // Units are drawn, not visited: the visit is never asked.
+            visit: Visit::new(0, RangeSet::default(), false, order.seed(), epoch),
+            subset,
+            order,
+            epoch,
+            units,
+        }
+    }
+
+    /// The chunk of each unit of window `step` of a weighted window order, with
+    /// repeats.
+    fn drawn_chunks(&self, windows: &windows::Windows, draws: &Draws, step: usize) -> Vec<u32> {
+        windows.chunks_of(
+            |p| windows.unit_of_row(&self.chunks, draws.anchor(&self.subset, p)),
+            step,
+        )
     }
 
     fn with_cache(
@@ -217,8 +285,8 @@ impl EpochPlan {
     /// How many steps the epoch has.
     pub fn step_count(&self) -> usize {
         match &self.units {
-            Units::Windows(w) => w.step_count(),
-            Units::Fetches { fetches, .. } => fetches.step_count(),
+            Units::Windows(w) | Units::DrawnWindows { windows: w, .. } => w.step_count(),
+            Units::Fetches { fetches, .. } | Units::Draws { fetches, .. } => fetches.step_count(),
         }
     }
 
@@ -231,6 +299,22 @@ impl EpochPlan {
             Units::Fetches { fetches, .. } => Step::Fetch {
                 blocks: fetches.rows_of(|p| self.visit.unit_at(p), &self.subset, step),
             },
+            Units::DrawnWindows { windows, draws } => {
+                // A chunk drawn twice in a window is announced once.
+                let mut chunks = self.drawn_chunks(windows, draws, step);
+                let mut seen = std::collections::HashSet::new();
+                chunks.retain(|c| seen.insert(*c));
+                Step::Window { chunks }
+            }
+            Units::Draws {
+                fetches,
+                draws,
+                short,
+            } => {
+                let mut rows = fetches.draw_rows(draws, &self.subset, step, *short == Some(step));
+                rows.sort_unstable();
+                Step::Draws { rows }
+            }
         }
     }
 
@@ -256,18 +340,33 @@ impl EpochPlan {
                     self.subset.position_of(rows.end) - self.subset.position_of(rows.start)
                 })
                 .sum(),
-            Units::Fetches { fetches, short } => fetches.row_count(step, *short == Some(step)),
+            Units::DrawnWindows { windows, draws } => self
+                .drawn_chunks(windows, draws, step)
+                .into_iter()
+                .map(|c| self.subset.intersect(self.chunks.chunk_rows(c)))
+                .map(|rows| rows.iter().map(|r| r.end - r.start).sum::<u64>())
+                .sum(),
+            Units::Fetches { fetches, short } | Units::Draws { fetches, short, .. } => {
+                fetches.row_count(step, *short == Some(step))
+            }
         }
     }
 
-    /// The rows of step `step` as contiguous ranges, in the order the step lists them.
+    /// The rows of step `step` as contiguous ranges, in the order the step lists them
+    /// (a weighted order's a row each, in the order drawn, a row drawn twice listed
+    /// twice).
     pub fn row_ranges(&self, step: usize) -> Vec<Range<u64>> {
+        if let Units::DrawnWindows { windows, draws } = &self.units {
+            let rows = windows.draw_rows(draws, &self.chunks, &self.subset, step);
+            return rows.into_iter().map(|row| row..row + 1).collect();
+        }
         match self.step(step) {
             Step::Window { chunks } => chunks
                 .iter()
                 .flat_map(|&c| self.subset.intersect(self.chunks.chunk_rows(c)))
                 .collect(),
             Step::Fetch { blocks } => blocks,
+            Step::Draws { rows } => rows.into_iter().map(|row| row..row + 1).collect(),
         }
     }
 

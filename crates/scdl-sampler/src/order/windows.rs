@@ -11,6 +11,7 @@ use crate::cached::CachedChunks;
 use crate::layout::ChunkLayout;
 use crate::ranges::RangeSet;
 use crate::subset::RowSubset;
+use crate::weights::Draws;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Windows {
@@ -60,6 +61,30 @@ impl Windows {
         let end = (first + self.per_window).min(self.unit_count());
         (first..end)
             .map(|position| self.meeting.nth(unit_at(position)) as u32)
+            .collect()
+    }
+
+    /// The unit (a chunk meeting the subset, by rank) whose chunk holds `row`.
+    pub(super) fn unit_of_row(&self, chunks: &ChunkLayout, row: u64) -> u64 {
+        self.meeting.rank(row / chunks.chunk_size())
+    }
+
+    /// The rows window `step` of a weighted order draws, unit by unit: inside the chunk
+    /// of each unit's anchor, as many as that chunk holds of the subset.
+    pub(super) fn draw_rows(
+        &self,
+        draws: &Draws,
+        chunks: &ChunkLayout,
+        subset: &RowSubset,
+        step: usize,
+    ) -> Vec<u64> {
+        let first = step as u64 * self.per_window;
+        let end = (first + self.per_window).min(self.unit_count());
+        let chunk_of =
+            |anchor| subset.intersect(chunks.chunk_rows((anchor / chunks.chunk_size()) as u32));
+        let count = |rows: &[std::ops::Range<u64>]| rows.iter().map(|r| r.end - r.start).sum();
+        (first..end)
+            .flat_map(|position| draws.unit(subset, position, chunk_of, count))
             .collect()
     }
 }

@@ -21,6 +21,10 @@ announces it holds in its disk cache, then the rest, each in the seeded order: t
 same rows, fetched once less where the cache holds them (see
 :meth:`_SCDLSampler.set_cached_chunks` for several ranks).
 
+Any other order (torch's samplers, a batch sampler, a user's own) tells the mount its
+rows the same way through :class:`Planned`, and the released scDataset's strategies
+through :func:`plan_scdataset`.
+
 A sampler visits a part of the rows with ``indices=`` (e.g. a part of
 :func:`split_by_chunk`), and resumes an interrupted epoch with
 ``load_state_dict(state_dict())``.
@@ -55,10 +59,12 @@ __all__ = [
     "Mount",
     "MountError",
     "NotADatasetError",
+    "Planned",
     "RowSubset",
     "distributed_rank_and_world_size",
     "mount",
     "open_dataset",
+    "plan_scdataset",
     "read_cached_chunks",
     "redact",
     "runtime_dir",
@@ -67,8 +73,8 @@ __all__ = [
 ]
 
 #: The names :mod:`scdlfs._samplers` defines, imported on first use: with them torch.
-_SAMPLERS = {"BatchSampler", "BlockSampler", "ChunkAwareSampler", "ChunkWindowSampler",
-             "distributed_rank_and_world_size", "split_by_chunk"}  # fmt: skip
+_SAMPLERS = {"BatchSampler", "BlockSampler", "ChunkAwareSampler", "ChunkWindowSampler", "Planned",
+             "distributed_rank_and_world_size", "plan_scdataset", "split_by_chunk"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

@@ -4,15 +4,18 @@ takes a second or more to import."""
 
 from __future__ import annotations
 
+import array
+import operator
 import os
 import sys
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import chain, islice
 from typing import Any, Literal
 
-from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, NativeSampler, RowSubset
+from scdlfs._native import DEFAULT_HINT_LOOKAHEAD, HintWarning, NativePlan, NativeSampler, RowSubset
 from scdlfs._native import read_cached_chunks
 from scdlfs._native import split_by_chunk as _split_by_chunk
 
@@ -99,9 +102,10 @@ def distributed_rank_and_world_size(
     return (found_rank if rank is None else rank, found_world if world_size is None else world_size)
 
 
-# Samplers alive in this process, so that a forked child (a DataLoader worker) drops
-# the hint handles it inherited instead of holding its parent's plans open.
-_LIVE: weakref.WeakSet[_SCDLSampler] = weakref.WeakSet()
+# Samplers and plans alive in this process (anything whose _native holds a hint
+# handle), so that a forked child (a DataLoader worker) drops the hint handles it
+# inherited instead of holding its parent's plans open.
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _forget_inherited_hints() -> None:
@@ -399,7 +403,10 @@ class _SCDLSampler(_TorchSampler):  # type: ignore[misc,valid-type]
         _LIVE.add(self)
 
     def __repr__(self) -> str:
-        settings = ", ".join(f"{k}={v!r}" for k, v in self._settings.items())
+        # A weight or label a row: their count, not the rows.
+        shown = {k: f"<{len(v)} rows>" if k in ("weights", "labels") and v is not None else repr(v)
+                 for k, v in self._settings.items()}  # fmt: skip
+        settings = ", ".join(f"{k}={v}" for k, v in shown.items())
         return f"{type(self).__name__}({self._dataset_dir!r}, {settings}, cache_aware={self._cache_aware}, epoch={self._epoch})"
 
 
@@ -488,6 +495,10 @@ class ChunkWindowSampler(_SCDLSampler):
         cache_aware: read the chunks the daemon holds first each epoch (default False:
             docs/preparing-data.md has what it does to minibatch diversity); see
             :meth:`set_epoch` and :meth:`set_cached_chunks`.
+        weights, labels: draw rows by weight (one a row, any scale), or so that every
+            class (one a row, any hashable) comes as often: each unit of the epoch draws a
+            chunk by weight and as many of its rows as it holds, by weight, with
+            replacement, so windows still read whole chunks (not with ``cache_aware``).
     """
 
     def __init__(
@@ -508,12 +519,15 @@ class ChunkWindowSampler(_SCDLSampler):
         drop_last: bool | None = None,
         indices: Indices = None,
         cache_aware: bool = False,
+        weights: Any = None,
+        labels: Any = None,
     ) -> None:
         order = dict(
             chunks_per_window=chunks_per_window,
             seed=seed,
             shuffle_chunks=shuffle if shuffle_chunks is None else shuffle_chunks,
             shuffle_within_window=shuffle if shuffle_within_window is None else shuffle_within_window,
+            **_weighting(weights, labels, cache_aware),
         )
         super().__init__(dataset, order, rank, world_size, even, hints, hint_lookahead, num_replicas, drop_last,
                          indices, cache_aware)  # fmt: skip
@@ -552,6 +566,15 @@ class BlockSampler(_SCDLSampler):
     step, and one ranged read per block), the fetch's rows shuffled and cut into
     minibatches of ``batch_size``. Ranks take whole fetches round-robin.
 
+    With ``weights`` (one a row of the dataset, any scale) or ``labels`` (one a row, any
+    hashable class), as :class:`ChunkWindowSampler` takes them, an epoch instead draws
+    as many rows as it visits, with replacement,
+    each row with a chance in proportion to its weight, or so that every class is drawn
+    as often (scDataset's ``BlockWeightedSampling`` and ``ClassBalancedSampling``): each
+    unit draws a block by weight and its rows inside the block by weight, so fetches
+    still read blocks. Seeded, sharded by rank and resumable as the plain order; not
+    with ``cache_aware``.
+
     Args: as :class:`ChunkWindowSampler` (``indices``: blocks are cut from those rows in
     ascending order), and
         block_size: rows per block (1 gives uniformly random rows).
@@ -576,8 +599,11 @@ class BlockSampler(_SCDLSampler):
         drop_last: bool | None = None,
         indices: Indices = None,
         cache_aware: bool = False,
+        weights: Any = None,
+        labels: Any = None,
     ) -> None:
-        order = dict(block_size=block_size, batch_size=batch_size, fetch_factor=fetch_factor, seed=seed)
+        order = dict(block_size=block_size, batch_size=batch_size, fetch_factor=fetch_factor, seed=seed,
+                     **_weighting(weights, labels, cache_aware))  # fmt: skip
         super().__init__(dataset, order, rank, world_size, even, hints, hint_lookahead, num_replicas, drop_last,
                          indices, cache_aware)  # fmt: skip
 
@@ -588,6 +614,38 @@ class BlockSampler(_SCDLSampler):
         """The batch-sampler form, for ``DataLoader(batch_sampler=...)``: the order's own
         minibatches of ``batch_size`` rows (a fetch's last one may be shorter)."""
         return BatchSampler(self, None, False)
+
+
+def _weighting(weights: Any, labels: Any, cache_aware: bool) -> dict[str, Any]:
+    """The native order's ``weights``/``labels`` arguments, checked."""
+    if weights is not None and labels is not None:
+        raise ValueError("give weights or labels, not both")
+    if cache_aware and (weights is not None or labels is not None):
+        raise ValueError("a weighted order draws its rows: it cannot read the cached chunks first")
+    return dict(weights=None if weights is None else _doubles(weights),
+                labels=None if labels is None else _class_codes(labels))  # fmt: skip
+
+
+def _doubles(values: Any) -> Any:
+    """``values`` as a buffer of float64 for the native order: a numpy (or torch) array
+    converted without a copy where it already is one, anything else through ``array``."""
+    if hasattr(values, "__array__"):
+        import numpy as np
+
+        return np.ascontiguousarray(values, dtype=np.float64)
+    return array.array("d", values)
+
+
+def _class_codes(labels: Any) -> Any:
+    """A class code (0, 1, …) a row for ``labels`` of any hashable class, as a buffer of
+    uint64: which rows share a class is all the order needs."""
+    if hasattr(labels, "__array__"):
+        import numpy as np
+
+        codes = np.unique(np.asarray(labels), return_inverse=True)[1].reshape(-1)
+        return np.ascontiguousarray(codes, dtype=np.uint64)
+    seen: dict[Any, int] = {}
+    return array.array("Q", (seen.setdefault(label, len(seen)) for label in labels))
 
 
 class BatchSampler:
@@ -654,3 +712,313 @@ class BatchSampler:
         if self.drop_last:
             return rows // self.batch_size
         return -(-rows // self.batch_size)
+
+
+#: Rows per step of a wrapped order unless told otherwise: a fetch of the block order's
+#: defaults (minibatches of 64, fetch factor 16), the step size the daemon's prefetch
+#: is measured with.
+DEFAULT_STEP_ROWS = 1024
+
+_END = object()
+
+
+def _is_row(item: Any) -> bool:
+    """Whether an order's item is one row index (a Sampler's) rather than a batch of them
+    (a BatchSampler's)."""
+    try:
+        operator.index(item)
+    except TypeError:
+        return False
+    return True
+
+
+class _Lookahead:
+    """Steps of an order announced a bounded number ahead of the reader, as the samplers'
+    own plans are: topped up to ``lookahead`` steps (the one being entered counted) once
+    half of them or fewer remain, each top-up written with the reader's step."""
+
+    def __init__(self, native: NativePlan, steps: Iterator[tuple[Any, list[int]]], lookahead: int) -> None:
+        self._native = native
+        self._steps = steps
+        self._lookahead = lookahead
+        self._ahead: deque[tuple[Any, list[int]]] = deque()  # announced, not yet entered
+        self._done = False
+        self._entered = 0
+
+    def enter(self) -> Any:
+        """The next step's items, once the daemon has been told of it and of the steps
+        after it and that the reader is in it; ``_END`` after the last."""
+        fresh = []
+        if not self._done and len(self._ahead) <= self._lookahead // 2:
+            while len(self._ahead) + len(fresh) < self._lookahead:
+                step = next(self._steps, None)
+                if step is None:
+                    self._done = True
+                    break
+                fresh.append(step)
+            self._ahead.extend(fresh)
+        if not self._ahead:
+            # The plan's line, if no step went with it: an empty order's plan still
+            # replaces the one of the epoch before.
+            self._native.advance([], None)
+            return _END
+        self._native.advance([rows for _, rows in fresh], self._entered)
+        self._entered += 1
+        return self._ahead.popleft()[0]
+
+
+class Planned(_TorchSampler):  # type: ignore[misc,valid-type]
+    """Any order of rows, told to an scdlfs mount ahead of its reader: wrap a torch
+    ``Sampler`` (``RandomSampler``, ``WeightedRandomSampler``, ``SubsetRandomSampler``,
+    ``DistributedSampler``, one of your own) or ``BatchSampler``, or any re-iterable of
+    row indices or of lists of them, and give the wrapper to the DataLoader in its place:
+
+        sampler = scdlfs.Planned(RandomSampler(dataset), dataset)
+        loader = DataLoader(dataset, sampler=sampler, batch_size=64, num_workers=4)
+
+    It yields exactly the wrapped order. On a mount, the process that iterates it (the
+    DataLoader's main process) reads the order ahead of what it yields, cuts it into
+    steps of ``step_rows`` consecutive rows (a batch sampler's at batch boundaries) and
+    writes them as ``rows`` steps of the hint protocol, ``lookahead_rows`` ahead, through
+    the writer the samplers use; the daemon fetches those rows before the workers read
+    them. Each process (each rank of ``torch.distributed``) writes its own plan. Off a
+    mount, or with ``hints=False``, iterating it is iterating the wrapped order.
+
+    Indices must be row indices of the dataset at ``dataset`` (the directory, or a
+    ``SingleCellMemMapDataset`` opened there). A step's rows are fetched together: a
+    longer step or lookahead asks for more of the cache. ``set_epoch`` is passed on to
+    the wrapped order (and numbers the plan).
+    """
+
+    def __init__(
+        self,
+        order: Iterable[Any],
+        dataset: Dataset,
+        lookahead_rows: int = DEFAULT_HINT_LOOKAHEAD * DEFAULT_STEP_ROWS,
+        step_rows: int = DEFAULT_STEP_ROWS,
+        hints: bool = True,
+    ) -> None:
+        if step_rows < 1:
+            raise ValueError(f"step_rows must be at least 1, got {step_rows}")
+        if lookahead_rows < 1:
+            raise ValueError(f"lookahead_rows must be at least 1, got {lookahead_rows}")
+        self.order = order
+        self.lookahead_rows = lookahead_rows
+        self.step_rows = step_rows
+        self._dataset_dir = _directory_of(dataset)
+        self._hints = hints
+        self._epoch = 0
+        self._native = NativePlan(self._dataset_dir, hints=hints)
+        _LIVE.add(self)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+        set_epoch = getattr(self.order, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def dataset_dir(self) -> str:
+        return self._dataset_dir
+
+    def __len__(self) -> int:
+        return len(self.order)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        order = iter(self.order)
+        if not self._native.start(self._epoch):
+            # Not on a mount: the wrapped order's own iterator, not one more layer.
+            return order
+        lookahead = -(-self.lookahead_rows // self.step_rows)
+        return self._planned(_Lookahead(self._native, self._steps(order), lookahead))
+
+    @staticmethod
+    def _planned(lookahead: _Lookahead) -> Iterator[Any]:
+        while (items := lookahead.enter()) is not _END:
+            yield from items
+
+    def _steps(self, order: Iterator[Any]) -> Iterator[tuple[list[Any], list[int]]]:
+        """The order cut into steps: (the items as the order gives them, their rows)."""
+        first = next(order, _END)
+        if first is _END:
+            return
+        order = chain((first,), order)
+        if _is_row(first):
+            while items := list(islice(order, self.step_rows)):
+                yield items, items
+            return
+        batches: list[Any] = []
+        rows = 0
+        for batch in order:
+            batches.append(batch)
+            rows += len(batch)
+            if rows >= self.step_rows:
+                yield batches, list(chain.from_iterable(batches))
+                batches, rows = [], 0
+        if batches:
+            yield batches, list(chain.from_iterable(batches))
+
+    @property
+    def hints_active(self) -> bool:
+        """Whether this process tells the daemon the plan (False off a mount or with
+        ``hints=False``)."""
+        return self._native.hints_active()
+
+    def take_hint_error(self) -> str | None:
+        """The first hint failure in this process since the last call (iterating warns
+        of the first one with :class:`HintWarning`)."""
+        return self._native.take_hint_error()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The native plan holds this process's hint handle: a process that unpickles
+        # the wrapper opens its own.
+        return {"order": self.order, "dataset_dir": self._dataset_dir, "lookahead_rows": self.lookahead_rows,
+                "step_rows": self.step_rows, "hints": self._hints, "epoch": self._epoch}  # fmt: skip
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.order = state["order"]
+        self._dataset_dir = state["dataset_dir"]
+        self.lookahead_rows = state["lookahead_rows"]
+        self.step_rows = state["step_rows"]
+        self._hints = state["hints"]
+        self._epoch = state["epoch"]
+        self._native = NativePlan(self._dataset_dir, hints=self._hints)
+        _LIVE.add(self)
+
+    def __repr__(self) -> str:
+        return (f"Planned({self.order!r}, {self._dataset_dir!r}, lookahead_rows={self.lookahead_rows}, "
+                f"step_rows={self.step_rows}, hints={self._hints})")  # fmt: skip
+
+
+def plan_scdataset(
+    scdataset: Any,
+    dataset: Dataset = None,
+    lookahead_rows: int = DEFAULT_HINT_LOOKAHEAD * DEFAULT_STEP_ROWS,
+    hints: bool = True,
+) -> Any:
+    """Makes an ``scdataset.scDataset`` (the released package, 0.3) tell an scdlfs mount
+    the order its strategy draws (``Streaming``, ``BlockShuffling``,
+    ``BlockWeightedSampling``, ``ClassBalancedSampling`` or your own), and returns it:
+
+        data = scdlfs.plan_scdataset(scDataset(reader, BlockShuffling(block_size=32), batch_size=64,
+                                               fetch_factor=16, fetch_callback=read_rows))
+        loader = DataLoader(data, batch_size=None, num_workers=4)
+
+    Each process that iterates it (each DataLoader worker, each rank) announces its own
+    fetches, one ``rows`` step per fetch, ``lookahead_rows`` ahead, through the writer
+    :class:`Planned` uses, and says which fetch it reads as it reads it. The package is
+    unchanged: the instance's strategy is wrapped to see the epoch's indices, and its
+    ``fetch_callback`` (or the plain ``collection[indices]``) to see each fetch. Its
+    indices must be row indices of ``dataset`` (by default the directory of the
+    scDataset's collection, e.g. a ``SingleCellMemMapDataset``). Should a fetch not be
+    the one planned (an scDataset that deals fetches otherwise than 0.3 does), that
+    process stops planning for the epoch and warns once."""
+    plan = _ScDatasetPlan(scdataset, _directory_of(scdataset.collection if dataset is None else dataset),
+                          lookahead_rows, hints)  # fmt: skip
+    scdataset.strategy = plan
+    scdataset.fetch_callback = plan.fetch
+    return scdataset
+
+
+class _ScDatasetPlan:
+    """An scDataset's strategy and fetch callback, seen by the plan: the strategy's
+    indices are cut into this process's fetches as ``scDataset.__iter__`` (0.3) deals
+    them (round-robin over ranks, then contiguous runs over DataLoader workers), and each
+    fetch read enters the next step."""
+
+    def __init__(self, owner: Any, dataset_dir: str, lookahead_rows: int, hints: bool) -> None:
+        if lookahead_rows < 1:
+            raise ValueError(f"lookahead_rows must be at least 1, got {lookahead_rows}")
+        # Weak: the scDataset holds this plan, and a cycle would keep its hint handle
+        # open until a garbage collection rather than until the scDataset goes.
+        self._owner = weakref.ref(owner)
+        self.strategy = owner.strategy
+        self.fetch_callback = owner.fetch_callback
+        self.dataset_dir = dataset_dir
+        self.lookahead_rows = lookahead_rows
+        self.hints = hints
+        self._native = NativePlan(dataset_dir, hints=hints)
+        self._lookahead: _Lookahead | None = None
+        self._warned = False
+        _LIVE.add(self)
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else scDataset asks of its strategy (get_len, _shuffle_before_yield).
+        if name.startswith("__") or "strategy" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.strategy, name)
+
+    def get_indices(self, data_collection: Any, seed: int | None = None, rng: Any = None) -> Any:
+        indices = self.strategy.get_indices(data_collection, seed=seed, rng=rng)
+        owner = self._owner()
+        self._lookahead = None
+        # scDataset counts the epoch up just before it asks for the indices.
+        if owner is not None and self._native.start(owner._epoch - 1):
+            lookahead = max(1, self.lookahead_rows // owner.fetch_size)
+            self._lookahead = _Lookahead(self._native, self._fetches(owner, indices), lookahead)
+        return indices
+
+    @staticmethod
+    def _fetches(owner: Any, indices: Any) -> Iterator[tuple[Any, list[int]]]:
+        """This process's fetches, as scDataset 0.3's ``__iter__`` deals them, sorted as
+        it reads them: (the rows as an array, as a list)."""
+        import numpy as np
+        from torch.utils.data import get_worker_info
+
+        n = len(indices)
+        size = owner.fetch_size
+        ids = list(range(owner.rank, -(-n // size), owner.world_size))
+        worker = get_worker_info()
+        if worker is not None and ids:
+            per_worker, remainder = divmod(len(ids), worker.num_workers)
+            start = worker.id * per_worker + min(worker.id, remainder)
+            ids = ids[start : start + per_worker + (worker.id < remainder)]
+        for i in ids:
+            rows = np.sort(indices[i * size : min((i + 1) * size, n)])
+            yield rows, rows.tolist()
+
+    def fetch(self, collection: Any, fetch_indices: Any) -> Any:
+        if self._lookahead is not None:
+            self._enter(fetch_indices)
+        if self.fetch_callback is not None:
+            return self.fetch_callback(collection, fetch_indices)
+        return collection[fetch_indices]
+
+    def _enter(self, fetch_indices: Any) -> None:
+        import numpy as np
+
+        planned = self._lookahead.enter()  # type: ignore[union-attr]
+        if planned is not _END and np.array_equal(planned, fetch_indices):
+            return
+        self._lookahead = None
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                "scdlfs.plan_scdataset: a fetch of this scDataset is not the one its plan foresaw (a version that "
+                "deals fetches otherwise than scdataset 0.3?); the mount is told no more of this epoch's order "
+                "(rows are unaffected)",
+                HintWarning,
+                stacklevel=3,
+            )
+
+    def take_hint_error(self) -> str | None:
+        """The first hint failure in this process since the last call."""
+        return self._native.take_hint_error()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A spawned DataLoader worker opens its own hint handle.
+        return {"owner": self._owner(), "strategy": self.strategy, "fetch_callback": self.fetch_callback,
+                "dataset_dir": self.dataset_dir, "lookahead_rows": self.lookahead_rows, "hints": self.hints}  # fmt: skip
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        owner = state.pop("owner")
+        self.__dict__.update(state)
+        self._owner = weakref.ref(owner)
+        self._native = NativePlan(self.dataset_dir, hints=self.hints)
+        self._lookahead = None
+        self._warned = False
+        _LIVE.add(self)
