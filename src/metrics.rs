@@ -75,6 +75,8 @@ macro_rules! metrics {
 
 metrics! {
     counters {
+        /// Passes of the prefetcher that panicked (each logged; prefetch goes on).
+        prefetcher_panics,
         /// Bytes received from the object store.
         bytes_fetched,
         /// Part downloads completed.

@@ -18,7 +18,7 @@ use lru::LruCache;
 use crate::parts::{GroupId, PartKey};
 
 /// What the LRU orders and eviction removes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Unit {
     Group(GroupId),
     Part(PartKey),
@@ -71,7 +71,8 @@ pub enum Recency {
 /// A unit's rank in the planners' view of the future.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum NextUse {
-    /// Needed now, by the step being read: never evicted.
+    /// Needed now, by the step being read: never evicted. The prefetcher gives it to at
+    /// most a share of the budget per user (`prefetch::Prefetcher::rank_plans`).
     Current,
     /// Read by the step just left, whose last rows a reader may still have in hand
     /// when the position moves on. Kept from everything but the room the step being
