@@ -43,7 +43,7 @@ use scdl_format::hint::{HintDecoder, HintLine};
 use crate::cache::DiskCache;
 use crate::catalog::tree::{FileNode, Listing};
 use crate::catalog::{Dataset, FileContent, Node, NodeKind, Tree};
-use crate::error::{FsError, FsResult, HintRefused};
+use crate::error::{FsError, FsResult, HintRefused, PlanRefused};
 use crate::metrics::Metrics;
 use crate::prefetch::sequential::SequentialWindow;
 use crate::prefetch::{Prefetcher, Viewer};
@@ -220,7 +220,7 @@ impl FsCore {
     }
 
     /// Opens a file for user `uid`; a hint handle counts against the hint handles one
-    /// user may hold (EMFILE beyond them).
+    /// user may hold (EBUSY beyond them).
     pub fn open_as(&self, ino: u64, uid: u32) -> FsResult<Opened> {
         let node = self.components.tree.node(ino)?;
         Ok(match &file_of(&node)?.content {
@@ -230,7 +230,7 @@ impl FsCore {
                     .budget()
                     .open_handle(uid, Instant::now())
                     .inspect_err(|refused| {
-                        self.log_refusal(uid, dataset, refused, "hint open refused with EMFILE")
+                        self.log_refusal(uid, dataset, refused, "hint open refused with EBUSY: the user holds the most hint handles one user may")
                     })?;
                 Opened {
                     handle: self.handles.open(HandleState::Hints {
@@ -546,7 +546,13 @@ impl FsCore {
     /// Counts a refused hint write of user `uid`'s, logs it (rate-limited per user),
     /// and gives the error the writer gets.
     fn refuse_hint(&self, uid: u32, dataset: &Dataset, reason: HintRefused) -> FsError {
-        self.log_refusal(uid, dataset, &reason, "hint write refused with EINVAL");
+        let what = match reason {
+            HintRefused::Plan(PlanRefused::StartsTooFast { .. }) => {
+                "hint write refused with EAGAIN: the user started plans faster than one user may"
+            }
+            _ => "hint write refused with EINVAL",
+        };
+        self.log_refusal(uid, dataset, &reason, what);
         FsError::InvalidHint(reason)
     }
 

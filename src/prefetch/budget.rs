@@ -8,10 +8,10 @@
 //! *work* ([`super::plan::Step::work`]: the chunk reads it expands to); a step, the
 //! plan of one handle and the plans of one user are each held to a bound of work
 //! ([`MAX_STEP_WORK`], [`MAX_HANDLE_WORK`], [`MAX_USER_WORK`]); a user holds at most
-//! [`MAX_HINT_HANDLES_PER_USER`] hint handles (EMFILE beyond them, since each may buffer
-//! a partial line), and starts plans (`plan` lines, each of which reopens the fetcher's
-//! opening and prefetches ahead before a byte is read) at a bounded rate. A writer over
-//! a bound gets EINVAL; the plans of other users are untouched. Refusals are counted
+//! [`MAX_HINT_HANDLES_PER_USER`] hint handles (EBUSY beyond them, since each may buffer
+//! a partial line), and starts plans (`plan` lines, each of which prefetches ahead
+//! before a byte is read) at a bounded rate (EAGAIN beyond it). A writer over a bound of
+//! work gets EINVAL; the plans of other users are untouched. Refusals are counted
 //! per user for `status`, and logged at most once per [`REFUSAL_LOG_INTERVAL`] per user,
 //! so a writer cannot fill the journal either.
 
