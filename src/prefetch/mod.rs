@@ -294,7 +294,7 @@ impl Prefetcher {
                 Some(0)
             }
         };
-        if new_epoch {
+        if new_epoch && self.budget.may_open(uid, Instant::now()) {
             self.fetcher.begin_opening();
         }
         let said_reading = lines.iter().rev().find_map(|line| match line {
