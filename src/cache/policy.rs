@@ -151,6 +151,9 @@ pub struct Policy {
     /// meanwhile, and those not resident yet hold a group slot.
     incoming_groups: HashMap<GroupId, u32>,
     pins: HashMap<PartKey, u32>,
+    /// Moves whenever a part joins or leaves the books: what was derived from them at
+    /// one generation (an announcement of the chunks held) holds until it moves.
+    generation: u64,
 }
 
 impl Policy {
@@ -165,7 +168,12 @@ impl Policy {
             groups_resident: 0,
             incoming_groups: HashMap::new(),
             pins: HashMap::new(),
+            generation: 0,
         }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     pub fn used_bytes(&self) -> u64 {
@@ -382,6 +390,7 @@ impl Policy {
             return false;
         }
         self.used_bytes += reservation.bytes;
+        self.generation += 1;
         self.parts.insert(
             key,
             PartState {
@@ -414,6 +423,7 @@ impl Policy {
             return false;
         }
         self.used_bytes += bytes;
+        self.generation += 1;
         self.parts.insert(key, PartState { bytes, unit });
         if new_unit && matches!(unit, Unit::Group(_)) {
             self.groups_resident += 1;
@@ -444,6 +454,7 @@ impl Policy {
             return;
         };
         self.used_bytes -= part.bytes;
+        self.generation += 1;
         let pins = self.pins.remove(&key).unwrap_or(0);
         let Some(unit) = self.units.peek_mut(&part.unit) else {
             return;
@@ -478,6 +489,7 @@ impl Policy {
             if let Some(part) = self.parts.remove(&key) {
                 state.bytes -= part.bytes;
                 self.used_bytes -= part.bytes;
+                self.generation += 1;
                 freed += part.bytes;
             }
             evicted.push(key);
@@ -496,6 +508,7 @@ impl Policy {
         for key in &state.parts {
             if let Some(part) = self.parts.remove(key) {
                 self.used_bytes -= part.bytes;
+                self.generation += 1;
             }
         }
         state.parts

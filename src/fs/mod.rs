@@ -112,6 +112,7 @@ pub struct FsCore {
     deadline: Duration,
     /// The daemon's own user, who sees every plan in the status as root does.
     mounting_uid: u32,
+    announcements: announce::Announcements,
 }
 
 /// Who owns the mount's files and what their modes allow. The kernel enforces the
@@ -153,6 +154,7 @@ impl FsCore {
             ownership,
             deadline,
             mounting_uid: rustix::process::getuid().as_raw(),
+            announcements: announce::Announcements::default(),
         }
     }
 
@@ -332,11 +334,11 @@ impl FsCore {
     /// asks past the size the file shows, which is that of an empty cache.
     fn read_announcement(&self, handle: u64, dataset: &Dataset, offset: u64, size: u32) -> Vec<u8> {
         let make = || {
-            announce::announce(
-                dataset,
-                &self.components.cache,
-                self.components.read_path.part_size(),
-            )
+            let cache = &self.components.cache;
+            self.announcements.get(dataset, cache.generation(), || {
+                Metrics::add(&self.components.metrics.announcements_made, 1);
+                announce::announce(dataset, cache, self.components.read_path.part_size())
+            })
         };
         let announced = match self.handles.get(handle) {
             Some(state) => match &mut *state.lock() {
