@@ -7,9 +7,10 @@
 //!
 //! The rules: the directory belongs to this process's user and no group or other user
 //! may write it; every directory above it belongs to root or to this user, and one
-//! that other users may write carries the sticky bit (as `/tmp` does: there nobody
-//! but its owner can rename or remove an entry). Group-writable directories above it
-//! are allowed: a user's own group is commonly such.
+//! that its group or other users may write carries the sticky bit (as `/tmp` does:
+//! there nobody but its owner can rename or remove an entry). A group-writable one was
+//! allowed, and let every member of the group rename the cache away and put one of
+//! their own, with their own part files and CRCs, in its place under a root daemon.
 //!
 //! [`prepare`] is the one gate: `mount::assemble` passes every mount's cache directory
 //! through it before the cache opens it (the CLI, the daemon's re-exec, Python's
@@ -21,7 +22,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 const GROUP_OR_OTHER_WRITE: u32 = 0o022;
-const OTHER_WRITE: u32 = 0o002;
+const GROUP_WRITE: u32 = 0o020;
 const STICKY: u32 = 0o1000;
 
 /// Makes `dir` (private to this user) if it does not exist, then [`check`]s it.
@@ -79,11 +80,12 @@ pub fn check(dir: &Path) -> Result<(), UntrustedCacheDir> {
                 owner: meta.uid(),
             });
         }
-        if meta.mode() & OTHER_WRITE != 0 && meta.mode() & STICKY == 0 {
-            return Err(UntrustedCacheDir::BelowWorldWritableDir {
-                dir: dir.to_owned(),
-                above: above.to_owned(),
-                mode: meta.mode() & 0o7777,
+        if meta.mode() & GROUP_OR_OTHER_WRITE != 0 && meta.mode() & STICKY == 0 {
+            let (dir, above, mode) = (dir.to_owned(), above.to_owned(), meta.mode() & 0o7777);
+            return Err(if mode & GROUP_OR_OTHER_WRITE == GROUP_WRITE {
+                UntrustedCacheDir::BelowGroupWritableDir { dir, above, mode }
+            } else {
+                UntrustedCacheDir::BelowWorldWritableDir { dir, above, mode }
             });
         }
     }
@@ -130,6 +132,18 @@ pub enum UntrustedCacheDir {
         above.display()
     )]
     BelowWorldWritableDir {
+        dir: PathBuf,
+        above: PathBuf,
+        mode: u32,
+    },
+    #[error(
+        "cache directory {} is below {}, which is writable by its group (mode {mode:o}, not \
+         sticky): any member could replace the cache directory; use another place, or \
+         chmod g-w or +t it",
+        dir.display(),
+        above.display()
+    )]
+    BelowGroupWritableDir {
         dir: PathBuf,
         above: PathBuf,
         mode: u32,

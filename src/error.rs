@@ -36,8 +36,10 @@ pub enum FsError {
     Busy(String),
     #[error("object store request for {key} failed: {message}")]
     Store { key: String, message: String },
-    #[error("{key} changed in the store since it was listed (ETag {pinned} no longer matches); unmount and mount again to see the new version")]
+    #[error("{key} changed in the store since it was listed ({pinned} no longer matches); unmount and mount again to see the new version")]
     ObjectChanged { key: String, pinned: String },
+    #[error("{key}: the store's answer has no ETag to tie it to the bytes held from an earlier answer; not joined")]
+    VersionUnconfirmed { key: String },
     #[error("{key} returned {got} bytes for a range of {expected}: truncated or changed object")]
     ShortRead {
         key: String,

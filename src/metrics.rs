@@ -75,6 +75,8 @@ macro_rules! metrics {
 
 metrics! {
     counters {
+        /// Passes of the prefetcher that panicked (each logged; prefetch goes on).
+        prefetcher_panics,
         /// Bytes received from the object store.
         bytes_fetched,
         /// Part downloads completed.
@@ -97,6 +99,8 @@ metrics! {
         spool_failure_reads,
         /// Part downloads that failed after retries.
         fetch_errors,
+        /// Announcements of the chunks cached made for hint handles' reads: at most one per dataset and change of the cache, however many handles read them.
+        announcements_made,
         /// Reads answered by the FUSE layer.
         reads,
         /// Bytes returned to readers.

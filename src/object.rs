@@ -14,7 +14,7 @@ use std::ops::Range;
 use std::time::SystemTime;
 
 use object_store::path::Path as ObjectPath;
-use object_store::{GetOptions, GetRange, GetResult, ObjectStore};
+use object_store::{GetOptions, GetRange, GetResult, ObjectMeta, ObjectStore};
 
 use crate::error::{FsError, FsResult};
 use crate::parts::{GroupId, ObjectId};
@@ -58,7 +58,12 @@ pub fn canonical_etag(tag: &str) -> String {
 
 /// A GET of `range` (the whole object with `None`) of the pinned version of `object`:
 /// refused with [`FsError::ObjectChanged`] if the store holds another version now,
-/// whether it says so (412) or answers with another ETag.
+/// whether it says so (412) or answers with another ETag; where the pin or the answer
+/// has no ETag (a store without them, an HTTP server that ignores `If-Match` and sends
+/// none on a 206), if the answer's modification time or object size differ from the
+/// listed ones. Such an answer is a version by its time alone, which two writes within
+/// one second can share: [`pinned_by_etag`] tells the two apart, and bytes of two
+/// answers are joined only if both are pinned by their ETag.
 pub async fn pinned_get(
     store: &dyn ObjectStore,
     object: &ObjectInfo,
@@ -72,7 +77,14 @@ pub async fn pinned_get(
     };
     let changed = || FsError::ObjectChanged {
         key: key.to_owned(),
-        pinned: object.etag.clone().unwrap_or_default(),
+        pinned: match &object.etag {
+            Some(etag) => format!("ETag {etag}"),
+            None => format!(
+                "{} bytes modified at {}",
+                object.size,
+                humantime::format_rfc3339_nanos(object.mtime)
+            ),
+        },
     };
     let result = store
         .get_opts(&object.key, options)
@@ -81,12 +93,33 @@ pub async fn pinned_get(
             object_store::Error::Precondition { .. } => changed(),
             other => FsError::store(key, &other),
         })?;
-    if let (Some(pinned), Some(now)) = (&object.etag, &result.meta.e_tag) {
-        if *pinned != canonical_etag(now) {
-            return Err(changed());
-        }
+    let answer = &result.meta;
+    let same = match (&object.etag, &answer.e_tag) {
+        (Some(pinned), Some(now)) => *pinned == canonical_etag(now),
+        _ => answer.size == object.size && same_time(answer.last_modified.into(), object.mtime),
+    };
+    if !same {
+        return Err(changed());
     }
     Ok(result)
+}
+
+/// Whether an answer of [`pinned_get`] is tied to the pinned version by its ETag, not by
+/// its modification time alone.
+pub fn pinned_by_etag(object: &ObjectInfo, answer: &ObjectMeta) -> bool {
+    object.etag.is_some() && answer.e_tag.is_some()
+}
+
+/// Whether two modification times are the same, at the coarser precision of the two:
+/// an HTTP `Last-Modified` has whole seconds, an S3 listing's milliseconds.
+fn same_time(a: SystemTime, b: SystemTime) -> bool {
+    let since_epoch = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let (a, b) = (since_epoch(a), since_epoch(b));
+    if a.subsec_nanos() == 0 || b.subsec_nanos() == 0 {
+        a.as_secs() == b.as_secs()
+    } else {
+        a == b
+    }
 }
 
 #[cfg(test)]
@@ -146,6 +179,50 @@ mod tests {
             match pinned_get(store.as_ref(), &object, range).await {
                 Err(FsError::ObjectChanged { key, .. }) => assert_eq!(key, "ds/header.sch"),
                 other => panic!("a rewritten object must be refused, got {other:?}"),
+            }
+        }
+    }
+
+    /// A store that ignores `If-Match` and answers without an ETag.
+    #[derive(Debug)]
+    struct NoEtags;
+
+    #[async_trait::async_trait]
+    impl crate::store::wrapper::StoreHook for NoEtags {
+        async fn get(
+            &self,
+            mut request: crate::store::wrapper::GetRequest<'_>,
+        ) -> object_store::Result<GetResult> {
+            request.options.if_match = None;
+            let mut result = request.send().await?;
+            result.meta.e_tag = None;
+            Ok(result)
+        }
+    }
+
+    /// Where the answer has no ETag, the version is its modification time and size: a
+    /// rewritten object is refused even by a store that ignores `If-Match`.
+    #[tokio::test]
+    async fn an_answer_without_an_etag_is_pinned_by_its_modification_time_and_size() {
+        let memory = Arc::new(InMemory::new());
+        let key = ObjectPath::from("ds/header.sch");
+        memory
+            .put(&key, PutPayload::from(Bytes::from_static(b"first")))
+            .await
+            .unwrap();
+        let object = pinned(&memory, "ds/header.sch").await;
+        let store = crate::store::wrapper::HookedStore::new(memory.clone(), NoEtags);
+        let whole = pinned_get(&store, &object, None).await.unwrap();
+        assert_eq!(whole.bytes().await.unwrap().as_ref(), b"first");
+        for later in [&b"later"[..], b"longer"] {
+            memory
+                .put(&key, PutPayload::from(Bytes::copy_from_slice(later)))
+                .await
+                .unwrap();
+            match pinned_get(&store, &object, Some(0..2)).await {
+                Err(FsError::ObjectChanged { .. }) => {}
+                Ok(_) => panic!("{later:?}: another version's bytes were accepted"),
+                Err(other) => panic!("{later:?}: not the changed object's error: {other:?}"),
             }
         }
     }

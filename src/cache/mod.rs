@@ -348,6 +348,12 @@ impl DiskCache {
         self.inner.lock().policy.contains(key)
     }
 
+    /// Moves whenever a part joins or leaves the books ([`DiskCache::wholly_resident`]
+    /// gives the same answer while it stays).
+    pub fn generation(&self) -> u64 {
+        self.inner.lock().policy.generation()
+    }
+
     /// Which of `units` (each the parts of one unit, say an SCDL chunk's three arrays)
     /// are wholly resident, under one look at the books: no I/O, no use counted, and
     /// an earlier mount's files not yet adopted do not count.

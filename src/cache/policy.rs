@@ -18,7 +18,7 @@ use lru::LruCache;
 use crate::parts::{GroupId, PartKey};
 
 /// What the LRU orders and eviction removes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Unit {
     Group(GroupId),
     Part(PartKey),
@@ -71,7 +71,8 @@ pub enum Recency {
 /// A unit's rank in the planners' view of the future.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum NextUse {
-    /// Needed now, by the step being read: never evicted.
+    /// Needed now, by the step being read: never evicted. The prefetcher gives it to at
+    /// most a share of the budget per user (`prefetch::Prefetcher::rank_plans`).
     Current,
     /// Read by the step just left, whose last rows a reader may still have in hand
     /// when the position moves on. Kept from everything but the room the step being
@@ -150,6 +151,9 @@ pub struct Policy {
     /// meanwhile, and those not resident yet hold a group slot.
     incoming_groups: HashMap<GroupId, u32>,
     pins: HashMap<PartKey, u32>,
+    /// Moves whenever a part joins or leaves the books: what was derived from them at
+    /// one generation (an announcement of the chunks held) holds until it moves.
+    generation: u64,
 }
 
 impl Policy {
@@ -164,7 +168,12 @@ impl Policy {
             groups_resident: 0,
             incoming_groups: HashMap::new(),
             pins: HashMap::new(),
+            generation: 0,
         }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     pub fn used_bytes(&self) -> u64 {
@@ -381,6 +390,7 @@ impl Policy {
             return false;
         }
         self.used_bytes += reservation.bytes;
+        self.generation += 1;
         self.parts.insert(
             key,
             PartState {
@@ -413,6 +423,7 @@ impl Policy {
             return false;
         }
         self.used_bytes += bytes;
+        self.generation += 1;
         self.parts.insert(key, PartState { bytes, unit });
         if new_unit && matches!(unit, Unit::Group(_)) {
             self.groups_resident += 1;
@@ -443,6 +454,7 @@ impl Policy {
             return;
         };
         self.used_bytes -= part.bytes;
+        self.generation += 1;
         let pins = self.pins.remove(&key).unwrap_or(0);
         let Some(unit) = self.units.peek_mut(&part.unit) else {
             return;
@@ -477,6 +489,7 @@ impl Policy {
             if let Some(part) = self.parts.remove(&key) {
                 state.bytes -= part.bytes;
                 self.used_bytes -= part.bytes;
+                self.generation += 1;
                 freed += part.bytes;
             }
             evicted.push(key);
@@ -495,6 +508,7 @@ impl Policy {
         for key in &state.parts {
             if let Some(part) = self.parts.remove(key) {
                 self.used_bytes -= part.bytes;
+                self.generation += 1;
             }
         }
         state.parts

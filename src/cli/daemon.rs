@@ -38,16 +38,10 @@ pub fn spawn_and_wait(
         .open(log_file)
         .with_context(|| format!("cannot open log file {}", log_file.display()))?;
     let exe = std::env::current_exe().map_err(anyhow::Error::msg)?;
-    let mut rest: Vec<OsString> = std::env::args_os().skip(2).collect();
-    if let Some(at) = rest.iter().position(|arg| arg.as_os_str() == source_arg) {
-        rest[at] = format!("{SOURCE_FROM_ENVIRONMENT}{SOURCE_VAR}").into();
-    }
+    let argv: Vec<OsString> = std::env::args_os().collect();
     let mut command = Command::new(exe);
     command
-        // The flag goes right after the subcommand, so a user's `--` stays last.
-        .args(std::env::args_os().skip(1).take(1))
-        .arg("--foreground")
-        .args(rest)
+        .args(child_arguments(&argv, source_arg))
         .env(SOURCE_VAR, source)
         // A detached daemon is not the process a service manager watches.
         .env_remove("NOTIFY_SOCKET")
@@ -96,6 +90,34 @@ pub fn spawn_and_wait(
     }
 }
 
+/// The daemon's command line: this one's after the program, `--foreground` right after
+/// the subcommand (so a user's `--` stays last), and SOURCE as `env:SCDLFS_SOURCE`. The
+/// argument swapped is the one the parser takes as SOURCE: the same text can be another
+/// flag's value before it (`--cache-dir /d /d /mnt`), and swapping that one left the
+/// source on the daemon's command line.
+fn child_arguments(argv: &[OsString], source_arg: &str) -> Vec<OsString> {
+    let from_environment = format!("{SOURCE_FROM_ENVIRONMENT}{SOURCE_VAR}");
+    let mut swapped = argv.to_vec();
+    let at = (2..argv.len())
+        .filter(|&at| argv[at].as_os_str() == source_arg)
+        .find(|&at| {
+            swapped[at] = from_environment.clone().into();
+            let takes_it = matches!(
+                super::parse_from(swapped.iter().cloned()),
+                Ok(super::Cli { command: super::Command::Mount(args), .. })
+                    if args.source == from_environment
+            );
+            swapped[at] = argv[at].clone();
+            takes_it
+        });
+    if let Some(at) = at {
+        swapped[at] = from_environment.into();
+    }
+    let mut child = swapped.split_off(1);
+    child.insert(1, "--foreground".into());
+    child
+}
+
 /// In the daemon: reports the mount's fate to the waiting parent, if there is one.
 pub fn report(message: &str) {
     let Some(value) = std::env::var_os(READY_FD_VAR) else {
@@ -141,4 +163,45 @@ fn inherited_pipe(fd: i32) -> Option<std::fs::File> {
     // SAFETY: an open pipe's write end that the parent passed for this one report;
     // the variable is gone, so nothing takes it again.
     (is_fifo && writable).then(|| unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arguments(argv: &[&str]) -> Vec<String> {
+        let argv: Vec<OsString> = argv.iter().map(OsString::from).collect();
+        child_arguments(&argv, "/d")
+            .into_iter()
+            .map(|arg| arg.into_string().unwrap())
+            .collect()
+    }
+
+    /// The argument swapped for the environment is SOURCE, not an earlier flag's value
+    /// that reads the same.
+    #[test]
+    fn the_source_leaves_the_command_line_even_where_a_flag_has_its_text() {
+        assert_eq!(
+            arguments(&["scdlfs", "mount", "--cache-dir", "/d", "/d", "/mnt"]),
+            [
+                "mount",
+                "--foreground",
+                "--cache-dir",
+                "/d",
+                "env:SCDLFS_SOURCE",
+                "/mnt"
+            ]
+        );
+        assert_eq!(
+            arguments(&["scdlfs", "mount", "/d", "/mnt", "--cache-dir", "/d"]),
+            [
+                "mount",
+                "--foreground",
+                "env:SCDLFS_SOURCE",
+                "/mnt",
+                "--cache-dir",
+                "/d"
+            ]
+        );
+    }
 }

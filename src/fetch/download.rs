@@ -19,7 +19,7 @@ use crate::cache::spool::Spool;
 use crate::cache::{Admission, PartOrigin};
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
-use crate::object::{pinned_get, ObjectInfo};
+use crate::object::{pinned_by_etag, pinned_get, ObjectInfo};
 use crate::parts::PartKey;
 
 /// Where a downloaded body went.
@@ -353,12 +353,16 @@ impl Fetcher {
     /// download then asks the store for the rest only. The kernel's read-around across
     /// a window's chunk edges fetched those bytes of a neighbour chunk; when that chunk's
     /// own window comes, they would otherwise cross the link a second time.
+    ///
+    /// Only an edge pinned by its ETag: the download's own answer must be too
+    /// ([`Fetcher::receive_from_store`]), or two versions of a rewritten object that
+    /// share a modification time could make one part.
     fn held_edge(&self, key: PartKey, part_len: u64) -> Option<(u64, Bytes)> {
         let edges = self.edges.lock();
-        let (offset, bytes) = edges.peek(&key)?;
-        let len = bytes.len() as u64;
-        let at_an_end = *offset == 0 || offset + len == part_len;
-        (at_an_end && len > 0 && len < part_len).then(|| (*offset, bytes.clone()))
+        let edge = edges.peek(&key).filter(|edge| edge.joinable)?;
+        let len = edge.bytes.len() as u64;
+        let at_an_end = edge.offset == 0 || edge.offset + len == part_len;
+        (at_an_end && len > 0 && len < part_len).then(|| (edge.offset, edge.bytes.clone()))
     }
 
     /// Receives bytes `range` of the object into `arriving`: those of the `held` edge
@@ -383,7 +387,8 @@ impl Fetcher {
         if let Some(bytes) = before {
             arriving.push(bytes.clone()).await?;
         }
-        self.receive_from_store(object, request, arriving).await?;
+        self.receive_from_store(object, request, held.is_some(), arriving)
+            .await?;
         if let Some(bytes) = after {
             arriving.push(bytes.clone()).await?;
         }
@@ -391,16 +396,23 @@ impl Fetcher {
     }
 
     /// Appends bytes `range` of the object, from the store, to `arriving`: exactly
-    /// `range`'s length or an error.
+    /// `range`'s length or an error. `joined`: the part holds an edge's bytes too, so
+    /// the answer must be pinned by its ETag as the edge's was.
     async fn receive_from_store(
         &self,
         object: &ObjectInfo,
         range: Range<u64>,
+        joined: bool,
         arriving: &Arriving,
     ) -> FsResult<()> {
         let key = object.key.as_ref();
         let expected = range.end - range.start;
         let result = pinned_get(self.store.as_ref(), object, Some(range)).await?;
+        if joined && !pinned_by_etag(object, &result.meta) {
+            return Err(FsError::VersionUnconfirmed {
+                key: key.to_owned(),
+            });
+        }
         let mut received = 0;
         if matches!(result.payload, GetResultPayload::File(..)) {
             let bytes = result.bytes().await.map_err(|e| FsError::store(key, &e))?;

@@ -1,16 +1,29 @@
 //! Edges: the few bytes of a part beyond a chunk's end that the kernel's read-around
 //! asks for, fetched on their own and kept in memory (at most [`EDGES_KEPT`]) instead
-//! of downloading their whole part.
+//! of downloading their whole part. An edge takes a download slot, then its memory if
+//! the budget has room now (else it is dropped: it is advice), the order a download
+//! takes them in; and it counts as a download in flight.
 
 use std::ops::Range;
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use super::permits::Urgency;
 use super::Fetcher;
-use crate::error::FsError;
+use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
-use crate::object::{pinned_get, ObjectInfo};
+use crate::object::{pinned_by_etag, pinned_get, ObjectInfo};
 use crate::parts::PartKey;
+
+/// An edge held in memory: the bytes from `offset` in its part on, and whether its
+/// answer was pinned by its ETag (only such an edge is joined with another answer into
+/// its part: [`crate::object::pinned_by_etag`]).
+pub(super) struct HeldEdge {
+    pub(super) offset: u64,
+    pub(super) bytes: Bytes,
+    pub(super) joinable: bool,
+}
 
 /// An edge being fetched: which bytes of its part, and whether its request is on the
 /// wire (`true`), a watch whose sender is dropped when the edge ends.
@@ -83,9 +96,6 @@ impl Fetcher {
         if downloading.is_some() && !urgency.is_demand() {
             return;
         }
-        let Some(memory) = self.memory.try_reserve(range.end - range.start) else {
-            return;
-        };
         let (on_the_wire, watched) = tokio::sync::watch::channel(false);
         match self.edges_in_flight.lock().entry(key) {
             std::collections::hash_map::Entry::Occupied(_) => return,
@@ -112,23 +122,35 @@ impl Fetcher {
         };
         self.runtime.spawn(async move {
             let _permit = slot.granted().await;
-            leave.on_the_wire.send_replace(true);
             let len = range.end - range.start;
+            // Memory after the slot, as a download takes them: an edge that held memory
+            // while it queued for a slot could starve the downloads that held the slots
+            // and waited for memory, and with them every reader, until its deadline.
+            let Some(memory) = this.memory.try_reserve(len) else {
+                return;
+            };
+            leave.on_the_wire.send_replace(true);
             // Counted as sent, so that the store's count of requests can be accounted.
             Metrics::add(&this.metrics.edges_fetched, 1);
             let read = tokio::time::timeout(this.read_timeout, async {
                 let result = pinned_get(this.store.as_ref(), &object, Some(range)).await?;
-                result
+                let joinable = pinned_by_etag(&object, &result.meta);
+                let bytes = result
                     .bytes()
                     .await
-                    .map_err(|e| FsError::store(object.key.as_ref(), &e))
+                    .map_err(|e| FsError::store(object.key.as_ref(), &e))?;
+                FsResult::Ok((bytes, joinable))
             })
             .await;
             match read {
-                Ok(Ok(bytes)) if bytes.len() as u64 == len => {
+                Ok(Ok((bytes, joinable))) if bytes.len() as u64 == len => {
                     Metrics::add(&this.metrics.bytes_fetched, len);
-                    let bytes = memory.hold(bytes);
-                    this.edges.lock().put(key, (within.start, bytes));
+                    let edge = HeldEdge {
+                        offset: within.start,
+                        bytes: memory.hold(bytes),
+                        joinable,
+                    };
+                    this.edges.lock().put(key, edge);
                 }
                 // An edge is advice: a reader that needs the bytes fetches their part.
                 Ok(Ok(_)) | Ok(Err(_)) | Err(_) => {

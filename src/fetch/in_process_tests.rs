@@ -1229,3 +1229,90 @@ async fn a_reader_of_a_planned_range_queued_behind_a_full_wire_sends_it_at_once(
     );
     settle_planned(&bench.fetcher).await;
 }
+
+/// An edge waiting for a download slot holds none of the fetcher's memory: it takes
+/// its bytes once it has its slot, as a download does (slot, then memory). Edges that
+/// took memory and then waited for a slot, beside downloads that held every slot and
+/// waited for memory, held each other up until a reader's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_waiting_for_a_slot_holds_no_memory() {
+    let (bench, gate) = bench(4, |s| Arc::new(HookedStore::new(s, Gate::default()))).await;
+    let bench = Arc::new(bench);
+    // Three prefetches hold the slots prefetches may take, their memory reserved.
+    for index in 0..3 {
+        assert!(bench.fetcher.prefetch(&bench.object, index));
+    }
+    while gate.hook().order.lock().len() < 3 {
+        tokio::task::yield_now().await;
+    }
+    let held = bench.fetcher.memory.held();
+    bench.fetcher.prefetch_edge(&bench.object, 3100..3200);
+    bench.fetcher.prefetch_edge(&bench.object, 4100..4200);
+    assert_eq!(
+        bench.fetcher.memory.held(),
+        held,
+        "edges queued for a slot hold memory"
+    );
+    gate.hook().open.add_permits(8);
+    settle_edges(&bench.fetcher).await;
+    settle(&bench.fetcher).await;
+    assert_eq!(bench.fetcher.metrics.snapshot().edges_fetched, 2);
+    assert_eq!(
+        read_within(&bench, 3, 100..200).await.unwrap(),
+        expected_within(3, 100..200)
+    );
+}
+
+/// A store that ignores `If-Match` and answers without an ETag (some HTTP servers on
+/// a 206).
+#[derive(Debug)]
+struct NoEtags;
+
+#[async_trait::async_trait]
+impl StoreHook for NoEtags {
+    async fn get(
+        &self,
+        mut request: crate::store::wrapper::GetRequest<'_>,
+    ) -> object_store::Result<object_store::GetResult> {
+        request.options.if_match = None;
+        let mut result = request.send().await?;
+        result.meta.e_tag = None;
+        Ok(result)
+    }
+}
+
+/// Two answers that no ETag ties to one version are never joined into one part: an
+/// edge held from before the object was rewritten (same size) is not reused by its
+/// part's download, which gets either the pinned version's bytes or an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_without_an_etag_are_never_joined_into_one_part() {
+    let (bench, store) = bench(4, |s| Arc::new(HookedStore::new(s, NoEtags))).await;
+    let listed = store.head(&bench.object.key).await.unwrap();
+    let object = Arc::new(ObjectInfo {
+        id: ObjectId(1),
+        key: listed.location,
+        size: listed.size,
+        etag: bench.object.etag.clone(),
+        mtime: listed.last_modified.into(),
+        group: None,
+    });
+    bench.fetcher.prefetch_edge(&object, 2000..2200);
+    settle_edges(&bench.fetcher).await;
+    assert_eq!(bench.fetcher.metrics.snapshot().edges_fetched, 1);
+    let rewritten: Vec<u8> = content().iter().map(|b| !b).collect();
+    store
+        .put(&object.key, PutPayload::from(rewritten))
+        .await
+        .unwrap();
+    let read = async {
+        let part = bench.fetcher.part(&object, 2).await?;
+        let mut out = vec![0; PART as usize];
+        part.copy_to(&mut out, 0)?;
+        FsResult::Ok(out)
+    };
+    match read.await {
+        Ok(bytes) => assert!(bytes == expected(2), "a part of two versions was served"),
+        Err(FsError::ObjectChanged { .. }) => {}
+        Err(other) => panic!("not the changed object's error: {other:?}"),
+    }
+}

@@ -158,7 +158,7 @@ pub struct Fetcher {
     /// Small ranges of parts fetched on their own ([`Fetcher::prefetch_edge`]), by part:
     /// the bytes from the offset in the part on. Bounded in count ([`EDGES_KEPT`]), and
     /// each held against the memory budget.
-    edges: Mutex<lru::LruCache<PartKey, (u64, Bytes)>>,
+    edges: Mutex<lru::LruCache<PartKey, edges::HeldEdge>>,
     /// The parts whose edge is being fetched.
     edges_in_flight: Mutex<HashMap<PartKey, EdgeInFlight>>,
     /// The exact bytes of planned rows, held until they are in the page cache
@@ -280,9 +280,10 @@ impl Fetcher {
         self.permits.read_answered();
     }
 
-    /// Downloads under way or queued.
+    /// Downloads and edges under way or queued: what bounds the prefetches a top-up
+    /// may leave queued.
     pub fn in_flight_count(&self) -> usize {
-        self.in_flight.lock().len()
+        self.in_flight.lock().len() + self.edges_in_flight.lock().len()
     }
 
     /// Records that a reader needs the part: counts a prefetch hit if the prefetcher

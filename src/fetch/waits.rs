@@ -137,11 +137,12 @@ impl Fetcher {
             return Some(PartBytes::InMemory { offset, bytes });
         }
         let mut edges = self.edges.lock();
-        let (offset, bytes) = edges.get(&key)?;
-        let covers = *offset <= within.start && within.end <= offset + bytes.len() as u64;
+        let edge = edges.get(&key)?;
+        let covers =
+            edge.offset <= within.start && within.end <= edge.offset + edge.bytes.len() as u64;
         covers.then(|| PartBytes::InMemory {
-            offset: *offset,
-            bytes: bytes.clone(),
+            offset: edge.offset,
+            bytes: edge.bytes.clone(),
         })
     }
 }

@@ -10,15 +10,71 @@
 //! A monolithic dataset's virtual chunks share parts, and their bytes are known only
 //! through row offsets the daemon may not have read, so none is announced as held:
 //! its readers get the plain order.
+//!
+//! An announcement made is kept per dataset ([`Announcements`], a bounded number of
+//! them) and given to later handles while no part has joined or left the cache's books
+//! (its generation): each hint handle's first read made one under the cache's lock, so
+//! another user's loop of open, read, close delayed every cached read. Now announcements
+//! are made at most once per change of the cache, however many handles read them.
 
+use std::num::NonZeroUsize;
 use std::ops::Range;
 
 use bytes::Bytes;
+use object_store::path::Path as ObjectPath;
+use parking_lot::Mutex;
 use scdl_format::hint::Announcement;
 
 use crate::cache::DiskCache;
 use crate::catalog::Dataset;
 use crate::parts::{spans_touched, PartKey};
+
+/// Datasets whose last announcement is kept.
+const ANNOUNCED_DATASETS: usize = 64;
+
+/// The last announcement made for each dataset (at most [`ANNOUNCED_DATASETS`]).
+pub struct Announcements {
+    made: Mutex<lru::LruCache<ObjectPath, Made>>,
+}
+
+struct Made {
+    dataset: Dataset,
+    generation: u64,
+    bytes: Bytes,
+}
+
+impl Default for Announcements {
+    fn default() -> Self {
+        Announcements {
+            made: Mutex::new(lru::LruCache::new(
+                NonZeroUsize::new(ANNOUNCED_DATASETS).expect("not zero"),
+            )),
+        }
+    }
+}
+
+impl Announcements {
+    /// The announcement for `dataset` at the cache's `generation`: the one made last,
+    /// if at the same generation, else one `make` makes now.
+    pub fn get(&self, dataset: &Dataset, generation: u64, make: impl FnOnce() -> Bytes) -> Bytes {
+        let mut made = self.made.lock();
+        if let Some(last) = made.get(dataset.prefix()) {
+            if last.dataset.same(dataset) && last.generation == generation {
+                return last.bytes.clone();
+            }
+        }
+        let bytes = make();
+        made.put(
+            dataset.prefix().clone(),
+            Made {
+                dataset: dataset.clone(),
+                generation,
+                bytes: bytes.clone(),
+            },
+        );
+        bytes
+    }
+}
 
 /// The announcement for `dataset` as the cache stands now, as the bytes a reader gets.
 pub fn announce(dataset: &Dataset, cache: &DiskCache, part_size: u64) -> Bytes {

@@ -4,7 +4,7 @@
 
 use fuser::Errno;
 
-use crate::error::FsError;
+use crate::error::{FsError, HintRefused, PlanRefused};
 
 /// The errno a FUSE reply carries for `error`.
 pub fn errno(error: &FsError) -> Errno {
@@ -16,11 +16,16 @@ pub fn errno(error: &FsError) -> Errno {
         FsError::NoSuchAttribute => Errno::NO_XATTR,
         FsError::BufferTooSmall => Errno::ERANGE,
         FsError::NotATerminal => Errno::ENOTTY,
+        // A limit of the user's, not a fault of the lines or of the process's own
+        // descriptors: the same write goes through a moment later, the same open once
+        // the user closes a hint handle.
+        FsError::InvalidHint(HintRefused::Plan(PlanRefused::StartsTooFast { .. })) => Errno::EAGAIN,
+        FsError::TooManyHintHandles { .. } => Errno::EBUSY,
         FsError::InvalidHint(_) | FsError::InvalidRequest(_) => Errno::EINVAL,
         FsError::Busy(_) => Errno::EBUSY,
-        FsError::TooManyHintHandles { .. } => Errno::EMFILE,
         FsError::Store { .. }
         | FsError::ObjectChanged { .. }
+        | FsError::VersionUnconfirmed { .. }
         | FsError::ShortRead { .. }
         | FsError::ListingTooLong { .. }
         | FsError::TimedOut { .. }

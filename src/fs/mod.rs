@@ -43,7 +43,7 @@ use scdl_format::hint::{HintDecoder, HintLine};
 use crate::cache::DiskCache;
 use crate::catalog::tree::{FileNode, Listing};
 use crate::catalog::{Dataset, FileContent, Node, NodeKind, Tree};
-use crate::error::{FsError, FsResult, HintRefused};
+use crate::error::{FsError, FsResult, HintRefused, PlanRefused};
 use crate::metrics::Metrics;
 use crate::prefetch::sequential::SequentialWindow;
 use crate::prefetch::{Prefetcher, Viewer};
@@ -112,6 +112,7 @@ pub struct FsCore {
     deadline: Duration,
     /// The daemon's own user, who sees every plan in the status as root does.
     mounting_uid: u32,
+    announcements: announce::Announcements,
 }
 
 /// Who owns the mount's files and what their modes allow. The kernel enforces the
@@ -153,6 +154,7 @@ impl FsCore {
             ownership,
             deadline,
             mounting_uid: rustix::process::getuid().as_raw(),
+            announcements: announce::Announcements::default(),
         }
     }
 
@@ -220,7 +222,7 @@ impl FsCore {
     }
 
     /// Opens a file for user `uid`; a hint handle counts against the hint handles one
-    /// user may hold (EMFILE beyond them).
+    /// user may hold (EBUSY beyond them).
     pub fn open_as(&self, ino: u64, uid: u32) -> FsResult<Opened> {
         let node = self.components.tree.node(ino)?;
         Ok(match &file_of(&node)?.content {
@@ -230,7 +232,7 @@ impl FsCore {
                     .budget()
                     .open_handle(uid, Instant::now())
                     .inspect_err(|refused| {
-                        self.log_refusal(uid, dataset, refused, "hint open refused with EMFILE")
+                        self.log_refusal(uid, dataset, refused, "hint open refused with EBUSY: the user holds the most hint handles one user may")
                     })?;
                 Opened {
                     handle: self.handles.open(HandleState::Hints {
@@ -332,11 +334,11 @@ impl FsCore {
     /// asks past the size the file shows, which is that of an empty cache.
     fn read_announcement(&self, handle: u64, dataset: &Dataset, offset: u64, size: u32) -> Vec<u8> {
         let make = || {
-            announce::announce(
-                dataset,
-                &self.components.cache,
-                self.components.read_path.part_size(),
-            )
+            let cache = &self.components.cache;
+            self.announcements.get(dataset, cache.generation(), || {
+                Metrics::add(&self.components.metrics.announcements_made, 1);
+                announce::announce(dataset, cache, self.components.read_path.part_size())
+            })
         };
         let announced = match self.handles.get(handle) {
             Some(state) => match &mut *state.lock() {
@@ -546,7 +548,13 @@ impl FsCore {
     /// Counts a refused hint write of user `uid`'s, logs it (rate-limited per user),
     /// and gives the error the writer gets.
     fn refuse_hint(&self, uid: u32, dataset: &Dataset, reason: HintRefused) -> FsError {
-        self.log_refusal(uid, dataset, &reason, "hint write refused with EINVAL");
+        let what = match reason {
+            HintRefused::Plan(PlanRefused::StartsTooFast { .. }) => {
+                "hint write refused with EAGAIN: the user started plans faster than one user may"
+            }
+            _ => "hint write refused with EINVAL",
+        };
+        self.log_refusal(uid, dataset, &reason, what);
         FsError::InvalidHint(reason)
     }
 

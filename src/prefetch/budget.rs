@@ -8,10 +8,11 @@
 //! *work* ([`super::plan::Step::work`]: the chunk reads it expands to); a step, the
 //! plan of one handle and the plans of one user are each held to a bound of work
 //! ([`MAX_STEP_WORK`], [`MAX_HANDLE_WORK`], [`MAX_USER_WORK`]); a user holds at most
-//! [`MAX_HINT_HANDLES_PER_USER`] hint handles (EMFILE beyond them, since each may buffer
-//! a partial line), and starts plans (`plan` lines, each of which reopens the fetcher's
-//! opening and prefetches ahead before a byte is read) at a bounded rate. A writer over
-//! a bound gets EINVAL; the plans of other users are untouched. Refusals are counted
+//! [`MAX_HINT_HANDLES_PER_USER`] hint handles (EBUSY beyond them, since each may buffer
+//! a partial line), and starts plans (`plan` lines, each of which prefetches ahead
+//! before a byte is read) at a bounded rate (EAGAIN beyond it), of which at most one
+//! per [`OPENINGS_APART`] opens the fetcher's opening for every user's prefetches. A writer over a bound of
+//! work gets EINVAL; the plans of other users are untouched. Refusals are counted
 //! per user for `status`, and logged at most once per [`REFUSAL_LOG_INTERVAL`] per user,
 //! so a writer cannot fill the journal either.
 
@@ -39,6 +40,10 @@ pub const PLAN_START_BURST: u32 = 32;
 pub const PLAN_STARTS_PER_SECOND: u32 = 4;
 /// Refusals of one user are logged at most this often (the rest are counted).
 pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// One user's plan starts open the fetcher's opening (which holds every user's
+/// prefetches to two for up to 250 ms) at most this often: restarting plans in a loop,
+/// one user held the whole mount there.
+pub const OPENINGS_APART: Duration = Duration::from_millis(2500);
 
 /// A user holds [`MAX_HINT_HANDLES_PER_USER`] hint handles already.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -99,6 +104,7 @@ impl StartBucket {
 struct UserLedger {
     handles: usize,
     starts: StartBucket,
+    last_opening: Option<Instant>,
     refused: u64,
     last_reason: String,
     last_logged: Option<Instant>,
@@ -110,6 +116,7 @@ impl UserLedger {
         UserLedger {
             handles: 0,
             starts: StartBucket::full(now),
+            last_opening: None,
             refused: 0,
             last_reason: String::new(),
             last_logged: None,
@@ -151,6 +158,20 @@ impl HintBudget {
         let mut users = self.users.lock();
         let ledger = users.entry(uid).or_insert_with(|| UserLedger::new(now));
         ledger.starts.take(now)
+    }
+
+    /// Whether a plan `uid` starts now may open the fetcher's opening: not within
+    /// [`OPENINGS_APART`] of the last one it opened.
+    pub fn may_open(&self, uid: u32, now: Instant) -> bool {
+        let mut users = self.users.lock();
+        let ledger = users.entry(uid).or_insert_with(|| UserLedger::new(now));
+        let due = ledger
+            .last_opening
+            .is_none_or(|at| now.saturating_duration_since(at) >= OPENINGS_APART);
+        if due {
+            ledger.last_opening = Some(now);
+        }
+        due
     }
 
     /// Counts a refused write of `uid`'s; says whether to log it, and how many of its
@@ -234,6 +255,21 @@ mod tests {
             "a quiet spell refills the burst, and no more"
         );
         assert!(!budget.start_plan(7, long_after));
+    }
+
+    /// One user's plan starts reopen the mount-wide opening at most once per interval,
+    /// each user's on their own.
+    #[test]
+    fn a_users_plan_starts_open_the_opening_at_most_once_per_interval() {
+        let budget = HintBudget::default();
+        let start = Instant::now();
+        assert!(budget.may_open(7, start));
+        assert!(
+            !budget.may_open(7, start + OPENINGS_APART / 2),
+            "a restart soon after"
+        );
+        assert!(budget.may_open(8, start), "another user's first");
+        assert!(budget.may_open(7, start + OPENINGS_APART));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! next steps of every plan downloading, in plan order, up to a lookahead of steps and a
 //! share of the cache budget, and it tells the cache which chunks to evict first (those
 //! no plan needs again, then those needed furthest ahead; never those of a step being
-//! read). The reader's position comes from the reads actually served, so a sampler that
+//! read, up to its user's share of the budget). The reader's position comes from the reads actually served, so a sampler that
 //! runs ahead of its workers does not drag the prefetch along. Readers that give no hint
 //! get sequential read-ahead per open handle ([`sequential`]), and a flat chunk they
 //! touch at scattered places is fetched whole ([`scatter`]) while that keeps paying.
@@ -40,6 +40,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use scdl_format::hint::HintLine;
+use scdl_format::ArrayKind;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{DiskCache, EvictionAdvisor, NextUse, Unit};
@@ -293,7 +294,7 @@ impl Prefetcher {
                 Some(0)
             }
         };
-        if new_epoch {
+        if new_epoch && self.budget.may_open(uid, Instant::now()) {
             self.fetcher.begin_opening();
         }
         let said_reading = lines.iter().rev().find_map(|line| match line {
@@ -369,7 +370,7 @@ impl Prefetcher {
     /// ([`RankedPlan`]): a writer's plan of steps over every row that never reads is
     /// ranked once, not on every move of another reader.
     fn rank_plans(&self) {
-        let snapshot: Vec<(u64, PlanRanks)> = self
+        let snapshot: Vec<(u64, u32, PlanRanks)> = self
             .plans
             .lock()
             .iter()
@@ -384,12 +385,17 @@ impl Prefetcher {
                         horizon: active.plan.horizon(),
                     },
                 };
-                (*handle, ranks)
+                (*handle, active.uid, ranks)
             })
             .collect();
         let mut ranks: HashMap<Unit, NextUse> = HashMap::new();
+        let mut rank = |unit: Unit, rank: NextUse| {
+            let entry = ranks.entry(unit).or_insert(rank);
+            *entry = (*entry).min(rank);
+        };
+        let mut current_by_user: HashMap<u32, Vec<Unit>> = HashMap::new();
         let mut newly_ranked = Vec::new();
-        for (handle, plan_ranks) in &snapshot {
+        for (handle, uid, plan_ranks) in &snapshot {
             let of_plan = match plan_ranks {
                 PlanRanks::Ranked(of_plan) => of_plan.clone(),
                 PlanRanks::ToRank {
@@ -412,9 +418,22 @@ impl Prefetcher {
                     of_plan
                 }
             };
-            for (unit, rank) in of_plan.iter() {
-                let entry = ranks.entry(*unit).or_insert(*rank);
-                *entry = (*entry).min(*rank);
+            for (&unit, &next_use) in of_plan.iter() {
+                match next_use {
+                    NextUse::Current => current_by_user.entry(*uid).or_default().push(unit),
+                    _ => rank(unit, next_use),
+                }
+            }
+        }
+        let users = snapshot
+            .iter()
+            .map(|(_, uid, _)| uid)
+            .collect::<std::collections::HashSet<_>>()
+            .len() as u64;
+        let share = self.config.cache_bytes / (users + 1);
+        for units in current_by_user.values_mut() {
+            for unit in self.within_share(units, share) {
+                rank(unit, NextUse::Current);
             }
         }
         if !newly_ranked.is_empty() {
@@ -432,6 +451,36 @@ impl Prefetcher {
             Some(self.advice.clone())
         };
         self.cache.set_advisor(advisor);
+    }
+
+    /// Of one user's units of the steps being read, those that [`NextUse::Current`]
+    /// protects: in unit order (a chunked dataset's groups are its chunks in order),
+    /// as many as fit in `share` bytes. Beyond it they rank as nothing planned: a plan
+    /// whose step spans every row and is never read protected everything cached, and
+    /// once the cache was full other users' prefetches found no room and their parts
+    /// lived in memory only.
+    fn within_share(&self, units: &mut Vec<Unit>, share: u64) -> Vec<Unit> {
+        units.sort_unstable();
+        units.dedup();
+        let chunk_of_group = self.chunk_of_group.lock();
+        let bytes = |unit: &Unit| match unit {
+            Unit::Group(group) => chunk_of_group.get(group).map_or(0, |(dataset, chunk)| {
+                ArrayKind::ALL
+                    .iter()
+                    .map(|kind| dataset.array(*chunk, *kind).size)
+                    .sum()
+            }),
+            Unit::Part(_) => self.fetcher.part_size(),
+        };
+        let mut protected = 0;
+        units
+            .iter()
+            .take_while(|unit| {
+                protected += bytes(unit);
+                protected <= share
+            })
+            .copied()
+            .collect()
     }
 
     /// The ranks one plan's horizon gives the cache's units.
@@ -512,16 +561,29 @@ impl Drop for Prefetcher {
 /// it works is kept for its next wait, so none is lost; those that come together are
 /// served by one top-up. It holds no strong reference while it waits, and ends once
 /// the prefetcher is dropped.
+///
+/// A panic in a pass is contained as the FUSE callbacks' are: logged, counted
+/// (`prefetcher_panics`), and the loop waits for its next wake-up, with the ranks marked
+/// for computing again. Left to end the task, it ended prefetch for the rest of the
+/// mount, silently.
 async fn drive(prefetcher: Weak<Prefetcher>, wake: PlannerWake) {
     loop {
         let Some(this) = prefetcher.upgrade() else {
             return;
         };
-        if this.ranks_stale.swap(false, Ordering::AcqRel) {
-            this.rank_plans();
-        }
-        if this.plan_count.load(Ordering::Relaxed) > 0 {
-            this.top_up();
+        let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if this.ranks_stale.swap(false, Ordering::AcqRel) {
+                this.rank_plans();
+            }
+            if this.plan_count.load(Ordering::Relaxed) > 0 {
+                this.top_up();
+            }
+        }));
+        if let Err(panic) = pass {
+            let error = crate::error::FsError::of_panic(panic);
+            tracing::error!(%error, "a prefetcher pass panicked; prefetch goes on at the next wake-up");
+            Metrics::add(&this.metrics.prefetcher_panics, 1);
+            this.ranks_stale.store(true, Ordering::Release);
         }
         drop(this);
         wake.rung().await;

@@ -721,13 +721,21 @@ mod tests {
     }
 
     fn core_over(store: Arc<dyn ObjectStore>, cache: &std::path::Path) -> FsCore {
+        core_over_a_cache_of(store, cache, 256 << 20)
+    }
+
+    fn core_over_a_cache_of(
+        store: Arc<dyn ObjectStore>,
+        cache: &std::path::Path,
+        cache_bytes: u64,
+    ) -> FsCore {
         let settings = MountSettings {
             fs_name: "top-up-test".into(),
             endpoint: None,
             view: DirMode::Discover,
             cache_dir: cache.to_owned(),
             cache_reset: false,
-            cache_bytes: 256 << 20,
+            cache_bytes,
             max_cached_chunks: None,
             part_size: 64 << 10,
             max_concurrent_requests: 8,
@@ -1014,6 +1022,109 @@ mod tests {
         core.write(handle, b"rows 0 300\n").unwrap();
         prefetcher.rank_plans();
         assert!(ranked() > once, "a plan that changed kept its old ranks");
+        core.release(handle);
+    }
+
+    /// One user's current step protects at most an equal share of the cache budget
+    /// (one share more for readers without a plan): a plan whose step spans every row
+    /// and is never read leaves the rest of the cache to other users' reads and
+    /// prefetches (issue 42: it protected everything cached, and once the cache was full
+    /// other users got no prefetch and their parts lived in memory only).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_users_current_step_protects_at_most_their_share_of_the_cache() {
+        let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        SyntheticDataset {
+            rows: 2_500,
+            genes: 3_000,
+            chunk_rows: 300,
+            mean_values: 60,
+            seed: 11,
+        }
+        .write_chunked(&source.path().join("ds"))
+        .unwrap();
+        let dataset_bytes: u64 = bytes_under(&source.path().join("ds"));
+        let budget = dataset_bytes / 2;
+        let core = core_over_a_cache_of(
+            Arc::new(LocalFileSystem::new_with_prefix(source.path()).unwrap()),
+            cache.path(),
+            budget,
+        );
+        let handle = write_a_plan_as(&core, 4242, "rows 0 2500\n").await;
+        let dataset = match &core.prefetcher().plans.lock()[&handle].dataset {
+            Dataset::Chunked(dataset) => dataset.clone(),
+            Dataset::Monolithic(_) => unreachable!("a chunked dataset"),
+        };
+        let chunk_bytes = |chunk: usize| -> u64 {
+            ArrayKind::ALL
+                .iter()
+                .map(|kind| dataset.array(chunk, *kind).size)
+                .sum()
+        };
+        let prefetcher = core.prefetcher().clone();
+        prefetcher.rank_plans();
+        let protected: u64 = (0..dataset.chunks.len())
+            .filter(|&chunk| {
+                let group = dataset.array(chunk, ArrayKind::Data).group.unwrap();
+                crate::cache::EvictionAdvisor::next_use(
+                    prefetcher.advice.as_ref(),
+                    crate::cache::Unit::Group(group),
+                ) == Some(crate::cache::NextUse::Current)
+            })
+            .map(chunk_bytes)
+            .sum();
+        assert!(protected > 0, "the step being read protects nothing");
+        assert!(
+            protected <= budget / 2,
+            "one user's step protects {protected} bytes of a {budget}-byte cache"
+        );
+        core.release(handle);
+    }
+
+    /// The bytes of the files under `dir`.
+    fn bytes_under(dir: &std::path::Path) -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|entry| match entry.metadata().unwrap() {
+                meta if meta.is_dir() => bytes_under(&entry.path()),
+                meta => meta.len(),
+            })
+            .sum()
+    }
+
+    /// A panic in the prefetcher's loop is contained: logged, counted, and the loop
+    /// goes on, so a later plan's prefetches are still issued (it ended prefetch for
+    /// the rest of the mount, silently).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_in_the_prefetchers_loop_ends_no_later_prefetch() {
+        let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let core = core_of_a_dataset(source.path(), cache.path());
+        let (issuing, issued) = mpsc::channel();
+        let panicked = AtomicBool::new(false);
+        let issuing = Mutex::new(issuing);
+        *core.prefetcher().issue_hook.lock() = Some(Arc::new(move || {
+            if !panicked.swap(true, Ordering::SeqCst) {
+                let _ = issuing.lock().send(false);
+                panic!("a bug in the top-up");
+            }
+            let _ = issuing.lock().send(true);
+        }));
+        let handle = open_hint_file(&core).await;
+        core.write(handle, b"scdlfs-hints 1\nplan 0\nwindow 1\n")
+            .unwrap();
+        assert_eq!(
+            issued.recv_timeout(Duration::from_secs(20)),
+            Ok(false),
+            "the first prefetch was never issued"
+        );
+        core.write(handle, b"window 5\nwindow 6\n").unwrap();
+        assert_eq!(
+            issued.recv_timeout(Duration::from_secs(20)),
+            Ok(true),
+            "no prefetch was issued after the panic"
+        );
+        let metrics = core.prefetcher().metrics.snapshot();
+        assert_eq!(metrics.prefetcher_panics, 1, "the panic was not counted");
         core.release(handle);
     }
 }

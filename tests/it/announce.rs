@@ -82,3 +82,41 @@ fn the_announcement_names_exactly_the_chunks_the_cache_holds_whole() {
         "the early handle's snapshot"
     );
 }
+
+/// Reading the hint file over and over (another user's loop of open, read, close)
+/// makes one announcement while the cache does not change, not one per handle under
+/// the cache's lock; a change of the cache makes the next one anew.
+#[test]
+fn an_announcement_is_made_once_per_change_of_the_cache_not_per_handle() {
+    let src = tempfile::tempdir().unwrap();
+    small_dataset()
+        .write_chunked(&src.path().join("datasets/small"))
+        .unwrap();
+    let server = moto();
+    let bucket = unique_bucket("announce-once");
+    server.create_bucket(&bucket);
+    server.upload(&bucket, "", src.path());
+    let mount = TestMount::start(server.store(&bucket), "", |_| {});
+    let flat = mount.path().join("datasets/small");
+    mount.settle();
+    let made = || mount.status().counters.announcements_made;
+    for _ in 0..20 {
+        assert_eq!(announced(&flat.join(HINT_FILE)).cached, Some(vec![]));
+    }
+    assert_eq!(
+        made(),
+        1,
+        "announcements made for 20 handles of an unchanged cache"
+    );
+
+    let chunk = flat.join(CHUNKED_DIR).join(chunk_dir_name(1));
+    for kind in ArrayKind::ALL {
+        std::fs::read(chunk.join(kind.file_name())).unwrap();
+    }
+    mount.settle();
+    for _ in 0..20 {
+        let cached = announced(&flat.join(HINT_FILE)).cached.unwrap();
+        assert_eq!(cached, vec![1..2; 1], "chunk 1 alone");
+    }
+    assert_eq!(made(), 2, "one more once the cache changed");
+}

@@ -1,8 +1,8 @@
 //! A mount trusts its cache directory with bytes it serves as the dataset's, so it
 //! refuses, with a message that says why, one that another user could have planted or
 //! could swap away: an existing directory owned by someone else (`nobody` here) or
-//! writable by group or others, and one below a directory that others may write
-//! (not sticky) or that belongs to another user. A directory of its own below a
+//! writable by group or others, and one below a directory that its group or others
+//! may write (not sticky) or that belongs to another user. A directory of its own below a
 //! sticky world-writable one (`/tmp`) is fine. Through the real `scdlfs mount`, as root,
 //! and through the library's `Mount::start`, which every other way to mount (the
 //! daemon's re-exec, Python's `scdlfs.mount`, the tests) goes through.
@@ -119,6 +119,24 @@ fn a_cache_directory_below_a_world_writable_or_foreign_directory_is_refused() {
         mount_with_cache(dir.path(), &foreign.join("cache")),
         &[&foreign.display().to_string(), "owned by"],
     );
+}
+
+/// A directory above the cache that its group may write lets every member of the group
+/// rename the cache away and put one of their own in its place, as a world-writable
+/// one lets everybody: refused unless it is sticky (it mounted without a word).
+#[test]
+fn a_cache_directory_below_a_group_writable_directory_is_refused_unless_sticky() {
+    let dir = tempfile::tempdir().unwrap();
+    let team = dir.path().join("team");
+    std::fs::create_dir(&team).unwrap();
+    chmod(&team, 0o775);
+    chown(&team, (0, nobody().1));
+    assert_refused(
+        mount_with_cache(dir.path(), &team.join("cache")),
+        &[&team.display().to_string(), "writable by its group"],
+    );
+    chmod(&team, 0o1775);
+    mount_with_cache(dir.path(), &team.join("cache")).expect("below a sticky group directory");
 }
 
 #[test]
