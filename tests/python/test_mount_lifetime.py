@@ -425,7 +425,9 @@ report = {"rank": rank, "daemon": m.pid, "mountpoint": str(m.mountpoint)}
 if rank == 0:
     report["users"] = json.loads(os.getxattr(m.mountpoint, "user.scdlfs.users"))["users"]
     report["fetched"] = m.status()["counters"]["bytes_fetched"]
-print(json.dumps(report), flush=True)
+# A file per rank: the ranks' lines on one shared stdout were seen run together.
+with open(os.path.join(sys.argv[3], "rank%d.json" % rank), "w") as f:
+    json.dump(report, f)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -435,14 +437,16 @@ def test_the_ranks_of_a_node_share_one_daemon_that_fetches_once_and_goes_with_th
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     runtime = tmp_path / "run"
+    reported = tmp_path / "reports"
+    reported.mkdir()
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "TMPDIR": str(tmp_path)}
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(script),
-         bucket.source, moto.endpoint], capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL,
+         bucket.source, moto.endpoint, str(reported)], capture_output=True, text=True, timeout=300, env=env,
+        stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]
-    reports = sorted((json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")),
-                     key=lambda r: r["rank"])  # fmt: skip
+    reports = sorted((json.loads(f.read_text()) for f in reported.glob("rank*.json")), key=lambda r: r["rank"])
     assert [r["rank"] for r in reports] == [0, 1, 2, 3], out.stdout
     assert len({(r["daemon"], r["mountpoint"]) for r in reports}) == 1, f"several daemons: {reports}"
     assert len(reports[0]["users"]) == 4, reports[0]
