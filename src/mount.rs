@@ -243,6 +243,7 @@ pub fn assemble(
             max_sequential_window: 8 * settings.part_size,
             kernel_read_ahead: settings.read_ahead.unwrap_or(KERNEL_DEFAULT_READ_AHEAD),
             cache_bytes: settings.cache_bytes,
+            shared_by_users: settings.allow_other || settings.allow_root,
         },
     );
     let tree = Arc::new(Tree::new(

@@ -721,13 +721,15 @@ mod tests {
     }
 
     fn core_over(store: Arc<dyn ObjectStore>, cache: &std::path::Path) -> FsCore {
-        core_over_a_cache_of(store, cache, 256 << 20)
+        core_over_a_cache_of(store, cache, 256 << 20, false)
     }
 
+    /// `allow_other`: as `--allow-other`, a mount other users may read.
     fn core_over_a_cache_of(
         store: Arc<dyn ObjectStore>,
         cache: &std::path::Path,
         cache_bytes: u64,
+        allow_other: bool,
     ) -> FsCore {
         let settings = MountSettings {
             fs_name: "top-up-test".into(),
@@ -739,7 +741,7 @@ mod tests {
             max_cached_chunks: None,
             part_size: 64 << 10,
             max_concurrent_requests: 8,
-            allow_other: false,
+            allow_other,
             allow_root: false,
             ownership: Ownership::of_mounting_user(),
             fuse_threads: 1,
@@ -1025,7 +1027,7 @@ mod tests {
         core.release(handle);
     }
 
-    /// One user's current step protects at most an equal share of the cache budget
+    /// On a mount other users may read, one user's current step protects at most an equal share of the cache budget
     /// (one share more for readers without a plan): a plan whose step spans every row
     /// and is never read leaves the rest of the cache to other users' reads and
     /// prefetches (issue 42: it protected everything cached, and once the cache was full
@@ -1048,6 +1050,7 @@ mod tests {
             Arc::new(LocalFileSystem::new_with_prefix(source.path()).unwrap()),
             cache.path(),
             budget,
+            true,
         );
         let handle = write_a_plan_as(&core, 4242, "rows 0 2500\n").await;
         let dataset = match &core.prefetcher().plans.lock()[&handle].dataset {
