@@ -658,8 +658,8 @@ mod tests {
 
     const ROOT: u64 = 1;
 
-    /// The core of a mount of a small chunked dataset `ds` in a local folder.
-    fn core_of_a_dataset(source: &std::path::Path, cache: &std::path::Path) -> FsCore {
+    /// A small chunked dataset: 2,500 rows in chunks of 300.
+    fn small_dataset() -> SyntheticDataset {
         SyntheticDataset {
             rows: 2_500,
             genes: 3_000,
@@ -667,8 +667,11 @@ mod tests {
             mean_values: 60,
             seed: 11,
         }
-        .write_chunked(&source.join("ds"))
-        .unwrap();
+    }
+
+    /// The core of a mount of a small chunked dataset `ds` in a local folder.
+    fn core_of_a_dataset(source: &std::path::Path, cache: &std::path::Path) -> FsCore {
+        small_dataset().write_chunked(&source.join("ds")).unwrap();
         core_over(
             Arc::new(LocalFileSystem::new_with_prefix(source).unwrap()),
             cache,
@@ -1027,23 +1030,18 @@ mod tests {
         core.release(handle);
     }
 
-    /// On a mount other users may read, one user's current step protects at most an equal share of the cache budget
-    /// (one share more for readers without a plan): a plan whose step spans every row
+    /// On a mount other users may read, one user's current step protects at most an
+    /// equal share of the cache budget (one share more for readers without a plan): a
+    /// plan whose step spans every row
     /// and is never read leaves the rest of the cache to other users' reads and
     /// prefetches (issue 42: it protected everything cached, and once the cache was full
     /// other users got no prefetch and their parts lived in memory only).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_users_current_step_protects_at_most_their_share_of_the_cache() {
         let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        SyntheticDataset {
-            rows: 2_500,
-            genes: 3_000,
-            chunk_rows: 300,
-            mean_values: 60,
-            seed: 11,
-        }
-        .write_chunked(&source.path().join("ds"))
-        .unwrap();
+        small_dataset()
+            .write_chunked(&source.path().join("ds"))
+            .unwrap();
         let dataset_bytes: u64 = bytes_under(&source.path().join("ds"));
         let budget = dataset_bytes / 2;
         let core = core_over_a_cache_of(
