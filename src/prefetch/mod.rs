@@ -80,7 +80,7 @@ pub struct PrefetchConfig {
     pub cache_bytes: u64,
     /// Whether users other than the mounting one may read the mount (`--allow-other`,
     /// `--allow-root`): then one user's current steps protect at most a share of the
-    /// cache. On a mount of one user its steps are its own to protect: halving them cost
+    /// cache; on a mount of one user, at most the whole budget. Halving it cost
     /// a single hinted reader with a cache of half the dataset 2.7 to 6 times the bytes
     /// (bench --quick, blocks and random orders).
     pub shared_by_users: bool,
