@@ -75,8 +75,8 @@ pub struct PrefetchConfig {
     /// memory-mapped file reads this much, centred on the fault, and an in-order reader
     /// gets as much again ahead. The margins of every step follow it.
     pub kernel_read_ahead: u64,
-    /// The disk cache's budget: a dataset whose values exceed it has its rows fetched
-    /// exactly ([`exact`]).
+    /// The disk cache's budget: a dataset whose values are several times it has its
+    /// rows fetched exactly ([`exact`]).
     pub cache_bytes: u64,
     /// Whether users other than the mounting one may read the mount (`--allow-other`,
     /// `--allow-root`): then one user's current steps protect at most a share of the
