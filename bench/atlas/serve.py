@@ -163,6 +163,14 @@ class Handler(BaseHTTPRequestHandler):
 
 index()
 print("indexed", {b: len(k) for b, k in KEYS.items()}, flush=True)
-server = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
+
+class Server(ThreadingHTTPServer):
+    # socketserver's default backlog of 5 drops the SYNs of a client that opens dozens of
+    # connections at once: each waits for the kernel's retransmission (1 s, then 3 s),
+    # and its request times out, a stall no real store makes.
+    request_queue_size = 1024
+
+
+server = Server(("127.0.0.1", PORT), Handler)
 server.daemon_threads = True
 server.serve_forever()
