@@ -1,7 +1,7 @@
-//! Planned pages: the exact bytes of a plan's rows, stored into the page cache of the
-//! flat files as soon as the fetcher holds them ([`crate::prefetch::exact`]), so that
-//! the reader's memory map finds them without a FUSE read, and the kernel never reads
-//! around them.
+//! Planned pages: the exact bytes of a plan's rows, and the pages of row offsets that
+//! bound them, stored into the page cache of the flat files as soon as the fetcher holds
+//! them ([`crate::prefetch::exact`]), so that the reader's memory map finds them without
+//! a FUSE read, and the kernel never reads around them.
 //!
 //! A store notification names an inode, so the flat files are remembered as they are
 //! opened (at most [`FILES_KEPT`]); bytes of a file nobody opened stay with the fetcher
@@ -26,7 +26,7 @@ use crate::prefetch::PlannedPages;
 use crate::read::ReadPath;
 use crate::view::plan_read;
 
-/// Flat files remembered for stores: two per dataset version a reader opened.
+/// Flat files remembered for stores: three per dataset version a reader opened.
 pub const FILES_KEPT: usize = 256;
 
 /// A flat file as a store names it: its inode, and its node (which holds the dataset).
@@ -74,14 +74,12 @@ impl PlannedPusher {
         }
     }
 
-    /// Remembers an opened file if it is a flat array of values or column ids.
+    /// Remembers an opened file if it is a flat array.
     pub fn opened(&self, ino: u64, node: &Arc<Node>) {
         let NodeKind::File(file) = &node.kind else {
             return;
         };
-        if let FileContent::FlatArray(dataset, kind @ (ArrayKind::Data | ArrayKind::ColPtr)) =
-            &file.content
-        {
+        if let FileContent::FlatArray(dataset, kind) = &file.content {
             self.files
                 .lock()
                 .put(file_key(dataset, *kind), (ino, node.clone()));

@@ -44,15 +44,8 @@ impl Prefetcher {
     ) -> Option<std::ops::Range<u64>> {
         let row_ptr = dataset.array(chunk, ArrayKind::RowPtr);
         let dtype = dataset.layout.row_dtype();
-        match RowOffsetCheck::verdict(dataset, chunk) {
-            Some(Ok(())) => {}
-            Some(Err(_)) => return None,
-            None => {
-                // Check the offsets once they are local, so the values they point at can
-                // be fetched; its verdict wakes the prefetcher again.
-                self.row_offset_check.start_when_local(dataset, chunk);
-                return None;
-            }
+        if !self.row_offsets_checked(dataset, chunk) {
+            return None;
         }
         let entries = row_ptr.size / dtype.size().unwrap();
         if entries * 8 > row_offsets::KEPT_ROW_OFFSETS_BYTES as u64 {
@@ -64,6 +57,19 @@ impl Prefetcher {
             .row_offsets
             .get_or_load(row_ptr.id, || self.cached_row_offsets(row_ptr, dtype))?;
         Some(*offsets.get(rows.start as usize)?..*offsets.get(rows.end as usize)?)
+    }
+
+    /// Whether chunk `chunk`'s row offsets have passed their check. If not checked yet,
+    /// the check starts once they are local, so that what they point at can be fetched
+    /// (and their pages served): its verdict wakes the prefetcher again.
+    pub(super) fn row_offsets_checked(&self, dataset: &Arc<FlatDataset>, chunk: usize) -> bool {
+        match RowOffsetCheck::verdict(dataset, chunk) {
+            Some(verdict) => verdict.is_ok(),
+            None => {
+                self.row_offset_check.start_when_local(dataset, chunk);
+                false
+            }
+        }
     }
 
     /// All entries of a row-offset array, if all its parts are cached (read checked,

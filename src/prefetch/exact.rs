@@ -16,7 +16,9 @@
 //! either side, and a window ahead of a reader going in order): exact bytes served
 //! through FUSE reads would make it ask for as much again around each block, bytes no
 //! plan names. Stored into the page cache before the reader comes ([`PlannedPages`]),
-//! the rows' pages are found there and the kernel asks for nothing.
+//! the rows' pages are found there and the kernel asks for nothing. The same holds for
+//! the pages of the row offsets that bound each row, which a reader's map faults on
+//! first ([`Prefetcher::row_offset_pages`]).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -112,6 +114,42 @@ impl Prefetcher {
             })
             .filter(|range| !range.file_bytes.is_empty())
             .collect()
+    }
+
+    /// The pages of the flat row offsets that bound `rows` (entries `rows.start` to
+    /// `rows.end`, the last inclusive), and the chunks whose offsets they hold. A
+    /// reader's memory map faults on them before it reads a row's values: stored into
+    /// the page cache like the values, they spare each row a FUSE read, which the kernel
+    /// widens to its read-around, the offsets of several chunks the plan does not read
+    /// (measured on 10^7 rows in 2,442 chunks, blocks of one row: a read of 128 KiB
+    /// every row, 47 ms each, all of the reader's time).
+    pub(super) fn row_offset_pages(
+        &self,
+        dataset: &FlatDataset,
+        rows: &Range<u64>,
+    ) -> (ExactRange, Vec<usize>) {
+        let width = dataset.layout.width(ArrayKind::RowPtr);
+        let file_len = dataset.layout.file_len(ArrayKind::RowPtr);
+        let start = rows.start * width / PAGE * PAGE;
+        let end = ((rows.end + 1) * width)
+            .div_ceil(PAGE)
+            .saturating_mul(PAGE)
+            .min(file_len);
+        let read = dataset.layout.map(ArrayKind::RowPtr, start, end - start);
+        let mut chunks: Vec<usize> = read
+            .pieces
+            .iter()
+            .filter_map(|piece| match piece {
+                FlatPiece::Chunk { chunk, .. } => Some(*chunk),
+                FlatPiece::TotalNnz => None,
+            })
+            .collect();
+        chunks.dedup();
+        let pages = ExactRange {
+            kind: ArrayKind::RowPtr,
+            file_bytes: start..end,
+        };
+        (pages, chunks)
     }
 
     /// Asks for the bytes of `range` that are neither cached nor held, part by part;

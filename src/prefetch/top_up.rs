@@ -569,6 +569,22 @@ impl Prefetcher {
         };
         if self.fetches_rows_exactly(dataset) {
             reads.exact = self.exact_ranges(dataset, chunk, &values);
+            let in_chunk = rows.start.max(chunk_rows.start)..rows.end.min(chunk_rows.end);
+            let (pages, chunks) = self.row_offset_pages(dataset, &in_chunk);
+            // The pages may reach into a neighbour (a row at a chunk's end, or chunks not
+            // a whole number of pages): its offsets are fetched whole and checked before
+            // the pages can be served.
+            let mut checked = true;
+            for other in chunks.into_iter().filter(|&c| c != chunk) {
+                let row_ptr = dataset.array(other, ArrayKind::RowPtr);
+                reads.ranges.push((row_ptr.clone(), 0..row_ptr.size));
+                checked &= self.row_offsets_checked(dataset, other);
+            }
+            if checked {
+                reads.exact.push(pages);
+            } else {
+                reads.complete = false;
+            }
             return reads;
         }
         for kind in [ArrayKind::Data, ArrayKind::ColPtr] {

@@ -6,6 +6,7 @@
 use crate::common;
 
 use std::fs::File;
+use std::io::Write;
 use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::Arc;
 use std::time::Duration;
@@ -247,4 +248,91 @@ fn a_plan_over_a_cache_smaller_than_its_parts_fetches_each_planned_byte_once() {
         epoch.at_end.planned_bytes_pushed * 10 >= epoch.at_end.planned_bytes * 9,
         "the rows went to the page cache ahead of the reader"
     );
+}
+
+/// Whether every page of `bytes` of the mapped file is in the kernel's page cache
+/// (root may ask of any file), without touching them.
+fn resident(map: &memmap2::Mmap, bytes: std::ops::Range<usize>) -> bool {
+    let page = rustix::param::page_size();
+    let start = bytes.start / page * page;
+    let pages = (bytes.end - start).div_ceil(page);
+    let mut flags = vec![0u8; pages];
+    // SAFETY: the range lies within the live mapping; `flags` holds a byte per page.
+    let answer = unsafe {
+        libc::mincore(
+            map.as_ptr().add(start) as *mut libc::c_void,
+            bytes.end - start,
+            flags.as_mut_ptr(),
+        )
+    };
+    assert_eq!(answer, 0, "mincore: {}", std::io::Error::last_os_error());
+    flags.iter().all(|f| f & 1 == 1)
+}
+
+/// With a plan's rows fetched exactly, the row offsets that bound them go into the page
+/// cache with their values: a reader's memory map faults on a row's offsets before its
+/// values, and through FUSE the kernel would widen that read to its read-around, the
+/// offsets of chunks the plan never reads (on 10^7 rows in blocks of one row, a read of
+/// 128 KiB at every row, all of the reader's time).
+#[test]
+fn a_plan_of_exact_rows_stores_their_row_offsets_in_the_page_cache_too() {
+    let spec = SyntheticDataset {
+        rows: 200_000,
+        genes: 2_000,
+        chunk_rows: 4_096,
+        mean_values: 30,
+        seed: 5,
+    };
+    let src = tempfile::tempdir().unwrap();
+    spec.write_chunked(&src.path().join("ds")).unwrap();
+    let cache = 4 << 20;
+    assert!(
+        spec.total_values() * 4 > 4 * cache,
+        "values several times the cache"
+    );
+    let mount = TestMount::start(local_store(src.path()), "", |s| {
+        s.part_size = 256 << 10;
+        s.cache_bytes = cache;
+    });
+    let dir = mount.path().join("ds");
+    let row_ptr = File::open(dir.join("row_ptr.npy")).unwrap();
+    // SAFETY: the mount's files do not change while mapped.
+    let offsets = unsafe { memmap2::Mmap::map(&row_ptr).unwrap() };
+    let reader = MappedRows::open(&dir);
+    let width = offsets.len() / (spec.rows as usize + 1);
+    // Rows of most chunks, a chunk's last row among them (its end is the next chunk's
+    // first offset).
+    let rows: Vec<u64> = (0..45u64).map(|k| k * 4_441 + 17).chain([4_095]).collect();
+    let announced: String = rows.iter().map(|r| format!(" {r} {}", r + 1)).collect();
+    let mut hints = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(".scdlfs-hints"))
+        .unwrap();
+    hints
+        .write_all(format!("scdlfs-hints 4\nchunk-rows 4096\nplan 0\nrows{announced}\n").as_bytes())
+        .unwrap();
+    let bounds = |row: u64| row as usize * width..(row as usize + 2) * width;
+    let started = std::time::Instant::now();
+    while !rows.iter().all(|&row| resident(&offsets, bounds(row))) {
+        let missing: Vec<u64> = rows
+            .iter()
+            .copied()
+            .filter(|&row| !resident(&offsets, bounds(row)))
+            .collect();
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the offsets of rows {missing:?} never reached the page cache"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reads_before = mount.status().counters.reads;
+    for &row in &rows {
+        assert_eq!(reader.row(row), spec.row(row), "row {row}");
+    }
+    assert_eq!(
+        mount.status().counters.reads,
+        reads_before,
+        "the planned rows were read without a FUSE read"
+    );
+    drop(hints);
 }
