@@ -2,10 +2,13 @@
 """One rank of the atlas system's node (bench/driver/atlas.py). In each of the orders given,
 once every rank has imported torch and opened the dataset (a barrier of files, so that the
 interpreters' start is not counted), it builds this rank's `scdlfs` sampler, takes len(),
-state_dict() and its first 10,000 indices (writing the hints of those), then reads the
-first ROWS of them through the released reader (`SingleCellMemMapDataset.get_row`),
-checking each row's length against the dataset's row offsets. Prints one JSON line per
-order.
+state_dict() and its first 10,000 indices (writing the hints of those). Then, with that
+sampler gone, a fresh one of the same seed yields its first ROWS indices one at a time,
+each read through the released reader (`SingleCellMemMapDataset.get_row`) as it comes, as
+a training loop takes them, and checked against the dataset's row offsets. (Read from the
+first sampler's list, the rows would be read while its hints say the reader is at the
+step of its 10,000th index: the daemon would take the steps before as read.) Prints one
+JSON line per order.
 
 usage: rank.py DATASET_DIR RANK WORLD ROWS BARRIER_DIR ORDERS_JSON"""
 
@@ -58,19 +61,32 @@ def main():
         sampler_s = time.perf_counter() - started
         sampler_mib = (resident_kib() - rss) / 1024
         assert state["rows_in_epoch"] == length and len(first) == min(FIRST_INDICES, length)
+        errors = [sampler.take_hint_error()]
+        hints_active = sampler.hints_active
+        expected_rows = first[:rows]
+        del sampler, first
+        reader = getattr(scdlfs, kind)(directory, seed=0, rank=rank, world_size=world, **kwargs)
+        reader.set_epoch(0)
         started = time.perf_counter()
-        for row in first[:rows]:
+        read = 0
+        for row in itertools.islice(iter(reader), rows):
+            if row != expected_rows[read]:
+                sys.exit("rank %d, %s: index %d is row %d, the first sampler's was %d" % (
+                    rank, label, read, row, expected_rows[read]))
             values, columns = dataset.get_row(row)[0]
             expected = int(row_ptr[row + 1] - row_ptr[row])
             if len(values) != expected or len(columns) != expected:
                 sys.exit("rank %d, %s: row %d has %d values, its offsets say %d" % (
                     rank, label, row, len(values), expected))
+            read += 1
         read_s = time.perf_counter() - started
-        error = sampler.take_hint_error()
+        errors.append(reader.take_hint_error())
+        error = next((e for e in errors if e is not None), None)
         print(json.dumps(dict(order=label, rank=rank, sampler_s=sampler_s, sampler_mib=sampler_mib, read_s=read_s,
-                              rows_read=min(rows, len(first)), rows_in_epoch=length,
-                              hints_active=sampler.hints_active, hint_error=None if error is None else str(error))),
+                              rows_read=read, rows_in_epoch=length,
+                              hints_active=hints_active, hint_error=None if error is None else str(error))),
               flush=True)
+        del reader
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ Each run, on fresh mounts of the bucket with empty caches:
   4. ATLAS_RANKS processes (bench/atlas/rank.py) take each of SAMPLER_ORDERS in turn, all
      ranks together: the sampler built with len(), state_dict() and its first 10,000
      indices and the resident memory that took, then ATLAS_READ_ROWS of those rows read
-     and checked; the daemon's peak RSS and the bytes and requests it fetched.
+     and checked as a fresh sampler of the same seed yields them; the daemon's peak RSS and
+     the bytes and requests it fetched.
 Run alone (`--systems atlas`), it replaces its section of docs/benchmarks.md and keeps its
 results beside the page; --quick runs it on 10^7 rows with 2 ranks and checks what the
 steps returned, not how fast."""
@@ -255,8 +256,9 @@ def atlas_section(saved, results_path):
     world = runs[0]["ranks"]["world"]
     w("%d ranks at once on the mount, each order in turn: *sampler s* and *sampler MiB*: building the rank's "
       "sampler, len(), state_dict() and its first 10,000 indices (their hints written), and the resident memory "
-      "that added (the worst rank); *read s*: the slowest rank's %d rows through `get_row`, each checked against "
-      "the row offsets." % (world, runs[0]["ranks"]["rows_per_rank"]))
+      "that added (the worst rank); *read s*: the slowest rank's first %d rows, from a fresh sampler of the same "
+      "seed, each read through `get_row` as the sampler yields it (as a training loop takes them) and checked "
+      "against the row offsets." % (world, runs[0]["ranks"]["rows_per_rank"]))
     w("")
     w("| order | sampler s | sampler MiB | read s |")
     w("| --- | ---: | ---: | ---: |")
@@ -268,7 +270,7 @@ def atlas_section(saved, results_path):
     fetched = [r["ranks"]["fetched"] for r in runs]
     w("")
     w("The daemon's peak RSS over the whole mount: **%.0f MiB**. For the ranks' plans (the first 10,000 indices "
-      "of each rank in each order, of which the rows above were read) it fetched %.1f MB in %d planned requests, "
+      "of each rank in each order, then the reading sampler's steps as it went) it fetched %.1f MB in %d planned requests, "
       "%d parts and %d direct reads." % (
           med([r["ranks"]["daemon_peak_rss_mib"] for r in runs]), med([f["bytes_fetched"] for f in fetched]) / 1e6,
           med([f["planned_requests"] for f in fetched]), med([f["parts_fetched"] for f in fetched]),
