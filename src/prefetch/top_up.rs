@@ -58,6 +58,11 @@ pub(super) struct Item {
 /// step is read, is fetched again when the reader moves, or by the read itself.
 pub(super) struct TopUpCursor {
     mark: PlanMark,
+    /// The plan's steps from its position to the end of the lookahead, as of `mark`
+    /// (a plan's steps change only with its revision): shared by the passes, not copied
+    /// out of the plan for each. Copied, a plan of 17 steps of 4,096 single rows was
+    /// 1 MiB per pass, and 15 % of the daemon's time with four such plans.
+    steps: Arc<[Step]>,
     /// The step, counted from the plan's position, and the item in it, where the next
     /// pass starts.
     step: usize,
@@ -77,7 +82,7 @@ pub(super) struct TopUpCursor {
 }
 
 impl TopUpCursor {
-    fn at_start(mark: PlanMark, dataset: &Dataset, steps: &[Step]) -> TopUpCursor {
+    fn at_start(mark: PlanMark, dataset: &Dataset, steps: Arc<[Step]>) -> TopUpCursor {
         let read_whole = match dataset {
             Dataset::Chunked(dataset) => steps
                 .iter()
@@ -93,6 +98,7 @@ impl TopUpCursor {
         };
         TopUpCursor {
             mark,
+            steps,
             step: 0,
             item: Item::default(),
             parts: HashSet::new(),
@@ -119,7 +125,7 @@ struct Walk {
     /// The index of the plan's step at its position, and the steps from there to the
     /// end of the lookahead.
     start: usize,
-    steps: Vec<Step>,
+    steps: Arc<[Step]>,
     cursor: TopUpCursor,
     /// The step (from the plan's position) and item this pass is at.
     at: (usize, Item),
@@ -174,14 +180,11 @@ impl Prefetcher {
                 let start = a.plan.position.min(a.plan.steps.len());
                 let end = (start + 1 + lookahead).min(a.plan.steps.len());
                 let cursor = a.top_up.take().filter(|c| c.mark == a.plan.mark());
-                let finished = cursor.as_ref().is_some_and(|c| c.step >= end - start);
-                let steps = if finished {
-                    Vec::new()
-                } else {
-                    a.plan.steps[start..end].to_vec()
-                };
-                let cursor = cursor
-                    .unwrap_or_else(|| TopUpCursor::at_start(a.plan.mark(), &a.dataset, &steps));
+                let cursor = cursor.unwrap_or_else(|| {
+                    let steps = a.plan.steps[start..end].into();
+                    TopUpCursor::at_start(a.plan.mark(), &a.dataset, steps)
+                });
+                let steps = cursor.steps.clone();
                 Walk {
                     handle: *handle,
                     uid: a.uid,
