@@ -87,12 +87,6 @@ impl Prefetcher {
             part.read_exact_at(&mut bytes[range.start as usize..range.end as usize], 0)
                 .ok()?;
         }
-        let width = dtype.size().unwrap() as usize;
-        Some(
-            bytes
-                .chunks_exact(width)
-                .map(|entry| dtype.read_uint(entry, 0))
-                .collect(),
-        )
+        Some(dtype.read_uints(&bytes))
     }
 }

@@ -211,10 +211,8 @@ pub enum RowOffsetError {
 /// Checks a chunk's whole `row_ptr.npy` (`dtype` entries): starts at 0, never
 /// decreases, ends at the chunk's value count `nnz`.
 pub fn check_chunk_row_offsets(bytes: &[u8], dtype: Dtype, nnz: u64) -> Result<(), RowOffsetError> {
-    let width = dtype.size().expect("row offsets are integers") as usize;
     let mut previous = 0;
-    for index in 0..bytes.len() / width {
-        let value = dtype.read_uint(bytes, index);
+    for (index, value) in dtype.read_uints(bytes).into_iter().enumerate() {
         if index == 0 && value != 0 {
             return Err(RowOffsetError::NonZeroStart(value));
         }
@@ -273,12 +271,8 @@ pub fn rebase_row_offsets(bytes: &mut [u8], dtype: Dtype, add: u64) -> Result<()
     if add == 0 {
         return Ok(());
     }
-    let width = dtype.size().expect("row offsets are integers") as usize;
-    for index in 0..bytes.len() / width {
-        let value = dtype.read_uint(bytes, index).checked_add(add);
-        if !value.is_some_and(|v| dtype.write_uint(bytes, index, v)) {
-            return Err(RowOffsetError::ShiftOverflows { add, dtype });
-        }
+    if !dtype.add_to_uints(bytes, add) {
+        return Err(RowOffsetError::ShiftOverflows { add, dtype });
     }
     Ok(())
 }
