@@ -179,7 +179,7 @@ pub fn assemble(
     settings: &MountSettings,
     root_listing: Option<ListResult>,
 ) -> Result<(FsCore, Observer), MountError> {
-    crate::cache_dir_check::prepare(&settings.cache_dir)?;
+    let cache_dir = crate::cache_dir_check::prepare(&settings.cache_dir)?;
     let owner = CacheOwner {
         source: settings.fs_name.clone(),
         endpoint: settings.endpoint.clone(),
@@ -187,7 +187,7 @@ pub fn assemble(
     };
     let cache = Arc::new(
         DiskCache::open(
-            &settings.cache_dir,
+            &cache_dir,
             &owner,
             settings.cache_bytes,
             settings.max_cached_chunks,
