@@ -18,7 +18,7 @@ use crate::catalog::{DirMode, ListingTimes, ObjectRegistry, Tree, LISTING_DEADLI
 use crate::fetch::{listed_object, FetchLimits, Fetcher};
 use crate::fs::fuse::KernelPageCache;
 use crate::fs::read_around::ReadAround;
-use crate::fs::{read_ahead, CoreComponents, FsCore, Ownership, ScdlFs};
+use crate::fs::{read_ahead, CoreComponents, FsCore, MountedSource, Ownership, ScdlFs};
 use crate::metrics::Metrics;
 use crate::object::ObjectInfo;
 use crate::planner_wake::PlannerWake;
@@ -179,7 +179,7 @@ pub fn assemble(
     settings: &MountSettings,
     root_listing: Option<ListResult>,
 ) -> Result<(FsCore, Observer), MountError> {
-    crate::cache_dir_check::prepare(&settings.cache_dir)?;
+    let cache_dir = crate::cache_dir_check::prepare(&settings.cache_dir)?;
     let owner = CacheOwner {
         source: settings.fs_name.clone(),
         endpoint: settings.endpoint.clone(),
@@ -187,7 +187,7 @@ pub fn assemble(
     };
     let cache = Arc::new(
         DiskCache::open(
-            &settings.cache_dir,
+            &cache_dir,
             &owner,
             settings.cache_bytes,
             settings.max_cached_chunks,
@@ -277,6 +277,10 @@ pub fn assemble(
         cache.leave_read_ahead_to_read_around();
     }
     let components = CoreComponents {
+        shows: MountedSource {
+            source: settings.fs_name.clone(),
+            endpoint: settings.endpoint.clone(),
+        },
         tree,
         cache,
         read_path,

@@ -78,6 +78,12 @@ impl Users {
         state.stopping
     }
 
+    /// Whether the mount lives for its users (`--exit-with-pid`) rather than until it
+    /// is stopped.
+    pub fn takes_users(&self) -> bool {
+        self.watched
+    }
+
     /// `+PID` attaches a process, `-PID` lets one go (the last one stops the mount).
     pub fn request(&self, value: &[u8]) -> FsResult<()> {
         let invalid = || {

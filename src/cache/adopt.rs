@@ -7,7 +7,7 @@
 //! Part files an earlier daemon left are *strays* until a listed object claims them.
 //! A part file's name ([`PartFileName`]) says when it was written, which part it holds
 //! (a hash of its object's key, ETag and offset) and how long it is, so at open the
-//! directory is only listed ([`scan`]: no file opened, none sized): the budget counts
+//! directory is only listed (`directory::scan`: no file opened, none sized): the budget counts
 //! every stray byte from the first second, and a cache larger than a new, smaller
 //! budget shrinks at once, oldest files first. The headers are then read in the
 //! background ([`read_header`], on [`IO_THREADS`] threads); an object listed by the
@@ -17,10 +17,9 @@
 //! it the same way. Adopted parts keep the block checksums of their header, so every
 //! read of their bytes is checked like that of any other part.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -147,22 +146,6 @@ pub fn part_id(key: &str, etag: &str, object_offset: u64) -> u64 {
     u64::from_le_bytes(hash.finalize()[..8].try_into().expect("32 bytes"))
 }
 
-/// A part file found at open, before its header has been read.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Found {
-    pub path: PathBuf,
-    pub name: PartFileName,
-}
-
-/// What [`scan`] found: the part files, oldest first, and the first free file number.
-#[derive(Debug, Default)]
-pub struct Scan {
-    pub parts: Vec<Found>,
-    pub next_file: u64,
-    /// Files removed: temporaries of writes a crash cut short, and names no daemon writes.
-    pub removed: u64,
-}
-
 /// How many threads read the earlier mount's part files' headers: the work waits on
 /// the disk, which serves many requests at once (cold, 10^5 files take seconds on one
 /// thread).
@@ -179,43 +162,11 @@ pub fn in_parallel<T: Sync>(items: &[T], f: impl Fn(&T) + Sync) {
     });
 }
 
-/// Lists `parts_dir` without opening or sizing its files: the part files, oldest
-/// first. Anything else (a temporary of a write cut short, a foreign name, a name
-/// declaring more than `max_len` bytes, which no cache of that budget holds) is removed.
-pub fn scan(parts_dir: &Path, max_len: u64) -> io::Result<Scan> {
-    let mut scan = Scan::default();
-    for entry in fs::read_dir(parts_dir)? {
-        let entry = entry?;
-        // From the directory entry itself where the filesystem records the type.
-        let file_type = entry.file_type()?;
-        let name = entry.file_name().to_str().and_then(PartFileName::parse);
-        match name {
-            Some(name) if file_type.is_file() && name.len <= max_len => {
-                scan.next_file = scan.next_file.max(name.seq + 1);
-                scan.parts.push(Found {
-                    path: entry.path(),
-                    name,
-                });
-            }
-            _ => {
-                scan.removed += 1;
-                match file_type.is_dir() {
-                    true => fs::remove_dir_all(entry.path())?,
-                    false => fs::remove_file(entry.path())?,
-                }
-            }
-        }
-    }
-    scan.parts.sort_by_key(|found| found.name.seq);
-    Ok(scan)
-}
-
 /// Reads and checks the header of a part file: its own checksum, a file length that is
 /// exactly the header plus the data it declares and the length its name declares (a
 /// file cut short by a power loss is refused here; a flipped data bit is caught by the
 /// block checksums on reading), and the part its name says it holds.
-pub fn read_header(path: &Path, name: &PartFileName) -> Result<(PartHeader, u64), BadPartFile> {
-    let mut file = super::private_file().read(true).open(path)?;
+pub fn read_header(mut file: File, name: &PartFileName) -> Result<(PartHeader, u64), BadPartFile> {
     let file_len = file.metadata()?.size();
     let mut head = vec![0u8; 4096];
     let got = read_up_to(&mut file, &mut head)?;
@@ -313,6 +264,7 @@ pub fn judge(header: &PartHeader, object: &ListedObject, part_size: u64) -> Verd
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     fn listed(etag: Option<&str>, size: u64) -> ListedObject {
         ListedObject {
@@ -429,40 +381,6 @@ mod tests {
         }
     }
 
-    fn name(seq: u64, len: u64) -> String {
-        PartFileName {
-            seq,
-            part: seq * 7,
-            len,
-        }
-        .to_string()
-    }
-
-    #[test]
-    fn a_scan_lists_parts_oldest_first_without_sizing_them_and_removes_the_rest() {
-        let dir = tempfile::tempdir().unwrap();
-        // Names declare 10 and 20 bytes; the files' real lengths are not looked at.
-        fs::write(dir.path().join(name(0xa, 10)), b"x").unwrap();
-        fs::write(dir.path().join(name(2, 20)), b"").unwrap();
-        fs::write(dir.path().join(format!("{}.tmp", name(0xb, 4))), b"torn").unwrap();
-        fs::write(
-            dir.path().join(name(3, 1001)),
-            b"more than any cache of 1000 bytes holds",
-        )
-        .unwrap();
-        fs::write(dir.path().join("notes"), b"?").unwrap();
-        fs::create_dir(dir.path().join(name(4, 10))).unwrap();
-        let scan = scan(dir.path(), 1000).unwrap();
-        let found: Vec<_> = scan
-            .parts
-            .iter()
-            .map(|f| (f.name.seq, f.name.len))
-            .collect();
-        assert_eq!(found, [(2, 20), (0xa, 10)]);
-        assert_eq!((scan.next_file, scan.removed), (11, 4));
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
-    }
-
     #[test]
     fn a_header_must_match_its_files_name_and_length() {
         let dir = tempfile::tempdir().unwrap();
@@ -476,13 +394,16 @@ mod tests {
         };
         let path = dir.path().join(right.to_string());
         fs::write(&path, &bytes).unwrap();
-        assert_eq!(read_header(&path, &right).unwrap(), (header, 4096));
+        assert_eq!(
+            read_header(File::open(&path).unwrap(), &right).unwrap(),
+            (header, 4096)
+        );
         let other_part = PartFileName {
             part: part_id("k", "\"e\"", 0),
             ..right
         };
         assert!(matches!(
-            read_header(&path, &other_part),
+            read_header(File::open(&path).unwrap(), &other_part),
             Err(BadPartFile::OtherPart)
         ));
         let longer = PartFileName {
@@ -490,7 +411,7 @@ mod tests {
             ..right
         };
         assert!(matches!(
-            read_header(&path, &longer),
+            read_header(File::open(&path).unwrap(), &longer),
             Err(BadPartFile::WrongLength { .. })
         ));
     }

@@ -8,7 +8,6 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::ownership::private_file;
 use super::ADVISE_AGAIN_AFTER;
 use super::{CacheError, DiskCache, ResidentFile};
 use crate::parts::{span, spans_touched, PartKey};
@@ -123,7 +122,7 @@ impl PinnedPart {
         let handle = self
             .cache
             .open_files
-            .file(&file.file, |path| private_file().read(true).open(path))
+            .file(&file.file, |name| self.cache.parts.open_for_reading(name))
             .map_err(|error| self.unreadable(error))?;
         let blocks = CheckedBlocks {
             file: &handle,

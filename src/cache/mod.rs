@@ -9,9 +9,11 @@
 //!
 //! A cache directory that cannot be written (full, removed, read-only) turns caching
 //! off with one log line and a flag in `status`; downloads are then served from memory,
-//! and one insert tries the disk again every [`DISK_RETRY_AFTER`]. The directory and
-//! its files are private to the daemon's user (0700 and 0600), and are opened without
-//! following symbolic links.
+//! and one insert tries the disk again every [`DISK_RETRY_AFTER`] (a removed directory
+//! stays unusable: the cache holds the one checked, not its path). The directory and
+//! its files are private to the daemon's user (0700 and 0600), and every one is
+//! reached relative to the checked directory without following symbolic links
+//! ([`directory`]).
 //!
 //! No byte leaves the cache unchecked: every read checks the CRC32C of each block it
 //! touches (kept in memory since the part was written) against what the disk returned.
@@ -31,28 +33,28 @@
 
 pub mod adopt;
 mod checked;
+mod directory;
 pub mod open_files;
-mod ownership;
 pub mod part_file;
 pub mod policy;
 pub mod spool;
 mod strays;
 
 use std::collections::HashMap;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::cache_dir_check::CheckedDir;
 use crate::parts::{GroupId, PartKey};
 pub use checked::PinnedPart;
+use directory::HeldDir;
 use open_files::{OpenFiles, PartFile};
-use ownership::{claim_for_source, lock_exclusively, private_file, refuse_other_layouts};
 use part_file::PartHeader;
 pub use policy::{Admission, EvictionAdvisor, NextUse, Policy, Recency, Unit};
 use strays::Strays;
@@ -124,7 +126,8 @@ impl From<CacheError> for crate::error::FsError {
 
 struct Inner {
     policy: Policy,
-    files: HashMap<PartKey, (Arc<ResidentFile>, PathBuf)>,
+    /// Each resident part's file, and its name in the parts directory.
+    files: HashMap<PartKey, (Arc<ResidentFile>, String)>,
     strays: Strays,
 }
 
@@ -190,7 +193,8 @@ pub struct CacheStats {
 }
 
 pub struct DiskCache {
-    parts_dir: PathBuf,
+    /// Where every part file is, by its name.
+    parts: HeldDir,
     budget_bytes: u64,
     adopted_parts: AtomicU64,
     adopted_bytes: AtomicU64,
@@ -238,54 +242,25 @@ impl DiskCache {
     /// [`DiskCache::adopt_in_background`] then reads their headers so that listed
     /// objects can claim them.
     pub fn open(
-        dir: &Path,
+        dir: &CheckedDir,
         owner: &CacheOwner,
         budget_bytes: u64,
         max_groups: Option<usize>,
     ) -> io::Result<DiskCache> {
-        let root = dir.join(adopt::layout_dir_name());
-        refuse_other_layouts(dir, &root, owner)?;
-        let parts_dir = root.join("parts");
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&parts_dir)?;
-        for owned in [&root, &parts_dir] {
-            if !fs::symlink_metadata(owned)?.is_dir() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "{} is not a directory (a symbolic link?); scdlfs refuses to cache there",
-                        owned.display()
-                    ),
-                ));
-            }
-            fs::set_permissions(owned, fs::Permissions::from_mode(0o700))?;
-        }
-        let lock = lock_exclusively(&root.join("lock")).map_err(|error| match error.kind() {
-            io::ErrorKind::WouldBlock => io::Error::new(
-                io::ErrorKind::WouldBlock,
-                format!(
-                    "cache directory {} is in use by another scdlfs mount; give each mount its own --cache-dir",
-                    dir.display()
-                ),
-            ),
-            _ => error,
-        })?;
-        claim_for_source(dir, &root, &parts_dir, owner)?;
-        let scan = adopt::scan(&parts_dir, budget_bytes)?;
+        let directory::Claimed { parts, lock } = directory::claim(dir, owner)?;
+        let scan = directory::scan(&parts, budget_bytes)?;
         let mut strays = Strays::default();
         for found in scan.parts {
             strays.total_bytes += found.name.len;
-            strays.names.insert(found.path.clone(), found.name);
+            strays.names.insert(found.file.clone(), found.name);
             // Oldest first: a part's newest file wins.
-            strays.by_part.insert(found.name.part, found.path.clone());
-            strays.order.push_back(found.path);
+            strays.by_part.insert(found.name.part, found.file.clone());
+            strays.order.push_back(found.file);
         }
         let mut over_budget = 0;
         while strays.total_bytes > budget_bytes {
-            let (path, _) = strays.oldest().expect("bytes over budget are in files");
-            fs::remove_file(&path)?;
+            let (file, _) = strays.oldest().expect("bytes over budget are in files");
+            parts.remove(&file)?;
             over_budget += 1;
         }
         strays.headers_read = strays.names.is_empty();
@@ -300,7 +275,7 @@ impl DiskCache {
         }
         let policy_budget = budget_bytes - strays.total_bytes;
         Ok(DiskCache {
-            parts_dir,
+            parts,
             budget_bytes,
             adopted_parts: AtomicU64::new(0),
             adopted_bytes: AtomicU64::new(0),
@@ -331,8 +306,8 @@ impl DiskCache {
 
     /// The directory whose files the budget bounds.
     #[cfg(test)]
-    fn parts_dir(&self) -> &Path {
-        &self.parts_dir
+    fn parts_dir(&self) -> PathBuf {
+        self.parts.shown("")
     }
 
     pub fn set_advisor(&self, advisor: Option<Arc<dyn EvictionAdvisor>>) {
@@ -444,7 +419,7 @@ impl DiskCache {
     fn disk_failed(&self, error: &io::Error) {
         let mut disk = self.disk.lock();
         if disk.reason.is_none() {
-            tracing::error!(dir = %self.parts_dir.display(), %error, retry_seconds = self.disk_retry_after.as_secs(), "the cache directory cannot be written: serving parts from the store without caching them");
+            tracing::error!(dir = %self.parts.shown("").display(), %error, retry_seconds = self.disk_retry_after.as_secs(), "the cache directory cannot be written: serving parts from the store without caching them");
         }
         disk.unusable_since = Some(Instant::now());
         disk.reason = Some(error.to_string());
@@ -453,7 +428,7 @@ impl DiskCache {
     fn disk_ok(&self) {
         let mut disk = self.disk.lock();
         if disk.reason.take().is_some() {
-            tracing::info!(dir = %self.parts_dir.display(), "the cache directory can be written again: caching resumes");
+            tracing::info!(dir = %self.parts.shown("").display(), "the cache directory can be written again: caching resumes");
         }
         disk.unusable_since = None;
     }
@@ -469,7 +444,7 @@ impl DiskCache {
     #[cfg(not(test))]
     fn step(&self, _: Step) {}
 
-    fn forget_files(&self, inner: &mut Inner, victims: Vec<PartKey>) -> Vec<PathBuf> {
+    fn forget_files(&self, inner: &mut Inner, victims: Vec<PartKey>) -> Vec<String> {
         self.evicted_parts
             .fetch_add(victims.len() as u64, Ordering::Relaxed);
         victims
@@ -480,13 +455,13 @@ impl DiskCache {
 
     /// Deletes part files; called with the books' lock held, before their bytes are
     /// credited or right after, so that the room they free is free on disk too.
-    fn delete_files(&self, paths: Vec<PathBuf>) {
-        for path in paths {
+    fn delete_files(&self, files: Vec<String>) {
+        for file in files {
             self.step(Step::Deleting);
-            match fs::remove_file(&path) {
+            match self.parts.remove(&file) {
                 // A file already gone (a removed cache directory) is what deleting wanted.
                 Err(error) if error.kind() != io::ErrorKind::NotFound => {
-                    tracing::warn!(path = %path.display(), %error, "could not delete a cache file");
+                    tracing::warn!(path = %self.parts.shown(&file).display(), %error, "could not delete a cache file");
                 }
                 _ => {}
             }
@@ -554,9 +529,10 @@ impl DiskCache {
         if !Arc::ptr_eq(resident, file) {
             return None;
         }
-        let (_, path) = inner.files.remove(&key).expect("present");
+        let (_, name) = inner.files.remove(&key).expect("present");
         inner.policy.discard(key);
-        self.delete_files(vec![path.clone()]);
+        let path = self.parts.shown(&name);
+        self.delete_files(vec![name]);
         Some(path)
     }
 }
@@ -564,6 +540,10 @@ impl DiskCache {
 #[cfg(test)]
 #[path = "../../tests/common/files.rs"]
 mod test_files;
+
+#[cfg(test)]
+#[path = "../../tests/common/tmpfs.rs"]
+mod test_tmpfs;
 
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,7 @@
 //! descriptors than the process may have (`RLIMIT_NOFILE`), and running out would
 //! fail reads, downloads and even the FUSE session. So at most a bound of part files
 //! are open at once: past it, the files opened longest ago are closed, and a read of
-//! a closed one opens it again by its path. Nothing else changes: the books, the pins
+//! a closed one opens it again by its name in the parts directory. Nothing else changes: the books, the pins
 //! and the checksums are the cache's as before.
 //!
 //! The daemon raises its soft limit to the hard limit at start
@@ -53,7 +53,7 @@ pub fn bound_for_this_process() -> usize {
         .max(MIN_OPEN_PART_FILES)
 }
 
-/// One part file: its path, and the open file while it is open.
+/// One part file: its name in the parts directory, and the open file while it is open.
 #[derive(Debug)]
 pub struct PartFile {
     path: PathBuf,

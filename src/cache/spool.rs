@@ -19,7 +19,7 @@
 //! deletes its file. Its open file outlives an eviction of the committed part, so a
 //! reader that was handed the spool finishes its read.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -30,7 +30,6 @@ use parking_lot::Mutex;
 
 use super::adopt::{self, PartFileName};
 use super::checked::{read_checked, BlockReadFailure, CheckedBlocks};
-use super::ownership::private_file;
 use super::part_file::{PartHeader, BLOCK_LEN};
 use super::policy::{Admission, Reservation, Unit};
 use super::{CacheError, DiskCache, PartOrigin, ResidentFile, Step};
@@ -47,7 +46,8 @@ pub struct Spool {
     /// The header's length: where the data starts in the file.
     data_offset: u64,
     name: PartFileName,
-    tmp: PathBuf,
+    /// The file's name in the parts directory until its commit.
+    tmp: String,
     file: File,
     state: Mutex<SpoolState>,
     /// A read of its written bytes failed: readers get them from the store instead.
@@ -116,13 +116,8 @@ impl DiskCache {
             part: adopt::part_id(origin.key, origin.etag, origin.object_offset),
             len: disk_bytes,
         };
-        let tmp = self.parts_dir.join(format!("{name}.tmp"));
-        let file = match private_file()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-        {
+        let tmp = format!("{name}.tmp");
+        let file = match self.parts.create_new(&tmp) {
             Ok(file) => file,
             Err(error) => {
                 self.inner.lock().policy.cancel(reservation);
@@ -217,7 +212,7 @@ impl Spool {
             match failure {
                 BlockReadFailure::Io(error) => {
                     if first {
-                        tracing::error!(path = %self.tmp.display(), part = ?self.key, %error, "a part file being written could not be read back: its readers get their bytes from the store");
+                        tracing::error!(path = %self.cache.parts.shown(&self.tmp).display(), part = ?self.key, %error, "a part file being written could not be read back: its readers get their bytes from the store");
                     }
                     CacheError::Unreadable {
                         part: self.key,
@@ -226,7 +221,7 @@ impl Spool {
                 }
                 BlockReadFailure::BadBlock(block) => {
                     if first {
-                        tracing::error!(path = %self.tmp.display(), part = ?self.key, block, "a part being written failed its checksum on reading back: its readers get their bytes from the store");
+                        tracing::error!(path = %self.cache.parts.shown(&self.tmp).display(), part = ?self.key, block, "a part being written failed its checksum on reading back: its readers get their bytes from the store");
                     }
                     CacheError::Corrupt {
                         part: self.key,
@@ -261,19 +256,19 @@ impl Spool {
         };
         let encoded = header.encode();
         debug_assert_eq!(encoded.len() as u64, self.data_offset);
-        let path = cache.parts_dir.join(self.name.to_string());
+        let name = self.name.to_string();
         let placed = (|| {
             self.file.write_all_at(&encoded, 0)?;
-            fs::rename(&self.tmp, &path)?;
-            private_file().read(true).open(&path)
+            cache.parts.rename(&self.tmp, &name)?;
+            cache.parts.open_for_reading(&name)
         })();
         cache.step(Step::Written);
         let mut inner = cache.inner.lock();
         let file = match placed {
-            Ok(file) => cache.open_files.opened(path.clone(), file),
+            Ok(file) => cache.open_files.opened(PathBuf::from(&name), file),
             Err(error) => {
-                let _ = fs::remove_file(&self.tmp);
-                let _ = fs::remove_file(&path);
+                let _ = cache.parts.remove(&self.tmp);
+                let _ = cache.parts.remove(&name);
                 inner.policy.cancel(reservation);
                 drop(inner);
                 cache.disk_failed(&error);
@@ -284,7 +279,7 @@ impl Spool {
         cache.disk_ok();
         if inner.policy.contains(self.key) {
             // Another download of the same part landed first.
-            cache.delete_files(vec![path]);
+            cache.delete_files(vec![name]);
             inner.policy.cancel(reservation);
             return true;
         }
@@ -301,7 +296,7 @@ impl Spool {
                     block_crc32c: header.block_crc32c.into(),
                     advised_at_ms: Default::default(),
                 }),
-                path,
+                name,
             ),
         );
         true
@@ -313,9 +308,9 @@ impl Drop for Spool {
         if let Some(reservation) = self.state.get_mut().reservation.take() {
             // Deleted before its room is credited, as an evicted file is.
             let mut inner = self.cache.inner.lock();
-            if let Err(error) = fs::remove_file(&self.tmp) {
+            if let Err(error) = self.cache.parts.remove(&self.tmp) {
                 if error.kind() != io::ErrorKind::NotFound {
-                    tracing::warn!(path = %self.tmp.display(), %error, "could not delete an unfinished part file");
+                    tracing::warn!(path = %self.cache.parts.shown(&self.tmp).display(), %error, "could not delete an unfinished part file");
                 }
             }
             inner.policy.cancel(reservation);
@@ -328,6 +323,7 @@ mod tests {
     use super::*;
     use crate::cache::{CacheOwner, Recency};
     use crate::parts::ObjectId;
+    use std::fs;
     use std::path::Path;
 
     const ORIGIN: PartOrigin = PartOrigin {
@@ -342,7 +338,15 @@ mod tests {
             endpoint: None,
             reset: false,
         };
-        Arc::new(DiskCache::open(dir, &owner, budget, None).unwrap())
+        Arc::new(
+            DiskCache::open(
+                &crate::cache_dir_check::prepare(dir).unwrap(),
+                &owner,
+                budget,
+                None,
+            )
+            .unwrap(),
+        )
     }
 
     fn key(object: u64) -> PartKey {
@@ -353,7 +357,7 @@ mod tests {
     }
 
     fn files(cache: &DiskCache) -> Vec<PathBuf> {
-        fs::read_dir(&cache.parts_dir)
+        fs::read_dir(cache.parts.shown(""))
             .unwrap()
             .map(|e| e.unwrap().path())
             .collect()

@@ -4,7 +4,7 @@
 //! the unclaimed ones are deleted oldest first when a download needs their room.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,13 +20,14 @@ use crate::parts::PartKey;
 /// budget less theirs); they are deleted oldest first when a download needs their room.
 #[derive(Default)]
 pub(super) struct Strays {
-    /// Still on disk, oldest first; an entry no longer in `names` was claimed or removed.
-    pub(super) order: VecDeque<PathBuf>,
-    pub(super) names: HashMap<PathBuf, PartFileName>,
+    /// Their files' names in the parts directory, oldest first; an entry no longer in
+    /// `names` was claimed or removed.
+    pub(super) order: VecDeque<String>,
+    pub(super) names: HashMap<String, PartFileName>,
     pub(super) total_bytes: u64,
     /// The newest stray of each part id ([`adopt::part_id`]), while headers are still
     /// being read, so that a read can claim its part's file itself.
-    pub(super) by_part: HashMap<u64, PathBuf>,
+    pub(super) by_part: HashMap<u64, String>,
     /// Strays whose header has been read, by object key.
     pub(super) by_key: HashMap<String, Vec<ReadStray>>,
     /// Objects listed while headers are still being read, so a stray read later
@@ -36,27 +37,27 @@ pub(super) struct Strays {
 }
 
 pub(super) struct ReadStray {
-    path: PathBuf,
+    file: String,
     header: PartHeader,
     header_len: u64,
 }
 
 impl Strays {
     /// Forgets a stray (claimed or to be deleted); its bytes, if it was still known.
-    fn take(&mut self, path: &Path) -> Option<u64> {
-        let bytes = self.names.remove(path)?.len;
+    fn take(&mut self, file: &str) -> Option<u64> {
+        let bytes = self.names.remove(file)?.len;
         self.total_bytes -= bytes;
         Some(bytes)
     }
 
-    fn contains(&self, path: &Path) -> bool {
-        self.names.contains_key(path)
+    fn contains(&self, file: &str) -> bool {
+        self.names.contains_key(file)
     }
 
-    pub(super) fn oldest(&mut self) -> Option<(PathBuf, u64)> {
-        while let Some(path) = self.order.pop_front() {
-            if let Some(bytes) = self.take(&path) {
-                return Some((path, bytes));
+    pub(super) fn oldest(&mut self) -> Option<(String, u64)> {
+        while let Some(file) = self.order.pop_front() {
+            if let Some(bytes) = self.take(&file) {
+                return Some((file, bytes));
             }
         }
         None
@@ -75,13 +76,13 @@ impl DiskCache {
             .name("scdlfs-adopt".into())
             .spawn(move || {
                 let started = Instant::now();
-                let paths: Vec<PathBuf> = match cache.upgrade() {
+                let files: Vec<String> = match cache.upgrade() {
                     Some(cache) => cache.inner.lock().strays.order.iter().cloned().collect(),
                     None => return,
                 };
-                adopt::in_parallel(&paths, |path| {
+                adopt::in_parallel(&files, |file| {
                     if let Some(cache) = cache.upgrade() {
-                        cache.read_stray(path.clone());
+                        cache.read_stray(file.clone());
                     }
                 });
                 if let Some(cache) = cache.upgrade() {
@@ -104,25 +105,25 @@ impl DiskCache {
     /// Reads the headers of the earlier mount's part files on this thread.
     #[cfg(test)]
     pub(super) fn adopt_now(&self) {
-        let paths: Vec<PathBuf> = self.inner.lock().strays.order.iter().cloned().collect();
-        for path in paths {
-            self.read_stray(path);
+        let files: Vec<String> = self.inner.lock().strays.order.iter().cloned().collect();
+        for file in files {
+            self.read_stray(file);
         }
         self.headers_done();
     }
 
     /// Reads one stray's header; removes it if the header is bad, files it under its
     /// key otherwise, and lets an object listed already claim it.
-    fn read_stray(&self, path: PathBuf) {
-        let Some(name) = self.inner.lock().strays.names.get(&path).copied() else {
+    fn read_stray(&self, file: String) {
+        let Some(name) = self.inner.lock().strays.names.get(&file).copied() else {
             return; // claimed by a read, or deleted for room, meanwhile
         };
-        let read = adopt::read_header(&path, &name);
+        let read = self.read_header(&file, &name);
         let mut inner = self.inner.lock();
         let (header, header_len) = match read {
             Ok(read) => read,
             Err(reason) => {
-                self.remove_stray(&mut inner, &path, &reason.to_string());
+                self.remove_stray(&mut inner, &file, &reason.to_string());
                 return;
             }
         };
@@ -133,7 +134,7 @@ impl DiskCache {
             .entry(key.clone())
             .or_default()
             .push(ReadStray {
-                path,
+                file,
                 header,
                 header_len,
             });
@@ -171,7 +172,7 @@ impl DiskCache {
             return;
         };
         for stray in strays {
-            if inner.strays.contains(&stray.path) {
+            if inner.strays.contains(&stray.file) {
                 self.judge_stray(inner, object, part_size, stray);
             }
         }
@@ -195,30 +196,30 @@ impl DiskCache {
         };
         let offset = index * part_size;
         let etag = object.etag.as_deref().unwrap_or_default();
-        let (path, name) = {
+        let (file, name) = {
             let inner = self.inner.lock();
             if inner.strays.by_part.is_empty() || inner.policy.contains(key) {
                 return inner.policy.contains(key);
             }
             let part = adopt::part_id(&object.key, etag, offset);
-            let Some(path) = inner.strays.by_part.get(&part) else {
+            let Some(file) = inner.strays.by_part.get(&part) else {
                 return false;
             };
-            match inner.strays.names.get(path) {
-                Some(name) => (path.clone(), *name),
+            match inner.strays.names.get(file) {
+                Some(name) => (file.clone(), *name),
                 None => return false, // claimed or removed already
             }
         };
-        let read = adopt::read_header(&path, &name);
+        let read = self.read_header(&file, &name);
         let mut inner = self.inner.lock();
-        if !inner.strays.contains(&path) {
+        if !inner.strays.contains(&file) {
             return inner.policy.contains(key);
         }
         match read {
             Ok((header, _)) if header.key != object.key => false, // ids of two parts met
             Ok((header, header_len)) => {
                 let stray = ReadStray {
-                    path,
+                    file,
                     header,
                     header_len,
                 };
@@ -228,7 +229,7 @@ impl DiskCache {
                 inner.policy.contains(key)
             }
             Err(reason) => {
-                self.remove_stray(&mut inner, &path, &reason.to_string());
+                self.remove_stray(&mut inner, &file, &reason.to_string());
                 false
             }
         }
@@ -246,15 +247,15 @@ impl DiskCache {
         let index = match adopt::judge(&stray.header, object, part_size) {
             Verdict::Adopt { index } => index,
             Verdict::Remove(reason) => {
-                self.remove_stray(inner, &stray.path, reason);
+                self.remove_stray(inner, &stray.file, reason);
                 return false;
             }
         };
         // Opened when first read: a large cache would not fit the descriptor limit.
-        let file = OpenFiles::closed(stray.path.clone());
+        let file = OpenFiles::closed(PathBuf::from(&stray.file));
         let bytes = inner
             .strays
-            .take(&stray.path)
+            .take(&stray.file)
             .expect("checked by the caller");
         let budget = inner.policy.budget_bytes() + bytes;
         inner.policy.set_budget_bytes(budget);
@@ -265,7 +266,7 @@ impl DiskCache {
         if !inner.policy.adopt(key, object.group, bytes) {
             // Downloaded again already, or over the chunk budget.
             self.stale_removed.fetch_add(1, Ordering::Relaxed);
-            self.delete_files(vec![stray.path]);
+            self.delete_files(vec![stray.file]);
             return false;
         }
         self.adopted_parts.fetch_add(1, Ordering::Relaxed);
@@ -282,20 +283,20 @@ impl DiskCache {
                     block_crc32c: header.block_crc32c.into(),
                     advised_at_ms: AtomicU64::new(0),
                 }),
-                stray.path,
+                stray.file,
             ),
         );
         true
     }
 
     /// Deletes a stray of no use, handing its room to the books.
-    fn remove_stray(&self, inner: &mut Inner, path: &Path, reason: &str) {
-        let Some(bytes) = inner.strays.take(path) else {
+    fn remove_stray(&self, inner: &mut Inner, file: &str, reason: &str) {
+        let Some(bytes) = inner.strays.take(file) else {
             return;
         };
-        tracing::debug!(path = %path.display(), reason, "an earlier mount's part file is not adopted: removed");
+        tracing::debug!(path = %self.parts.shown(file).display(), reason, "an earlier mount's part file is not adopted: removed");
         self.stale_removed.fetch_add(1, Ordering::Relaxed);
-        self.delete_files(vec![path.to_owned()]);
+        self.delete_files(vec![file.to_owned()]);
         let budget = inner.policy.budget_bytes() + bytes;
         inner.policy.set_budget_bytes(budget);
     }
@@ -306,13 +307,23 @@ impl DiskCache {
         while inner.policy.used_bytes() + inner.policy.reserved_bytes() + bytes
             > inner.policy.budget_bytes()
         {
-            let Some((path, freed)) = inner.strays.oldest() else {
+            let Some((file, freed)) = inner.strays.oldest() else {
                 return;
             };
             self.evicted_parts.fetch_add(1, Ordering::Relaxed);
-            self.delete_files(vec![path]);
+            self.delete_files(vec![file]);
             let budget = inner.policy.budget_bytes() + freed;
             inner.policy.set_budget_bytes(budget);
         }
+    }
+
+    /// Reads and checks the header of the earlier mount's part file `file`
+    /// ([`adopt::read_header`]).
+    fn read_header(
+        &self,
+        file: &str,
+        name: &PartFileName,
+    ) -> Result<(PartHeader, u64), adopt::BadPartFile> {
+        adopt::read_header(self.parts.open_for_reading(file)?, name)
     }
 }

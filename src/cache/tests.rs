@@ -2,8 +2,11 @@ use super::test_files::{dir_bytes, flip_bit};
 use super::*;
 use crate::parts::spans_touched;
 use crate::parts::ObjectId;
-use adopt::{ListedObject, SourceRecord};
+use adopt::{ListedObject, PartFileName, SourceRecord};
 use part_file::BLOCK_LEN;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 
 pub(super) const ORIGIN: PartOrigin = PartOrigin {
     key: "k",
@@ -45,11 +48,19 @@ fn the_directory_stays_within_budget_and_reads_back() {
     let dir = tempfile::tempdir().unwrap();
     let part = 10_000usize;
     let budget = 3 * disk_len(part);
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            budget,
+            None,
+        )
+        .unwrap(),
+    );
     for object in 0..10u64 {
         let data = vec![object as u8; part];
         assert!(cache.insert(key(object), None, ORIGIN, &data));
-        assert!(dir_bytes(cache.parts_dir()) <= budget);
+        assert!(dir_bytes(&cache.parts_dir()) <= budget);
     }
     let pinned = cache.get(key(9), Recency::Use).unwrap();
     let mut buf = [0u8; 4];
@@ -77,7 +88,7 @@ fn race(
     let (written_tx, written_rx) = mpsc::channel::<()>();
     let (go_tx, written_rx) = (Mutex::new(Some(go_tx)), Mutex::new(written_rx));
     let dups = std::sync::Barrier::new(2);
-    let parts_dir = cache.parts_dir().to_owned();
+    let parts_dir = cache.parts_dir();
     let hook = {
         let largest = largest.clone();
         move |step: Step| {
@@ -132,7 +143,15 @@ fn evicted_files_are_deleted_before_their_room_is_reused() {
     let dir = tempfile::tempdir().unwrap();
     let unit = disk_len(10_000);
     let budget = 3 * unit;
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            budget,
+            None,
+        )
+        .unwrap(),
+    );
     let big = (2 * unit - disk_len(0)) as usize;
     assert_eq!(disk_len(big), 2 * unit);
     assert!(cache.insert(key(1), None, ORIGIN, &vec![1; big]));
@@ -148,7 +167,7 @@ fn evicted_files_are_deleted_before_their_room_is_reused() {
         largest <= budget,
         "directory reached {largest}, budget {budget}"
     );
-    assert_eq!(dir_bytes(cache.parts_dir()), budget);
+    assert_eq!(dir_bytes(&cache.parts_dir()), budget);
     assert_eq!(cache.stats().evicted_parts, 1);
 }
 
@@ -157,7 +176,15 @@ fn a_losing_duplicate_is_deleted_before_its_room_is_reused() {
     let dir = tempfile::tempdir().unwrap();
     let unit = disk_len(10_000);
     let budget = 3 * unit;
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            budget,
+            None,
+        )
+        .unwrap(),
+    );
     assert!(cache.insert(key(2), None, ORIGIN, &[2; 10_000]));
     let _kept = cache.get(key(2), Recency::Use).unwrap();
     // Two downloads of part 5 both reserve and write; the loser's reservation must
@@ -174,25 +201,31 @@ fn a_losing_duplicate_is_deleted_before_its_room_is_reused() {
         largest <= budget,
         "directory reached {largest}, budget {budget}"
     );
-    assert_eq!(dir_bytes(cache.parts_dir()), budget);
+    assert_eq!(dir_bytes(&cache.parts_dir()), budget);
 }
 
 #[test]
-fn a_removed_directory_turns_caching_off_once_and_on_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cache = DiskCache::open(dir.path(), &owner(), 1 << 20, None).unwrap();
+fn a_full_disk_turns_caching_off_once_and_on_again() {
+    let disk = super::test_tmpfs::SmallTmpfs::mount("256k");
+    let mut cache = DiskCache::open(
+        &crate::cache_dir_check::prepare(&disk.path()).unwrap(),
+        &owner(),
+        1 << 20,
+        None,
+    )
+    .unwrap();
     cache.disk_retry_after = Duration::from_millis(200);
     let cache = Arc::new(cache);
     assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
     let kept = cache.get(key(1), Recency::Use).unwrap();
-    fs::remove_dir_all(dir.path()).unwrap();
-    assert!(!cache.insert(key(2), None, ORIGIN, &[2; 100]));
+    let ballast = disk.path().join("ballast");
+    let _ = fs::write(&ballast, vec![0u8; 256 << 10]);
+    assert!(!cache.insert(key(2), None, ORIGIN, &[2; 8192]));
     let stats = cache.stats();
     assert!(stats.disk_unusable.is_some(), "{stats:?}");
-    // Recreated at once, the directory is not tried again before the retry delay.
-    fs::create_dir_all(cache.parts_dir()).unwrap();
+    // Room again at once: the disk is not tried again before the retry delay.
+    fs::remove_file(&ballast).unwrap();
     assert!(!cache.insert(key(3), None, ORIGIN, &[3; 100]));
-    assert_eq!(fs::read_dir(cache.parts_dir()).unwrap().count(), 0);
     assert_eq!(cache.stats().parts_not_cached_for_disk_errors, 2);
     let mut buf = [0u8; 10];
     kept.read_exact_at(&mut buf, 0).unwrap();
@@ -202,37 +235,145 @@ fn a_removed_directory_turns_caching_off_once_and_on_again() {
     assert_eq!(cache.stats().disk_unusable, None);
 }
 
+/// The cache holds the directory it checked, not its path: a directory made in its
+/// place after it was removed is not the one checked, and nothing is written there.
+#[test]
+fn a_removed_directory_turns_caching_off_and_one_made_in_its_place_is_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cache = DiskCache::open(
+        &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+        &owner(),
+        1 << 20,
+        None,
+    )
+    .unwrap();
+    cache.disk_retry_after = Duration::from_millis(200);
+    let cache = Arc::new(cache);
+    assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
+    let kept = cache.get(key(1), Recency::Use).unwrap();
+    fs::remove_dir_all(dir.path()).unwrap();
+    assert!(!cache.insert(key(2), None, ORIGIN, &[2; 100]));
+    let stats = cache.stats();
+    assert!(stats.disk_unusable.is_some(), "{stats:?}");
+    fs::create_dir_all(cache.parts_dir()).unwrap();
+    std::thread::sleep(Duration::from_millis(250));
+    assert!(!cache.insert(key(3), None, ORIGIN, &[3; 100]));
+    assert_eq!(fs::read_dir(cache.parts_dir()).unwrap().count(), 0);
+    assert_eq!(cache.stats().parts_not_cached_for_disk_errors, 2);
+    let mut buf = [0u8; 10];
+    kept.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, [1; 10], "parts already open still serve, checked");
+}
+
 #[test]
 fn the_directory_and_files_are_private_and_symlinks_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 20, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            1 << 20,
+            None,
+        )
+        .unwrap(),
+    );
     assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
     let mode = |path: &Path| fs::metadata(path).unwrap().permissions().mode() & 0o777;
     let root = dir.path().join(adopt::layout_dir_name());
     assert_eq!(mode(&root), 0o700);
-    assert_eq!(mode(cache.parts_dir()), 0o700);
+    assert_eq!(mode(&cache.parts_dir()), 0o700);
     assert_eq!(mode(&root.join("lock")), 0o600);
-    assert_eq!(mode(&only_file(cache.parts_dir())), 0o600);
-    drop(cache);
+    assert_eq!(mode(&only_file(&cache.parts_dir())), 0o600);
+}
 
-    let elsewhere = tempfile::tempdir().unwrap();
-    let planted = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(
-        elsewhere.path(),
-        planted.path().join(adopt::layout_dir_name()),
+fn open_cache(dir: &Path, owner: &CacheOwner) -> io::Result<DiskCache> {
+    DiskCache::open(
+        &crate::cache_dir_check::prepare(dir).unwrap(),
+        owner,
+        1 << 20,
+        None,
     )
-    .unwrap();
-    let refused = DiskCache::open(planted.path(), &owner(), 1 << 20, None)
-        .err()
-        .unwrap();
+}
+
+/// Every file and directory under the cache directory is reached relative to the one
+/// checked, without following a link: a link planted in the place of the layout
+/// directory, its source record or a part file is refused or removed, and what it
+/// points to is left as it was (opened by path, the cache made `parts` in the target of
+/// a linked layout directory before refusing it, and took a linked source record of
+/// its own source for its own).
+#[test]
+fn a_link_planted_in_the_cache_directory_is_never_followed() {
+    let outside = tempfile::tempdir().unwrap();
+    let outside = outside.path();
+    fs::create_dir(outside.join("dir")).unwrap();
+    fs::write(outside.join("secret"), b"not the cache's").unwrap();
+    let ours = SourceRecord::of(&owner().source, None).encode();
+    fs::write(outside.join("record.json"), &ours).unwrap();
+    let untouched = || {
+        assert_eq!(fs::read_dir(outside.join("dir")).unwrap().count(), 0);
+        assert_eq!(
+            fs::read(outside.join("secret")).unwrap(),
+            b"not the cache's"
+        );
+        assert_eq!(fs::read(outside.join("record.json")).unwrap(), ours);
+    };
+    let link =
+        |target: &str, at: &Path| std::os::unix::fs::symlink(outside.join(target), at).unwrap();
+
+    let planted = tempfile::tempdir().unwrap();
+    link("dir", &planted.path().join(adopt::layout_dir_name()));
+    let refused = open_cache(planted.path(), &owner()).err().unwrap();
     assert!(refused.to_string().contains("symbolic link"), "{refused}");
+    untouched();
+
+    let planted = tempfile::tempdir().unwrap();
+    drop(open_cache(planted.path(), &owner()).unwrap());
+    let layout = planted.path().join(adopt::layout_dir_name());
+    fs::remove_file(layout.join(adopt::SOURCE_RECORD)).unwrap();
+    link("record.json", &layout.join(adopt::SOURCE_RECORD));
+    let refused = open_cache(planted.path(), &owner()).err().unwrap();
+    assert!(
+        refused.to_string().contains("unreadable source record"),
+        "{refused}"
+    );
+    let reset = CacheOwner {
+        reset: true,
+        ..owner()
+    };
+    drop(open_cache(planted.path(), &reset).unwrap());
+    assert!(fs::symlink_metadata(layout.join(adopt::SOURCE_RECORD))
+        .unwrap()
+        .is_file());
+    untouched();
+
+    let part = PartFileName {
+        seq: 1,
+        part: adopt::part_id(ORIGIN.key, ORIGIN.etag, 0),
+        len: disk_len(100),
+    };
+    link("secret", &layout.join("parts").join(part.to_string()));
+    let cache = open_cache(planted.path(), &owner()).unwrap();
+    assert_eq!(cache.stats().unclaimed_parts, 0);
+    assert_eq!(fs::read_dir(cache.parts_dir()).unwrap().count(), 0);
+    untouched();
 }
 
 #[test]
 fn a_second_daemon_cannot_share_the_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let _first = DiskCache::open(dir.path(), &owner(), 1 << 20, None).unwrap();
-    let second = DiskCache::open(dir.path(), &owner(), 1 << 20, None);
+    let _first = DiskCache::open(
+        &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+        &owner(),
+        1 << 20,
+        None,
+    )
+    .unwrap();
+    let second = DiskCache::open(
+        &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+        &owner(),
+        1 << 20,
+        None,
+    );
     assert!(second.is_err());
 }
 
@@ -240,7 +381,15 @@ fn a_second_daemon_cannot_share_the_directory() {
 fn pinned_parts_leave_new_parts_uncached() {
     let dir = tempfile::tempdir().unwrap();
     let budget = disk_len(100);
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            budget,
+            None,
+        )
+        .unwrap(),
+    );
     assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
     let pinned = cache.get(key(1), Recency::Use).unwrap();
     assert!(!cache.insert(key(2), None, ORIGIN, &[2; 100]));
@@ -252,12 +401,20 @@ fn pinned_parts_leave_new_parts_uncached() {
 #[test]
 fn a_flipped_bit_is_caught_and_drops_the_part() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            1 << 30,
+            None,
+        )
+        .unwrap(),
+    );
     let data: Vec<u8> = (0..3 * BLOCK_LEN as usize + 100)
         .map(|i| (i % 253) as u8)
         .collect();
     assert!(cache.insert(key(1), None, ORIGIN, &data));
-    let path = only_file(cache.parts_dir());
+    let path = only_file(&cache.parts_dir());
     let data_offset = fs::metadata(&path).unwrap().len() - data.len() as u64;
     // A byte in the third block.
     flip_bit(&path, data_offset + 2 * BLOCK_LEN as u64 + 7);
@@ -313,7 +470,15 @@ fn listed(object: u64, etag: &str, size: u64, group: Option<GroupId>) -> ListedO
 
 /// A cache of `parts` parts of 1000 bytes of object `ORIGIN.key`, closed again.
 fn earlier_mount(dir: &Path, parts: u64) {
-    let cache = Arc::new(DiskCache::open(dir, &owner(), 1 << 30, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir).unwrap(),
+            &owner(),
+            1 << 30,
+            None,
+        )
+        .unwrap(),
+    );
     for index in 0..parts {
         let origin = PartOrigin {
             object_offset: index * 1000,
@@ -351,7 +516,15 @@ fn last_bytes(cache: &Arc<DiskCache>, object: u64, index: u64) -> [u8; 10] {
 fn a_remount_adopts_the_parts_of_an_unchanged_object_into_its_group() {
     let dir = tempfile::tempdir().unwrap();
     earlier_mount(dir.path(), 3);
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            1 << 30,
+            None,
+        )
+        .unwrap(),
+    );
     let stats = cache.stats();
     assert_eq!(
         (stats.unclaimed_parts, stats.cached_bytes),
@@ -381,7 +554,15 @@ fn a_remount_adopts_the_parts_of_an_unchanged_object_into_its_group() {
 fn an_object_listed_before_its_headers_are_read_still_adopts() {
     let dir = tempfile::tempdir().unwrap();
     earlier_mount(dir.path(), 2);
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            1 << 30,
+            None,
+        )
+        .unwrap(),
+    );
     cache.object_listed(listed(0, ORIGIN.etag, 2000, None), 1000);
     assert_eq!(cache.stats().adopted_parts, 0);
     cache.adopt_now();
@@ -393,7 +574,15 @@ fn parts_of_a_changed_object_or_another_part_size_are_removed() {
     for (etag, size, part_size) in [("\"v2\"", 2000, 1000), (ORIGIN.etag, 2000, 2000)] {
         let dir = tempfile::tempdir().unwrap();
         earlier_mount(dir.path(), 2);
-        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+        let cache = Arc::new(
+            DiskCache::open(
+                &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+                &owner(),
+                1 << 30,
+                None,
+            )
+            .unwrap(),
+        );
         cache.adopt_now();
         cache.object_listed(listed(0, etag, size, None), part_size);
         let stats = cache.stats();
@@ -423,7 +612,15 @@ fn bad_headers_and_torn_writes_are_removed_and_bad_data_is_never_served() {
     let data_start = fs::metadata(&files[1]).unwrap().len() - 1000;
     flip_bit(&files[1], data_start + 5); // in the data
     fs::write(parts_dir.join("00000000000000ff.part.tmp"), [1; 100]).unwrap();
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            1 << 30,
+            None,
+        )
+        .unwrap(),
+    );
     cache.adopt_now();
     cache.object_listed(listed(0, ORIGIN.etag, 3000, None), 1000);
     let stats = cache.stats();
@@ -474,7 +671,15 @@ fn a_read_claims_its_own_part_before_the_headers_are_read() {
     earlier_mount(dir.path(), 4);
     let files = part_files(dir.path());
     flip_bit(&files[2], 20); // part 2's header
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            1 << 30,
+            None,
+        )
+        .unwrap(),
+    );
     let object = listed(4, ORIGIN.etag, 4000, None);
     assert!(cache.claims_pending());
     assert!(cache.claim_own(&object, 1000, 1));
@@ -515,7 +720,15 @@ fn a_read_claims_its_own_part_before_the_headers_are_read() {
 fn a_read_of_another_part_size_removes_the_file_it_finds() {
     let dir = tempfile::tempdir().unwrap();
     earlier_mount(dir.path(), 2);
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            1 << 30,
+            None,
+        )
+        .unwrap(),
+    );
     // Part 0 at 2000 bytes a part starts where the earlier mount's part 0 did.
     assert!(!cache.claim_own(&listed(4, ORIGIN.etag, 2000, None), 2000, 0));
     let stats = cache.stats();
@@ -536,13 +749,21 @@ fn the_budget_counts_what_the_names_declare_until_the_headers_are_read() {
         .set_len(full / 2)
         .unwrap();
     let budget = 3 * disk_len(1000);
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            budget,
+            None,
+        )
+        .unwrap(),
+    );
     assert_eq!(
         cache.stats().cached_bytes,
         budget,
         "at least what is on disk"
     );
-    assert!(dir_bytes(cache.parts_dir()) < budget);
+    assert!(dir_bytes(&cache.parts_dir()) < budget);
     cache.adopt_now();
     let stats = cache.stats();
     assert_eq!(
@@ -552,7 +773,7 @@ fn the_budget_counts_what_the_names_declare_until_the_headers_are_read() {
     );
     assert!(cache.insert(key(7), None, ORIGIN, &[7; 1000]));
     assert_eq!(cache.stats().unclaimed_parts, 2, "no stray gave way");
-    assert_eq!(dir_bytes(cache.parts_dir()), budget);
+    assert_eq!(dir_bytes(&cache.parts_dir()), budget);
 }
 
 #[test]
@@ -560,8 +781,16 @@ fn a_smaller_budget_shrinks_the_directory_at_open_oldest_first() {
     let dir = tempfile::tempdir().unwrap();
     earlier_mount(dir.path(), 5);
     let budget = 2 * disk_len(1000);
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
-    assert!(dir_bytes(cache.parts_dir()) <= budget);
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            budget,
+            None,
+        )
+        .unwrap(),
+    );
+    assert!(dir_bytes(&cache.parts_dir()) <= budget);
     cache.adopt_now();
     cache.object_listed(listed(0, ORIGIN.etag, 5000, None), 1000);
     assert!(
@@ -573,7 +802,7 @@ fn a_smaller_budget_shrinks_the_directory_at_open_oldest_first() {
     );
     // Unclaimed strays make room for new parts, and the budget holds.
     assert!(cache.insert(key(7), None, ORIGIN, &[7; 1000]));
-    assert!(dir_bytes(cache.parts_dir()) <= budget);
+    assert!(dir_bytes(&cache.parts_dir()) <= budget);
 }
 
 #[test]
@@ -581,10 +810,18 @@ fn unclaimed_parts_give_way_to_new_ones_within_the_budget() {
     let dir = tempfile::tempdir().unwrap();
     earlier_mount(dir.path(), 3);
     let budget = 3 * disk_len(1000);
-    let cache = Arc::new(DiskCache::open(dir.path(), &owner(), budget, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+            &owner(),
+            budget,
+            None,
+        )
+        .unwrap(),
+    );
     for object in 10..13 {
         assert!(cache.insert(key(object), None, ORIGIN, &[1; 1000]));
-        assert!(dir_bytes(cache.parts_dir()) <= budget);
+        assert!(dir_bytes(&cache.parts_dir()) <= budget);
     }
     assert_eq!(cache.stats().unclaimed_parts, 0);
 }
@@ -597,9 +834,14 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         source: "s3://another/one".into(),
         ..owner()
     };
-    let refused = DiskCache::open(dir.path(), &other, 1 << 20, None)
-        .err()
-        .unwrap();
+    let refused = DiskCache::open(
+        &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+        &other,
+        1 << 20,
+        None,
+    )
+    .err()
+    .unwrap();
     assert!(
         refused
             .to_string()
@@ -610,13 +852,25 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         reset: true,
         ..other
     };
-    let cache = DiskCache::open(dir.path(), &reset, 1 << 20, None).unwrap();
+    let cache = DiskCache::open(
+        &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+        &reset,
+        1 << 20,
+        None,
+    )
+    .unwrap();
     assert_eq!(fs::read_dir(cache.parts_dir()).unwrap().count(), 0);
     drop(cache);
 
     let old = tempfile::tempdir().unwrap();
     fs::create_dir_all(old.path().join("scdlfs-v1/parts")).unwrap();
-    DiskCache::open(old.path(), &owner(), 1 << 20, None).unwrap();
+    DiskCache::open(
+        &crate::cache_dir_check::prepare(old.path()).unwrap(),
+        &owner(),
+        1 << 20,
+        None,
+    )
+    .unwrap();
     assert!(
         !old.path().join("scdlfs-v1").exists(),
         "the first layout, emptied at every mount by its versions, is removed unasked"
@@ -634,9 +888,14 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         record("s3://another/one"),
     )
     .unwrap();
-    let refused = DiskCache::open(second.path(), &owner(), 1 << 20, None)
-        .err()
-        .unwrap();
+    let refused = DiskCache::open(
+        &crate::cache_dir_check::prepare(second.path()).unwrap(),
+        &owner(),
+        1 << 20,
+        None,
+    )
+    .err()
+    .unwrap();
     assert!(
         refused.to_string().contains("(scdlfs-cache-v2)"),
         "another source's cache of the second layout is refused: {refused}"
@@ -646,7 +905,13 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         record(&owner().source),
     )
     .unwrap();
-    DiskCache::open(second.path(), &owner(), 1 << 20, None).unwrap();
+    DiskCache::open(
+        &crate::cache_dir_check::prepare(second.path()).unwrap(),
+        &owner(),
+        1 << 20,
+        None,
+    )
+    .unwrap();
     assert!(
         !second.path().join("scdlfs-cache-v2").exists(),
         "the source's own cache of the second layout is removed unasked"
@@ -654,9 +919,14 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
 
     let newer = tempfile::tempdir().unwrap();
     fs::create_dir_all(newer.path().join("scdlfs-cache-v9/parts")).unwrap();
-    let refused = DiskCache::open(newer.path(), &owner(), 1 << 20, None)
-        .err()
-        .unwrap();
+    let refused = DiskCache::open(
+        &crate::cache_dir_check::prepare(newer.path()).unwrap(),
+        &owner(),
+        1 << 20,
+        None,
+    )
+    .err()
+    .unwrap();
     assert!(
         refused
             .to_string()
@@ -667,7 +937,13 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         reset: true,
         ..owner()
     };
-    DiskCache::open(newer.path(), &reset, 1 << 20, None).unwrap();
+    DiskCache::open(
+        &crate::cache_dir_check::prepare(newer.path()).unwrap(),
+        &reset,
+        1 << 20,
+        None,
+    )
+    .unwrap();
     assert!(!newer.path().join("scdlfs-cache-v9").exists());
 }
 
@@ -682,12 +958,12 @@ proptest::proptest! {
         flip in proptest::option::of(0.0f64..1.0),
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let cache = Arc::new(DiskCache::open(dir.path(), &owner(), 1 << 30, None).unwrap());
+        let cache = Arc::new(DiskCache::open(&crate::cache_dir_check::prepare(dir.path()).unwrap(), &owner(), 1 << 30, None).unwrap());
         let data: Vec<u8> = (0..len).map(|i| (i * 7 % 256) as u8).collect();
         assert!(cache.insert(key(1), None, ORIGIN, &data));
         let flipped = flip.map(|f| (f * len as f64) as u64);
         if let Some(at) = flipped {
-            let path = only_file(cache.parts_dir());
+            let path = only_file(&cache.parts_dir());
             flip_bit(&path, fs::metadata(&path).unwrap().len() - len as u64 + at);
         }
         let pinned = cache.get(key(1), Recency::Use).unwrap();

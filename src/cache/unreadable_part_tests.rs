@@ -2,13 +2,24 @@
 //! dropped, counted and reported as such, so that the read path fetches it again; and
 //! a read never trips over another reader's read-ahead advice.
 
+use std::fs;
+use std::path::Path;
+
 use super::tests::{key, owner, ORIGIN};
 use super::*;
 use part_file::BLOCK_LEN;
 
 /// A cache holding one part of three and a bit blocks, its data, and its file.
 fn cache_with_one_part(dir: &Path) -> (Arc<DiskCache>, Vec<u8>, PathBuf) {
-    let cache = Arc::new(DiskCache::open(dir, &owner(), 1 << 30, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir).unwrap(),
+            &owner(),
+            1 << 30,
+            None,
+        )
+        .unwrap(),
+    );
     let data: Vec<u8> = (0..3 * BLOCK_LEN as usize + 100)
         .map(|i| (i % 251) as u8)
         .collect();

@@ -369,7 +369,15 @@ mod tests {
             endpoint: None,
             reset: false,
         };
-        let cache = Arc::new(DiskCache::open(dir.path(), &owner, 1 << 30, None).unwrap());
+        let cache = Arc::new(
+            DiskCache::open(
+                &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+                &owner,
+                1 << 30,
+                None,
+            )
+            .unwrap(),
+        );
         let block = BLOCK_LEN as usize;
         let data: Bytes = (0..2 * block + 300).map(|i| (i % 241) as u8).collect();
         let key = PartKey {

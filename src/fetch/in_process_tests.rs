@@ -87,7 +87,15 @@ fn fetcher_on(
         endpoint: None,
         reset: false,
     };
-    let cache = Arc::new(DiskCache::open(cache_dir, &owner, cache_budget, None).unwrap());
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(cache_dir).unwrap(),
+            &owner,
+            cache_budget,
+            None,
+        )
+        .unwrap(),
+    );
     Fetcher::new(
         store,
         cache,
@@ -568,7 +576,15 @@ async fn big_object_bench<H: StoreHook>(
     };
     let fetcher = Fetcher::new(
         store.clone(),
-        Arc::new(DiskCache::open(dir.path(), &owner, 1 << 30, None).unwrap()),
+        Arc::new(
+            DiskCache::open(
+                &crate::cache_dir_check::prepare(dir.path()).unwrap(),
+                &owner,
+                1 << 30,
+                None,
+            )
+            .unwrap(),
+        ),
         FetchLimits {
             part_size: part,
             max_concurrent_requests: slots,

@@ -92,6 +92,8 @@ pub struct Capacity {
 
 /// The core's components, each built once by `mount::assemble`, its one caller.
 pub struct CoreComponents {
+    /// What the mount shows, for [`SOURCE_XATTR`].
+    pub shows: MountedSource,
     pub tree: Arc<Tree>,
     pub cache: Arc<DiskCache>,
     pub read_path: Arc<ReadPath>,
@@ -101,6 +103,21 @@ pub struct CoreComponents {
     pub observer: Observer,
     pub warmer: Arc<Warmer>,
     pub users: Arc<Users>,
+}
+
+/// The root's attribute that says what the mount shows and for how long, as JSON:
+/// `{"source": ..., "endpoint": ... or null, "daemon": PID, "lives_for_users": bool}`.
+/// A process that wants a mount of a source (the Python package) finds by it a node's
+/// own mount, one that lives until it is stopped (a service's, the CLI's), and uses it
+/// instead of starting another. Source and endpoint as the mount table and the cache's
+/// source record show them: credentials redacted.
+pub const SOURCE_XATTR: &str = "user.scdlfs.source";
+
+/// Which store and prefix a mount shows.
+#[derive(Clone, Debug)]
+pub struct MountedSource {
+    pub source: String,
+    pub endpoint: Option<String>,
 }
 
 pub struct FsCore {
@@ -441,12 +458,22 @@ impl FsCore {
     }
 
     /// The root carries the mount's status as JSON (as user `uid` may see it: their
-    /// own plans, or all for root and the mounting user) and its users
-    /// ([`crate::users`]), a dataset directory the progress of its warm job
+    /// own plans, or all for root and the mounting user), its users
+    /// ([`crate::users`]) and what it shows ([`SOURCE_XATTR`]), a dataset directory the progress of its warm job
     /// ([`crate::warm`]); nothing else has attributes.
     pub async fn getxattr(&self, ino: u64, name: &OsStr, uid: u32) -> FsResult<Vec<u8>> {
         if ino == INodeNo::ROOT.0 && name == USERS_XATTR {
             return Ok(self.components.users.describe());
+        }
+        if ino == INodeNo::ROOT.0 && name == SOURCE_XATTR {
+            let shows = &self.components.shows;
+            let note = serde_json::json!({
+                "source": shows.source,
+                "endpoint": shows.endpoint,
+                "daemon": std::process::id(),
+                "lives_for_users": self.components.users.takes_users(),
+            });
+            return Ok(serde_json::to_vec(&note).expect("strings, a number and a flag serialize"));
         }
         if ino == INodeNo::ROOT.0 && name == STATUS_XATTR {
             let viewer = if uid == 0 || uid == self.mounting_uid {
@@ -494,7 +521,7 @@ impl FsCore {
     /// Extended attribute names, each NUL-terminated.
     pub fn listxattr(&self, ino: u64) -> Vec<u8> {
         if ino == INodeNo::ROOT.0 {
-            format!("{STATUS_XATTR}\0{USERS_XATTR}\0").into_bytes()
+            format!("{STATUS_XATTR}\0{USERS_XATTR}\0{SOURCE_XATTR}\0").into_bytes()
         } else {
             Vec::new()
         }

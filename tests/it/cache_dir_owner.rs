@@ -150,6 +150,52 @@ fn a_private_cache_directory_below_a_sticky_shared_one_is_used() {
     assert_eq!(mode, 0o700);
 }
 
+/// A symbolic link on the way to the cache belongs to root or to this user: in a sticky
+/// directory another user's link can be replaced by its owner, pointing the path at a
+/// directory of theirs (it was followed without a word). And the directories a link's
+/// target crosses are checked as any on the way: here a link in a world-writable
+/// directory that anyone could replace, reached through a second link, was seen
+/// neither in the path as given nor as resolved.
+#[test]
+fn a_cache_directory_reached_through_a_link_others_can_replace_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mine = dir.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    chmod(&shared, 0o1777);
+    let theirs = shared.join("link");
+    std::os::unix::fs::symlink(&mine, &theirs).unwrap();
+    let (uid, gid) = nobody();
+    std::os::unix::fs::lchown(&theirs, Some(uid), Some(gid)).unwrap();
+    assert_refused(
+        mount_with_cache(dir.path(), &theirs.join("cache")),
+        &[
+            &theirs.display().to_string(),
+            "symbolic link",
+            &format!("owned by uid {uid}"),
+        ],
+    );
+
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    chmod(&open, 0o777);
+    std::os::unix::fs::symlink(&mine, open.join("hop")).unwrap();
+    let via = dir.path().join("via");
+    std::os::unix::fs::symlink(open.join("hop"), &via).unwrap();
+    assert_refused(
+        mount_with_cache(dir.path(), &via.join("cache")),
+        &[&open.display().to_string(), "writable by every user"],
+    );
+
+    // A link of this user's, through directories nobody else may write, is fine.
+    let own = dir.path().join("own");
+    std::os::unix::fs::symlink(&mine, &own).unwrap();
+    mount_with_cache(dir.path(), &own.join("cache")).expect("through the user's own link");
+    assert!(mine.join("cache").is_dir());
+}
+
 /// `Mount::start` of a local folder with `cache` as its cache directory: Ok, or the
 /// error it gave. A mount it made is undone.
 fn mount_through_the_library(dir: &Path, cache: &Path) -> Result<(), String> {

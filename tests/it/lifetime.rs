@@ -17,6 +17,7 @@ use common::process::{
     PATIENCE,
 };
 use common::write_source;
+use scdlfs::fs::SOURCE_XATTR as SOURCE;
 use scdlfs::users::USERS_XATTR as USERS;
 
 /// How long a daemon whose users live is watched to still be serving.
@@ -253,4 +254,47 @@ fn a_mount_without_exit_with_pid_takes_no_users() {
         Err(rustix::io::Errno::INVAL)
     );
     assert_eq!(users_of(&layout.mountpoint)["users"], serde_json::json!([]));
+}
+
+fn shown_by(mountpoint: &Path) -> serde_json::Value {
+    let mut buf = vec![0u8; 4096];
+    let len = rustix::fs::getxattr(mountpoint, SOURCE, &mut buf).unwrap();
+    serde_json::from_slice(&buf[..len]).unwrap()
+}
+
+/// The root says what the mount shows and whether it lives for users, so that a process
+/// wanting a mount of a source (the Python package) can tell a node's own mount, which
+/// it may use as it is, from one that goes with another process.
+#[test]
+fn the_root_says_what_the_mount_shows_and_whether_it_lives_for_users() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = layout(dir.path());
+    let mut cleanup = Cleanup::unmounting(node.mountpoint.clone());
+    let daemon = cleanup.spawn(&mut foreground_mount(
+        &node.source,
+        &node.mountpoint,
+        &dir.path().join("cache"),
+        &[],
+    ));
+    wait_until_mounted(&node.mountpoint, daemon);
+    assert_eq!(
+        shown_by(&node.mountpoint),
+        serde_json::json!({
+            "source": node.source.display().to_string(),
+            "endpoint": null,
+            "daemon": daemon.id(),
+            "lives_for_users": false,
+        })
+    );
+
+    let other = tempfile::tempdir().unwrap();
+    let job = layout(other.path());
+    let mut job_cleanup = Cleanup::unmounting(job.mountpoint.clone());
+    let starter = user();
+    let daemon = job_cleanup.spawn(&mut mount_living_for(&job, &[starter.id()]));
+    wait_until_mounted(&job.mountpoint, daemon);
+    let shown = shown_by(&job.mountpoint);
+    assert_eq!(shown["lives_for_users"], true, "{shown}");
+    assert_eq!(shown["source"], job.source.display().to_string());
+    end(starter);
 }

@@ -8,7 +8,8 @@ interrupted by Ctrl-C, or timing out, while the mount starts. The source is on n
 command line, and with its password in no message; a dataset whose listing outlasts
 the mount's read timeout is waited for, not given up with the mount; and the ranks of
 a node (4 under torchrun) share one daemon, which fetches the dataset once and goes
-with the last of them."""
+with the last of them, or use the node's own mount (`scdlfs mount`, as the systemd unit
+starts it) as it is, leaving it mounted."""
 
 from __future__ import annotations
 
@@ -454,6 +455,70 @@ def test_the_ranks_of_a_node_share_one_daemon_that_fetches_once_and_goes_with_th
     assert reports[0]["fetched"] <= 1.05 * stored, f"fetched {reports[0]['fetched']} of a dataset of {stored} bytes"
     daemon, scratch = reports[0]["daemon"], Path(reports[0]["mountpoint"]).parent
     wait_until("the shared mount to go with the last rank", lambda: not left_behind(daemon, scratch))
+
+
+NODE_RANK_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+import scdlfs
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+dataset = scdlfs.open_dataset(sys.argv[1] + "/synth_3k", cache_size="64MiB", endpoint_url=sys.argv[2])
+m = dataset.scdlfs_mount
+for row in range(rank, len(dataset), world):
+    dataset.get_row(row)
+dist.barrier()
+report = {"rank": rank, "daemon": m.pid, "mountpoint": str(m.mountpoint), "node_root": str(m.node_root)}
+with open(os.path.join(sys.argv[3], "rank%d.json" % rank), "w") as f:
+    json.dump(report, f)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_the_ranks_use_the_nodes_own_mount_as_it_is_and_leave_it_mounted(bucket, moto, tmp_path):
+    """A node's own mount of the whole bucket, started by `scdlfs mount` as the systemd
+    unit and a DaemonSet start it, is found by the `open_dataset` of 4 ranks under
+    torchrun and used as it is: they start no daemon, mount or scratch directory of
+    their own, the node's daemon fetches the dataset once, and its mount still serves
+    after the job. A process that asks for its own mount (`node_mount=False`) gets one."""
+    node_mountpoint, job_tmp = tmp_path / "node" / "mnt", tmp_path / "job"
+    job_tmp.mkdir()
+    script = tmp_path / "rank.py"
+    script.write_text(NODE_RANK_SCRIPT)
+    reported = tmp_path / "reports"
+    reported.mkdir()
+    with H.ScdlfsMount(f"s3://{bucket.name}/", node_mountpoint, tmp_path / "node" / "cache", moto.endpoint) as node:
+        shown = json.loads(os.getxattr(node_mountpoint, "user.scdlfs.source"))
+        assert shown["lives_for_users"] is False, shown
+        env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "run"), "TMPDIR": str(job_tmp)}
+        out = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(script),
+             bucket.source, moto.endpoint, str(reported)], capture_output=True, text=True, timeout=300, env=env,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-4000:]
+        reports = sorted((json.loads(f.read_text()) for f in reported.glob("rank*.json")), key=lambda r: r["rank"])
+        assert [r["rank"] for r in reports] == [0, 1, 2, 3], out.stdout
+        for report in reports:
+            assert report == {**report, "daemon": shown["daemon"], "node_root": str(node_mountpoint),
+                              "mountpoint": str(node_mountpoint / bucket.prefix)}, reports  # fmt: skip
+        assert mounts_under(tmp_path) == [os.path.realpath(node_mountpoint)]
+        assert [p.name for p in job_tmp.iterdir() if p.name.startswith("scdlfs-")] == []
+        assert (node_mountpoint / bucket.prefix / NAME / "header.sch").is_file(), "the node's mount stopped serving"
+        status = json.loads(H.run([node.bin, "status", "--json", node_mountpoint], env=node.env).stdout)
+        stored = sum(size for key, (_, size, _) in bucket.snapshot.items() if key.startswith(f"{bucket.prefix}/{NAME}/"))
+        fetched = status["counters"]["bytes_fetched"]
+        assert fetched <= 1.05 * stored, f"fetched {fetched} of a dataset of {stored} bytes"
+
+        own = scdlfs.mount(bucket.source, cache_size="64MiB", endpoint_url=moto.endpoint, node_mount=False)
+        try:
+            assert own.node_root is None and own.pid != shown["daemon"], own
+            assert (own.mountpoint / NAME / "header.sch").is_file()
+        finally:
+            own.unmount()
+        assert node.mountpoint.is_mount()
 
 
 def test_a_later_process_attaches_and_the_mount_outlives_its_starter(bucket, moto, tmp_path, monkeypatch):

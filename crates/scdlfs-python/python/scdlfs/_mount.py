@@ -4,7 +4,11 @@ waits until the mount answers, and unmounts on exit; :func:`open_dataset` opens 
 dataset of a bucket as a ``SingleCellMemMapDataset`` on such a mount. Without a
 mountpoint, a mount is shared by the processes of a node that ask for the same source
 and options (the ranks of a job): the first starts the daemon, the others attach to it
-through the root's ``user.scdlfs.users`` attribute, and it goes with the last.
+through the root's ``user.scdlfs.users`` attribute, and it goes with the last. A node's
+own mount (one a service, a DaemonSet or ``scdlfs mount`` started, which lives until it is
+stopped) that shows the source, or a folder above it, is used as it is, and never
+unmounted from here: each mount says on its root (``user.scdlfs.source``) which source
+and endpoint it shows and whether it lives for its users.
 
 The daemon runs in the foreground of a new session, as a child of this process, and
 reports readiness (or the message of the error that stopped it) on a pipe, the
@@ -55,6 +59,10 @@ _SOURCE_VAR = "SCDLFS_SOURCE"
 #: The root's attribute through which a process attaches to a shared mount (``+PID``)
 #: and leaves it (``-PID``); reading it gives ``{"daemon": PID, "users": [PID, ...]}``.
 _USERS_XATTR = "user.scdlfs.users"
+
+#: The root's attribute that says what a mount shows: ``{"source": ..., "endpoint": ...,
+#: "daemon": PID, "lives_for_users": bool}``, source and endpoint credentials redacted.
+_SOURCE_XATTR = "user.scdlfs.source"
 
 
 class MountError(RuntimeError):
@@ -181,17 +189,20 @@ def _unmount_all() -> None:
 
 
 class Mount:
-    """A running mount: ``mountpoint`` is the mounted directory. Unmounted by
+    """A running mount: ``mountpoint`` is the directory that shows the source. Unmounted by
     :meth:`unmount`, at the end of a ``with`` block, when the interpreter exits, or by
     the daemon itself once this process has exited, however it ended. It belongs to the
-    process that started it: in a forked child, :meth:`unmount` does nothing."""
+    process that started it: in a forked child, :meth:`unmount` does nothing. A node's
+    own mount (``node_root`` is its root, ``mountpoint`` the source's folder in it) is
+    never unmounted from here."""
 
-    def __init__(self, source: str, mountpoint: Path, process: subprocess.Popen | None, log: Path,
-                 binary: str, daemon: int, shared: Path | None) -> None:  # fmt: skip
+    def __init__(self, source: str, mountpoint: Path, process: subprocess.Popen | None, log: Path | None,
+                 binary: str, daemon: int, shared: Path | None, node_root: Path | None = None) -> None:  # fmt: skip
         self.source = source
         self.mountpoint = mountpoint
         self.log = log
         self.binary = binary
+        self.node_root = node_root
         # The daemon, when this process started it; None when attached to another's.
         self._process = process
         self._daemon = daemon
@@ -201,7 +212,8 @@ class Mount:
         self._datasets: list[weakref.ref] = []
         if shared is not None:
             _SHARED_USES[shared] = _SHARED_USES.get(shared, 0) + 1
-        _LIVE.add(self)
+        if node_root is None:
+            _LIVE.add(self)
 
     @property
     def pid(self) -> int:
@@ -211,7 +223,7 @@ class Mount:
     @property
     def mounted(self) -> bool:
         """Whether the mountpoint is still attached to this mount's daemon."""
-        return self._daemon_alive() and _is_mounted(self.mountpoint)
+        return self._daemon_alive() and _is_mounted(self.node_root or self.mountpoint)
 
     def _daemon_alive(self) -> bool:
         if self._process is not None and os.getpid() == self._owner:
@@ -223,7 +235,7 @@ class Mount:
 
     def status(self) -> dict[str, Any]:
         """The mount's counters (``scdlfs status --json``)."""
-        out = subprocess.run([self.binary, "status", "--json", str(self.mountpoint)], capture_output=True,
+        out = subprocess.run([self.binary, "status", "--json", str(self.node_root or self.mountpoint)], capture_output=True,
                              text=True, timeout=30, stdin=subprocess.DEVNULL)  # fmt: skip
         if out.returncode != 0:
             raise MountError(out.stderr.strip())
@@ -237,8 +249,9 @@ class Mount:
         warning. A shared mount (one :func:`mount` made without a mountpoint) is only
         left while other processes use it: it stops when the last one leaves or exits.
         In a process other than the one that mounted (a forked child), this does
-        nothing: the mount is its creator's."""
-        if os.getpid() != self._owner:
+        nothing: the mount is its creator's; and so for a node's own mount, which its
+        service stops."""
+        if os.getpid() != self._owner or self.node_root is not None:
             return
         if self._stop(timeout, linger=2):
             warnings.warn(f"files are still open on {self.mountpoint}: it is detached, and its "
@@ -328,7 +341,8 @@ class Mount:
 
     def __repr__(self) -> str:
         state = "mounted" if self.mounted else "unmounted"
-        return f"<scdlfs.Mount {redact(self.source)} at {self.mountpoint}, {state}>"
+        node = f" (the node's mount at {self.node_root})" if self.node_root is not None else ""
+        return f"<scdlfs.Mount {redact(self.source)} at {self.mountpoint}{node}, {state}>"
 
 
 def _is_mounted(path: Path) -> bool:
@@ -360,6 +374,7 @@ def mount(
     cache_size: int | str | None = None,
     *,
     timeout: float = 120.0,
+    node_mount: bool = True,
     **options: Any,
 ) -> Mount:
     """Mounts ``source`` (``s3://BUCKET/PREFIX``, ``gs://…``, ``http(s)://…``,
@@ -372,6 +387,13 @@ def mount(
     of them leaves or exits, however it exits. The first to arrive starts it under a
     lock in :func:`runtime_dir`, where the others find it.
 
+    A node's own mount that shows ``source`` (or a folder above it) from the same
+    endpoint, one started by the systemd unit, a DaemonSet or ``scdlfs mount`` and living
+    until it is stopped, is used as it is instead, when this user may read it: the
+    returned Mount's ``mountpoint`` is ``source``'s folder in it, ``node_root`` its root,
+    and it is never unmounted from here. Its cache and options are its own: ``cache_dir``,
+    ``cache_size`` and the other options (``endpoint_url`` aside) do not apply to it.
+
     Args:
         mountpoint: an empty directory, this call's alone; by default a new temporary
             one, shared as above and removed after.
@@ -381,6 +403,8 @@ def mount(
         cache_size: the cache budget in bytes or as ``"20GiB"``.
         timeout: seconds to wait for the mount to answer (and for another process
             starting the same shared mount).
+        node_mount: use a node's own mount of ``source`` where there is one (as above);
+            False starts (or shares) a mount of this job's own.
         options: any ``scdlfs mount`` flag with underscores, e.g.
             ``endpoint_url="http://127.0.0.1:9000"``, ``allow_other=True``,
             ``read_part_size="8MiB"``.
@@ -396,6 +420,10 @@ def mount(
     if cache_size is not None:
         flags += ["--cache-size", str(cache_size)]
     source = os.fspath(source)
+    if mountpoint is None and node_mount:
+        found = _node_mount(source, options.get("endpoint_url"), binary)
+        if found is not None:
+            return found
     if mountpoint is not None:
         return _new_mount(binary, source, Path(mountpoint).absolute(), flags, timeout, shared=None)
     deadline = time.monotonic() + timeout
@@ -417,6 +445,73 @@ def mount(
             pointer.write_text(json.dumps({"mountpoint": str(m.mountpoint), "log": str(m.log)}))
         _SHARED[lock] = m
         return m
+
+
+def _node_mount(source: str, endpoint: str | None, binary: str) -> Mount | None:
+    """A node's own mount (one that lives until it is stopped, not for its users) that
+    shows ``source`` or a folder above it, from ``endpoint``, and that this user may
+    read: a Mount of ``source``'s folder in it. Mounts of other users this one may not
+    read, of other stores, and those that go with other processes are passed over; only
+    FUSE mounts whose mount table entry names such a source are asked (another FUSE
+    filesystem, perhaps a stuck one, is never touched)."""
+    wanted = _comparable(source)
+    for root, named in _fuse_mounts():
+        if "://" not in named and not os.path.isabs(named):
+            continue  # a folder relative to the daemon's own working directory
+        if _folder_in(wanted, _comparable(named)) is None:
+            continue
+        try:
+            note = json.loads(os.getxattr(root, _SOURCE_XATTR))
+            shown, lives_for_users = note["source"], note["lives_for_users"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not this user's to read, gone, or not scdlfs
+        folder = _folder_in(wanted, _comparable(shown))
+        if folder is None or lives_for_users:
+            continue
+        if _comparable_endpoint(note.get("endpoint")) != _comparable_endpoint(endpoint):
+            continue
+        if not os.access(root / folder, os.R_OK | os.X_OK):
+            continue
+        return Mount(source, root / folder, None, None, binary, int(note["daemon"]), shared=None, node_root=root)
+    return None
+
+
+def _folder_in(wanted: str, shown: str) -> str | None:
+    """Where ``wanted`` is in a mount that shows ``shown`` ("" at its root), or None if
+    it is not in it."""
+    if wanted == shown:
+        return ""
+    if wanted.startswith(shown.rstrip("/") + "/"):
+        return wanted[len(shown.rstrip("/")) + 1 :]
+    return None
+
+
+def _comparable(source: str) -> str:
+    """``source`` as a mount shows it, to be compared: a URL credentials redacted, a
+    folder absolute; no trailing slash."""
+    if source.startswith("file://"):
+        source = source[len("file://") :]
+    if "://" in source:
+        return redact(source).rstrip("/")
+    return os.path.abspath(source)
+
+
+def _comparable_endpoint(endpoint: str | None) -> str | None:
+    return redact(endpoint).rstrip("/") if endpoint else None
+
+
+def _fuse_mounts() -> list[tuple[Path, str]]:
+    """The FUSE mounts this process sees: each mountpoint, and the source its mount
+    table entry names (an scdlfs mount's is the source it shows)."""
+    unescape = lambda field: field.encode().decode("unicode_escape")  # noqa: E731
+    mounts = []
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            fields = line.split()
+            after = fields.index("-")
+            if fields[after + 1].split(".")[0] == "fuse":
+                mounts.append((Path(unescape(fields[4])), unescape(fields[after + 2])))
+    return mounts
 
 
 def runtime_dir() -> Path:
@@ -613,8 +708,10 @@ def open_dataset(
 ):
     """Opens the dataset at ``url`` (e.g. ``s3://BUCKET/PREFIX/NAME``) as bionemo-scdl's
     ``SingleCellMemMapDataset`` on a mount of ``url``'s parent (arguments as
-    :func:`mount`: without a mountpoint, the node's processes opening datasets of the
-    same parent with the same options share it). The mount is the dataset's ``scdlfs_mount`` attribute;
+    :func:`mount`: without a mountpoint, a node's own mount that shows it is used, or the
+    node's processes opening datasets of the same parent with the same options share
+    one; ``node_mount=False`` passes a node's own mount over). The mount is the
+    dataset's ``scdlfs_mount`` attribute;
     it is unmounted at interpreter exit, after the dataset is closed, or by
     ``dataset.scdlfs_mount.unmount()`` once the dataset is dropped.
 
