@@ -9,7 +9,7 @@
 //! Retries are not made here: the object client is the one retry layer
 //! ([`crate::store::bounds`]). The fetcher adds the hard bounds: a download runs at
 //! most `read_timeout` once it holds a slot, and a reader waits at most `read_timeout`
-//! for a part, then gets EIO ([`FsError::TimedOut`]) while the download may go on for
+//! for a part, then gets EIO ([`FsError::TimedOut`](crate::error::FsError::TimedOut)) while the download may go on for
 //! others.
 //!
 //! A reader waits only for its own bytes of a part: it is answered once the part's body

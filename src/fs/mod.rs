@@ -3,7 +3,7 @@
 //! [`FsCore`] answers lookups, attribute queries, directory listings, opens, reads,
 //! hint writes and closes with [`FsResult`]s; [`fuse`] is the thin adapter that turns
 //! kernel requests into these calls and their results into replies (errno from
-//! [`FsError::errno`] only). Tests drive the core in-process, without a mount.
+//! [`errno::errno`] only). Tests drive the core in-process, without a mount.
 //!
 //! The mount is read-only in effect but not in name: files open O_RDWR (the released
 //! SCDL reader insists) and map shared and writable, while every write and every change

@@ -376,7 +376,7 @@ impl Plan {
     }
 
     /// Whether step `index`, as of `revision`, is not behind the reader (the step just
-    /// left counts, as in [`Plan::chunks_ahead`]). A top-up computed on an
+    /// left counts, as in [`Horizon::chunks_ahead`]). A top-up computed on an
     /// older position or plan must not fetch what the reader has passed and the
     /// eviction has freed, nor what a new epoch needs only at its end.
     pub fn is_upcoming(&self, revision: u64, index: usize) -> bool {

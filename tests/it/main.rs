@@ -7,6 +7,7 @@
 mod common;
 
 mod announce;
+mod architecture_doc;
 mod bad_input;
 mod cache_budget;
 mod cache_dir_owner;
