@@ -31,11 +31,11 @@
 
 pub mod adopt;
 mod checked;
-pub mod open_files;
+pub(crate) mod open_files;
 mod ownership;
 pub mod part_file;
-pub mod policy;
-pub mod spool;
+pub(crate) mod policy;
+pub(crate) mod spool;
 mod strays;
 
 use std::collections::HashMap;

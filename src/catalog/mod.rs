@@ -3,9 +3,9 @@
 //! ([`objects`]), and the chunked ([`dataset`]) and monolithic ([`monolithic`])
 //! datasets found on the way.
 
-pub mod dataset;
+pub(crate) mod dataset;
 pub mod monolithic;
-pub mod objects;
+pub(crate) mod objects;
 pub mod tree;
 
 pub use dataset::FlatDataset;

@@ -17,8 +17,8 @@
 //!    sees a half-written dataset as a chunked one.
 
 pub mod journal;
-pub mod manifest;
-pub mod source;
+pub(crate) mod manifest;
+pub(crate) mod source;
 mod upload;
 mod verify;
 

@@ -65,8 +65,8 @@ use arriving::Arriving;
 use edges::EdgeInFlight;
 use memory::MemoryBudget;
 use permits::{Permits, Urgency};
+pub use planned::Planned;
 use planned::PlannedRanges;
-pub use planned::{Planned, PLANNED_BYTES_HELD, PLANNED_BYTES_IN_FLIGHT};
 
 /// How far ahead of a download's body a reader's bytes may be for the reader to wait
 /// for the body rather than ask for its bytes itself: at a link's share of ~15 MB/s

@@ -24,11 +24,11 @@
 //! ([`crate::prefetch::budget`]), and the status shows a user only their own plans
 //! unless they are root or the mounting user.
 
-pub mod announce;
+pub(crate) mod announce;
 pub mod errno;
-pub mod fuse;
-pub mod handles;
-pub mod planned_pages;
+pub(crate) mod fuse;
+pub(crate) mod handles;
+pub(crate) mod planned_pages;
 pub mod read_ahead;
 pub mod read_around;
 

@@ -25,12 +25,12 @@
 mod advice;
 pub mod budget;
 mod cached_offsets;
-pub mod exact;
+pub(crate) mod exact;
 mod follow;
-pub mod plan;
-pub mod row_offsets;
-pub mod scatter;
-pub mod sequential;
+pub(crate) mod plan;
+pub(crate) mod row_offsets;
+pub(crate) mod scatter;
+pub(crate) mod sequential;
 mod top_up;
 
 use std::collections::HashMap;

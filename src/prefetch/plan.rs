@@ -33,13 +33,6 @@ pub struct Room {
     pub work: u64,
 }
 
-impl Room {
-    pub const UNLIMITED: Room = Room {
-        entries: usize::MAX,
-        work: u64::MAX,
-    };
-}
-
 /// How far from the current step a served read is matched to a step.
 const MATCH_HORIZON: usize = 64;
 /// How many steps ahead the plan ranks chunks for eviction.
@@ -359,11 +352,6 @@ impl Plan {
         if self.steps.get(index) == Some(step) {
             self.parts[index] = Some(parts);
         }
-    }
-
-    /// Which batch of lines the step indices refer to: see [`Plan::is_upcoming`].
-    pub fn revision(&self) -> u64 {
-        self.revision
     }
 
     /// Where the plan stands now: what is derived from it (its ranks, how far its
