@@ -37,6 +37,8 @@ pub mod part_file;
 pub(crate) mod policy;
 pub(crate) mod spool;
 mod strays;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_files;
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -560,10 +562,6 @@ impl DiskCache {
         Some(path)
     }
 }
-
-#[cfg(test)]
-#[path = "../../tests/common/files.rs"]
-mod test_files;
 
 #[cfg(test)]
 mod tests;

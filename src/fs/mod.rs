@@ -211,8 +211,9 @@ impl FsCore {
         }
     }
 
-    #[cfg(test)]
-    pub(crate) fn prefetcher(&self) -> &Arc<Prefetcher> {
+    /// The mount's prefetcher, for the tests.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn prefetcher(&self) -> &Arc<Prefetcher> {
         &self.components.prefetcher
     }
 

@@ -1,9 +1,10 @@
-//! The layer list of `src/lib.rs`, held to the imports of the production code.
+//! The layer list of `src/lib.rs`, held to the imports of the library's code.
 //!
 //! lib.rs lists the crate's top-level modules as a stack of lines, top to bottom, and
 //! the helpers beside it. These tests read that list and every path into the crate that
-//! the production files name (`crate::`, `super::` and `self::` paths, and a folder
-//! root's paths into its own children; tests and comments left out) and hold the list
+//! the files of `src` name (`crate::`, `super::` and `self::` paths, and a folder
+//! root's paths into its own children; unit tests included, so that a test in the
+//! library assembles nothing above its module; comments left out) and hold the list
 //! to three rules: a module imports only modules on lines below its own; the helpers
 //! beside the stack import nothing of it; and each module sits exactly on the line its
 //! imports put it on (one above the highest it imports), so the list says no more
@@ -88,12 +89,14 @@ pub(crate) struct Import {
     pub(crate) to_file: Option<PathBuf>,
 }
 
-/// A production file of `src`: its path below `src`, its module path, and its code
-/// without comments and inline unit tests.
+/// A file of `src`: its path below `src`, its module path, and its code without
+/// comments, apart from its inline unit tests (`#[cfg(test)] mod tests { .. }`), whose
+/// `super::` is the file's own module.
 pub(crate) struct SourceFile {
     pub(crate) relative: PathBuf,
     pub(crate) module: Vec<String>,
     code: String,
+    inline_tests: String,
 }
 
 impl SourceFile {
@@ -104,18 +107,14 @@ impl SourceFile {
     }
 }
 
-/// The production files under `src` (lib.rs and main.rs, which only declare and start,
-/// left out; so are the files of unit tests).
+/// The files under `src`, unit tests included (lib.rs and main.rs, which only declare
+/// and start, left out).
 pub(crate) fn production_files(src: &Path) -> Vec<SourceFile> {
     rust_files(src)
         .into_iter()
         .filter_map(|file| {
             let relative = file.strip_prefix(src).unwrap().to_owned();
-            let name = relative.file_name().unwrap().to_string_lossy();
-            if relative == Path::new("lib.rs")
-                || relative == Path::new("main.rs")
-                || name.contains("tests")
-            {
+            if relative == Path::new("lib.rs") || relative == Path::new("main.rs") {
                 return None;
             }
             let mut module: Vec<String> = relative
@@ -126,18 +125,23 @@ pub(crate) fn production_files(src: &Path) -> Vec<SourceFile> {
             if module.last().is_some_and(|last| last == "mod") {
                 module.pop();
             }
-            let code = production_part(&std::fs::read_to_string(&file).unwrap());
+            let text = std::fs::read_to_string(&file).unwrap();
+            let (code, inline_tests) = match text.find("#[cfg(test)]\nmod tests {") {
+                Some(tests) => (&text[..tests], &text[tests..]),
+                None => (text.as_str(), ""),
+            };
             Some(SourceFile {
                 relative,
                 module,
-                code,
+                code: without_comments(code),
+                inline_tests: without_comments(inline_tests),
             })
         })
         .collect()
 }
 
-/// Every path into the crate named by the production files under `src`, by the
-/// top-level module each file belongs to.
+/// Every path into the crate named by the files under `src`, by the top-level module
+/// each file belongs to.
 pub(crate) fn production_imports(src: &Path) -> Vec<Import> {
     let files = production_files(src);
     let by_module: BTreeMap<&[String], &Path> = files
@@ -152,7 +156,11 @@ pub(crate) fn production_imports(src: &Path) -> Vec<Import> {
         } else {
             Vec::new()
         };
-        for path in crate_paths_of(&file.code, &file.module, &children) {
+        let tests_module = [file.module.clone(), vec!["tests".to_owned()]].concat();
+        let paths = crate_paths_of(&file.code, &file.module, &children)
+            .into_iter()
+            .chain(crate_paths_of(&file.inline_tests, &tests_module, &[]));
+        for path in paths {
             let Some(to) = path.first() else { continue };
             let to_file = (1..=path.len())
                 .rev()
@@ -203,13 +211,9 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// A file's text before its inline unit tests, without comments.
-fn production_part(text: &str) -> String {
-    let code = match text.find("#[cfg(test)]\nmod tests") {
-        Some(tests) => &text[..tests],
-        None => text,
-    };
-    code.lines()
+/// Code without its comments.
+fn without_comments(text: &str) -> String {
+    text.lines()
         .map(|line| match line.find("//") {
             Some(comment) => &line[..comment],
             None => line,

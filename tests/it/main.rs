@@ -40,5 +40,6 @@ mod service;
 mod slow_discovery;
 mod soak;
 mod sources;
+mod top_up;
 mod untrusted_sizes;
 mod warm;
