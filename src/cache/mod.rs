@@ -218,15 +218,15 @@ pub struct DiskCache {
     _lock: File,
     /// Lets a test act at the moments the directory grows or shrinks.
     #[cfg(test)]
-    test_hook: Mutex<Option<StepHook>>,
+    test_hook: Mutex<Option<InsertHook>>,
 }
 
 #[cfg(test)]
-type StepHook = Arc<dyn Fn(Step) + Send + Sync>;
+type InsertHook = Arc<dyn Fn(InsertMoment) + Send + Sync>;
 
 /// The moments of an insert a test can act at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Step {
+enum InsertMoment {
     /// A new part file has all its bytes on disk (under its temporary name).
     Written,
     /// A part file is about to be deleted.
@@ -461,15 +461,15 @@ impl DiskCache {
     }
 
     #[cfg(test)]
-    fn step(&self, step: Step) {
+    fn reached(&self, moment: InsertMoment) {
         let hook = self.test_hook.lock().clone();
         if let Some(hook) = hook {
-            hook(step);
+            hook(moment);
         }
     }
 
     #[cfg(not(test))]
-    fn step(&self, _: Step) {}
+    fn reached(&self, _: InsertMoment) {}
 
     fn forget_files(&self, inner: &mut Inner, victims: Vec<PartKey>) -> Vec<PathBuf> {
         self.evicted_parts
@@ -484,7 +484,7 @@ impl DiskCache {
     /// credited or right after, so that the room they free is free on disk too.
     fn delete_files(&self, paths: Vec<PathBuf>) {
         for path in paths {
-            self.step(Step::Deleting);
+            self.reached(InsertMoment::Deleting);
             match fs::remove_file(&path) {
                 // A file already gone (a removed cache directory) is what deleting wanted.
                 Err(error) if error.kind() != io::ErrorKind::NotFound => {

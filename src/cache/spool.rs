@@ -33,7 +33,7 @@ use super::checked::{read_checked, BlockReadFailure, CheckedBlocks};
 use super::ownership::private_file;
 use super::part_file::{PartHeader, BLOCK_LEN};
 use super::policy::{Admission, Reservation, Unit};
-use super::{CacheError, DiskCache, PartOrigin, ResidentFile, Step};
+use super::{CacheError, DiskCache, InsertMoment, PartOrigin, ResidentFile};
 use crate::parts::{GroupId, PartKey};
 
 pub struct Spool {
@@ -267,7 +267,7 @@ impl Spool {
             fs::rename(&self.tmp, &path)?;
             private_file().read(true).open(&path)
         })();
-        cache.step(Step::Written);
+        cache.reached(InsertMoment::Written);
         let mut inner = cache.inner.lock();
         let file = match placed {
             Ok(file) => cache.open_files.opened(path.clone(), file),

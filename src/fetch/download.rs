@@ -331,7 +331,7 @@ impl Fetcher {
     /// Reserves `len` bytes of the budget, first dropping parts and edges kept in memory
     /// if the budget is short. Parts are kept only while a whole part more fits, so a
     /// waiter here never waits behind kept bytes, only behind downloads and readers.
-    async fn reserve_memory(&self, len: u64) -> memory::Reservation {
+    async fn reserve_memory(&self, len: u64) -> memory::MemoryReservation {
         loop {
             if let Some(reservation) = self.memory.try_reserve(len) {
                 return reservation;
