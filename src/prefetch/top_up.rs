@@ -153,6 +153,61 @@ struct PassState {
     resolved: Vec<(u64, usize, Step, HashSet<PartKey>)>,
 }
 
+impl PassState {
+    /// Starts a pass over `walks`: the downloads each user's plans still hold, and the
+    /// shares of the downloads the pass may start.
+    fn start(walks: &mut [Walk], fetcher: &Fetcher) -> PassState {
+        let mut started_by_user: HashMap<u32, usize> = HashMap::new();
+        for walk in walks.iter_mut() {
+            walk.cursor.started.retain(|key| fetcher.is_in_flight(*key));
+            *started_by_user.entry(walk.uid).or_default() += walk.cursor.started.len();
+        }
+        let users_walking: HashSet<u32> = walks
+            .iter()
+            .filter(|w| w.at.0 < w.steps.len())
+            .map(|w| w.uid)
+            .collect();
+        let shares = 2 * fetcher.max_concurrent_requests();
+        PassState {
+            max_in_flight: 2 * shares,
+            user_share: (shares / users_walking.len().max(1)).max(1),
+            started_by_user,
+            // Bytes ahead are those of the steps after the current one: the step being
+            // read is needed now, whatever the share. Counted in, a step of half the
+            // cache took the whole share and the next one was fetched only once the
+            // reader came to it.
+            ahead_bytes: walks.iter().map(|w| w.cursor.ahead_bytes).sum(),
+            seen: HashSet::new(),
+            resolved: Vec::new(),
+        }
+    }
+
+    /// Whether the pass issues nothing more: the downloads are all taken, or, for a
+    /// step after the current one (`ahead`), the bytes ahead reached their share.
+    fn is_full(&self, fetcher: &Fetcher, ahead: bool, max_ahead_bytes: u64) -> bool {
+        fetcher.in_flight_count() >= self.max_in_flight
+            || (ahead && self.ahead_bytes >= max_ahead_bytes)
+    }
+
+    /// Whether user `uid`'s plans hold their share of the downloads.
+    fn share_taken(&self, uid: u32) -> bool {
+        self.started_by_user.get(&uid).copied().unwrap_or(0) >= self.user_share
+    }
+}
+
+/// What issuing one item came to.
+struct ItemIssued {
+    /// Every part, range and edge of the item is cached, downloading or started.
+    all: bool,
+    /// The pass or the user's share filled up while it was issued.
+    filled: bool,
+    /// The bytes it counted against the bytes ahead.
+    bytes: u64,
+    /// The parts of the item's own reads (not its read-around), which match reads to
+    /// its step.
+    parts: Vec<PartKey>,
+}
+
 impl Prefetcher {
     /// Issues prefetches for every plan's next steps, within the bounds, and records
     /// the parts of each step it resolved for matching reads to steps.
@@ -162,10 +217,47 @@ impl Prefetcher {
         self.counters
             .top_up_passes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // The cursors are taken out under the plans' lock, which every read of a planned
-        // dataset takes, and put back after: nothing is issued under it, since issuing
-        // can wait (the fetcher's and the cache's locks, an earlier mount's part file
-        // claimed with a header read).
+        let mut walks = self.take_walks();
+        let mut pass = PassState::start(&mut walks, &self.fetcher);
+        let read_whole: HashSet<ObjectId> = walks
+            .iter()
+            .flat_map(|w| w.cursor.read_whole.iter().copied())
+            .collect();
+        // Resolving a monolithic step locates its virtual chunks, which ranks its parts.
+        let monolithic: Vec<Arc<MonolithicDataset>> = walks
+            .iter()
+            .filter_map(|w| match &w.dataset {
+                Dataset::Monolithic(dataset) => Some(dataset.clone()),
+                Dataset::Chunked(_) => None,
+            })
+            .collect();
+        let located = || -> usize { monolithic.iter().map(|d| d.known_boundaries()).sum() };
+        let located_before = located();
+        self.walk_in_turn(&mut walks, &mut pass, &read_whole);
+        let mut plans = self.plans.lock();
+        for (handle, index, step, parts) in pass.resolved {
+            if let Some(active) = plans.get_mut(&handle) {
+                active.plan.resolve(index, &step, parts);
+            }
+        }
+        for walk in walks {
+            if let Some(active) = plans.get_mut(&walk.handle) {
+                if !walk.moved && walk.cursor.mark == active.plan.mark() {
+                    active.top_up = Some(walk.cursor);
+                }
+            }
+        }
+        if located() != located_before {
+            self.after_plans_changed(&plans);
+        }
+    }
+
+    /// Every plan's walk for a pass, by handle: its steps in view and its cursor, taken
+    /// out under the plans' lock, which every read of a planned dataset takes, and put
+    /// back after the pass. Nothing is issued under it, since issuing can wait (the
+    /// fetcher's and the cache's locks, an earlier mount's part file claimed with a
+    /// header read).
+    fn take_walks(&self) -> Vec<Walk> {
         let mut walks: Vec<Walk> = self
             .plans
             .lock()
@@ -199,79 +291,33 @@ impl Prefetcher {
             })
             .collect();
         walks.sort_by_key(|w| w.handle);
-        let mut started_by_user: HashMap<u32, usize> = HashMap::new();
-        for walk in &mut walks {
-            walk.cursor
-                .started
-                .retain(|key| self.fetcher.is_in_flight(*key));
-            *started_by_user.entry(walk.uid).or_default() += walk.cursor.started.len();
-        }
-        let users_walking: HashSet<u32> = walks
-            .iter()
-            .filter(|w| w.at.0 < w.steps.len())
-            .map(|w| w.uid)
-            .collect();
-        let shares = 2 * self.fetcher.max_concurrent_requests();
-        let mut pass = PassState {
-            max_in_flight: 2 * shares,
-            user_share: (shares / users_walking.len().max(1)).max(1),
-            started_by_user,
-            // Bytes ahead are those of the steps after the current one: the step being
-            // read is needed now, whatever the share. Counted in, a step of half the
-            // cache took the whole share and the next one was fetched only once the
-            // reader came to it.
-            ahead_bytes: walks.iter().map(|w| w.cursor.ahead_bytes).sum(),
-            seen: HashSet::new(),
-            resolved: Vec::new(),
-        };
-        let read_whole: HashSet<ObjectId> = walks
-            .iter()
-            .flat_map(|w| w.cursor.read_whole.iter().copied())
-            .collect();
-        // Resolving a monolithic step locates its virtual chunks, which ranks its parts.
-        let monolithic: Vec<Arc<MonolithicDataset>> = walks
-            .iter()
-            .filter_map(|w| match &w.dataset {
-                Dataset::Monolithic(dataset) => Some(dataset.clone()),
-                Dataset::Chunked(_) => None,
-            })
-            .collect();
-        let located = || -> usize { monolithic.iter().map(|d| d.known_boundaries()).sum() };
-        let located_before = located();
-        // In each round, the plans take an item in turn: walked one plan's step after
-        // another, the plan of the lowest handle had its step issued first on every
-        // pass, and with eight ranks on one link its rank finished a second before the
-        // others.
+        walks
+    }
+
+    /// Walks the plans' items round by round, each plan taking an item in turn, until
+    /// the pass is full or every walk is done: walked one plan's step after another,
+    /// the plan of the lowest handle had its step issued first on every pass, and with
+    /// eight ranks on one link its rank finished a second before the others.
+    fn walk_in_turn(
+        &self,
+        walks: &mut [Walk],
+        pass: &mut PassState,
+        read_whole: &HashSet<ObjectId>,
+    ) {
         let rounds = walks.iter().map(|w| w.steps.len()).max().unwrap_or(0);
-        'rounds: for round in 0..rounds {
+        for round in 0..rounds {
             let mut walked = true;
             while walked {
                 walked = false;
                 for walk in walks.iter_mut() {
                     if !walk.stopped && walk.at.0 <= round && walk.at.0 < walk.steps.len() {
                         walked = true;
-                        if let Walked::PassFull = self.walk_item(walk, &mut pass, &read_whole) {
-                            break 'rounds;
+                        if let Walked::PassFull = self.walk_item(walk, pass, read_whole) {
+                            return;
                         }
                     }
                 }
             }
-        }
-        let mut plans = self.plans.lock();
-        for (handle, index, step, parts) in pass.resolved {
-            if let Some(active) = plans.get_mut(&handle) {
-                active.plan.resolve(index, &step, parts);
-            }
-        }
-        for walk in walks {
-            if let Some(active) = plans.get_mut(&walk.handle) {
-                if !walk.moved && walk.cursor.mark == active.plan.mark() {
-                    active.top_up = Some(walk.cursor);
-                }
-            }
-        }
-        if located() != located_before {
-            self.after_plans_changed(&plans);
         }
     }
 
@@ -287,15 +333,7 @@ impl Prefetcher {
         let (step_index, item) = walk.at;
         let index = walk.start + step_index;
         if walk.checked_step != Some(step_index) {
-            // The reader may have moved on since the snapshot, and the eviction freed
-            // the steps it passed: those are not fetched again. A move that slips in
-            // between costs at most one step's prefetches.
-            let upcoming = self
-                .plans
-                .lock()
-                .get(&walk.handle)
-                .is_some_and(|a| a.plan.is_upcoming(walk.cursor.mark.revision, index));
-            if !upcoming {
+            if !self.still_upcoming(walk, index) {
                 walk.moved = true;
                 walk.stopped = true;
                 return Walked::Next;
@@ -320,30 +358,67 @@ impl Prefetcher {
             .items_walked
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ahead = step_index > 0;
-        let full = |pass: &PassState| {
-            self.fetcher.in_flight_count() >= pass.max_in_flight
-                || (ahead && pass.ahead_bytes >= self.config.max_ahead_bytes)
-        };
-        let share_taken = |pass: &PassState| {
-            pass.started_by_user.get(&walk.uid).copied().unwrap_or(0) >= pass.user_share
-        };
-        if full(pass) {
+        if pass.is_full(&self.fetcher, ahead, self.config.max_ahead_bytes) {
             return Walked::PassFull;
         }
-        if share_taken(pass) {
+        if pass.share_taken(walk.uid) {
             walk.stopped = true;
             return Walked::Next;
         }
-        let mut issued_all = reads.complete;
-        let mut bytes = 0;
-        let mut item_parts = Vec::new();
+        let issued = self.issue_item(walk, pass, reads, ahead, read_whole);
+        if issued.all && !walk.behind {
+            walk.cursor.item = next;
+            walk.cursor.ahead_bytes += issued.bytes;
+            walk.cursor.parts.extend(issued.parts);
+        } else {
+            walk.behind = true;
+        }
+        walk.at = (step_index, next);
+        if issued.filled {
+            // The user's share is taken: the plan waits for a later pass. (The pass
+            // itself is full if the downloads are.)
+            walk.stopped = true;
+            if pass.is_full(&self.fetcher, ahead, self.config.max_ahead_bytes) {
+                return Walked::PassFull;
+            }
+        }
+        Walked::Next
+    }
+
+    /// Whether the plan's step `index` is still ahead of its reader. The reader may
+    /// have moved on since the snapshot, and the eviction freed the steps it passed:
+    /// those are not fetched again. A move that slips in between costs at most one
+    /// step's prefetches.
+    fn still_upcoming(&self, walk: &Walk, index: usize) -> bool {
+        self.plans
+            .lock()
+            .get(&walk.handle)
+            .is_some_and(|a| a.plan.is_upcoming(walk.cursor.mark.revision, index))
+    }
+
+    /// Issues what an item of `walk`'s plan reads, within the pass's bounds: its parts
+    /// (its own first, its read-around after), its exact ranges, and its neighbours'
+    /// edges. `ahead`: the item's step comes after the current one.
+    fn issue_item(
+        &self,
+        walk: &mut Walk,
+        pass: &mut PassState,
+        reads: StepReads,
+        ahead: bool,
+        read_whole: &HashSet<ObjectId>,
+    ) -> ItemIssued {
+        let mut issued = ItemIssued {
+            all: reads.complete,
+            filled: false,
+            bytes: 0,
+            parts: Vec::new(),
+        };
         // The item's own parts queue first; its neighbours' edges after them.
         let (edges, whole_parts): (Vec<_>, Vec<_>) = reads
             .edges
             .iter()
             .partition(|(_, range)| self.worth_an_edge(range));
         let around = reads.read_around.iter().chain(whole_parts);
-        let mut filled = false;
         for ((object, range), of_the_step) in reads
             .ranges
             .iter()
@@ -351,53 +426,29 @@ impl Prefetcher {
             .chain(around.map(|r| (r, false)))
         {
             for part in self.fetcher.parts_of(range) {
-                let key = Fetcher::key(object, part);
-                if of_the_step {
-                    item_parts.push(key);
-                }
-                if !pass.seen.insert(key) {
-                    continue;
-                }
-                if full(pass) || share_taken(pass) {
-                    filled = true;
-                    issued_all = false;
-                    continue;
-                }
-                if ahead {
-                    let range = self.fetcher.part_range(object, part);
-                    bytes += range.end - range.start;
-                    pass.ahead_bytes += range.end - range.start;
-                }
-                #[cfg(any(test, feature = "test-support"))]
-                self.counters.before_issuing();
-                if self.fetcher.prefetch(object, part) {
-                    walk.cursor.started.push(key);
-                    *pass.started_by_user.entry(walk.uid).or_default() += 1;
-                } else if !self.cache.contains(key) && !self.fetcher.is_in_flight(key) {
-                    // Not started, and neither cached nor downloading: it waits for
-                    // room in the cache, and a later pass issues it again.
-                    issued_all = false;
-                }
+                self.issue_part(walk, pass, &mut issued, (object, part), of_the_step, ahead);
             }
         }
         if let Dataset::Chunked(dataset) = &walk.dataset {
             for range in reads.exact {
-                if full(pass) || share_taken(pass) {
-                    filled = true;
-                    issued_all = false;
+                let max_ahead_bytes = self.config.max_ahead_bytes;
+                if pass.is_full(&self.fetcher, ahead, max_ahead_bytes) || pass.share_taken(walk.uid)
+                {
+                    issued.filled = true;
+                    issued.all = false;
                     break;
                 }
-                let issued = self.issue_exact(dataset, range);
-                item_parts.extend(issued.parts);
+                let exact = self.issue_exact(dataset, range);
+                issued.parts.extend(exact.parts);
                 if ahead {
-                    bytes += issued.bytes;
-                    pass.ahead_bytes += issued.bytes;
+                    issued.bytes += exact.bytes;
+                    pass.ahead_bytes += exact.bytes;
                 }
-                if !issued.all {
+                if !exact.all {
                     // No room for more planned bytes: nothing after this is asked for
                     // before it, and the room's return wakes the next pass.
-                    filled = true;
-                    issued_all = false;
+                    issued.filled = true;
+                    issued.all = false;
                     break;
                 }
             }
@@ -407,32 +458,59 @@ impl Prefetcher {
                 continue;
             }
             if ahead && pass.ahead_bytes >= self.config.max_ahead_bytes {
-                issued_all = false;
+                issued.all = false;
                 continue;
             }
             if ahead {
-                bytes += range.end - range.start;
+                issued.bytes += range.end - range.start;
                 pass.ahead_bytes += range.end - range.start;
             }
             self.fetcher.prefetch_edge(object, range.clone());
         }
-        if issued_all && !walk.behind {
-            walk.cursor.item = next;
-            walk.cursor.ahead_bytes += bytes;
-            walk.cursor.parts.extend(item_parts);
-        } else {
-            walk.behind = true;
+        issued
+    }
+
+    /// Issues part `part` of `object` for an item, once per pass, unless the pass or the
+    /// user's share is full. `of_the_step`: the part is of the item's own reads, not of
+    /// its read-around.
+    fn issue_part(
+        &self,
+        walk: &mut Walk,
+        pass: &mut PassState,
+        issued: &mut ItemIssued,
+        (object, part): (&Arc<ObjectInfo>, u64),
+        of_the_step: bool,
+        ahead: bool,
+    ) {
+        let key = Fetcher::key(object, part);
+        if of_the_step {
+            issued.parts.push(key);
         }
-        walk.at = (step_index, next);
-        if filled {
-            // The user's share is taken: the plan waits for a later pass. (The pass
-            // itself is full if the downloads are.)
-            walk.stopped = true;
-            if full(pass) {
-                return Walked::PassFull;
-            }
+        if !pass.seen.insert(key) {
+            return;
         }
-        Walked::Next
+        if pass.is_full(&self.fetcher, ahead, self.config.max_ahead_bytes)
+            || pass.share_taken(walk.uid)
+        {
+            issued.filled = true;
+            issued.all = false;
+            return;
+        }
+        if ahead {
+            let range = self.fetcher.part_range(object, part);
+            issued.bytes += range.end - range.start;
+            pass.ahead_bytes += range.end - range.start;
+        }
+        #[cfg(any(test, feature = "test-support"))]
+        self.counters.before_issuing();
+        if self.fetcher.prefetch(object, part) {
+            walk.cursor.started.push(key);
+            *pass.started_by_user.entry(walk.uid).or_default() += 1;
+        } else if !self.cache.contains(key) && !self.fetcher.is_in_flight(key) {
+            // Not started, and neither cached nor downloading: it waits for room in the
+            // cache, and a later pass issues it again.
+            issued.all = false;
+        }
     }
 
     /// The steps after the current one a plan of `dataset` keeps fetching: the
