@@ -125,6 +125,57 @@ pub enum InconsistentDataset {
 /// before serving the chunk: 32 Mi rows of 8-byte offsets.
 pub const MAX_CHUNK_ROW_OFFSET_BYTES: u64 = 256 << 20;
 
+/// Chunk `chunk`'s three arrays (its `rows`), checked against the widths of the
+/// header's dtypes and each other: whole elements, as many column ids as values, one
+/// row offset per row and one more. Returns them with the chunk's value count.
+fn checked_chunk(
+    chunk: u64,
+    rows: std::ops::Range<u64>,
+    widths: [u64; 3],
+    objects: &HashMap<String, Arc<ObjectInfo>>,
+) -> Result<(ChunkObjects, u64), InconsistentDataset> {
+    use InconsistentDataset as E;
+    let dir = chunk_dir_name(chunk as u32);
+    let arrays = ArrayKind::ALL.map(|kind| {
+        let key = format!("{dir}/{}", kind.file_name());
+        objects.get(&key).cloned().ok_or(key)
+    });
+    let [d, r, c] = arrays;
+    let arrays = [
+        d.map_err(E::Missing)?,
+        r.map_err(E::Missing)?,
+        c.map_err(E::Missing)?,
+    ];
+    for (info, width) in arrays.iter().zip(widths) {
+        if info.size % width != 0 {
+            return Err(E::PartialElement {
+                key: info.key.clone(),
+                size: info.size,
+                width,
+            });
+        }
+    }
+    let [d, r, c] = &arrays;
+    let nnz = d.size / widths[0];
+    if c.size / widths[2] != nnz {
+        return Err(E::ChunkValueCounts {
+            col_ptr: c.key.clone(),
+            col_values: c.size / widths[2],
+            data: d.key.clone(),
+            nnz,
+        });
+    }
+    if r.size / widths[1] != rows.end - rows.start + 1 {
+        return Err(E::ChunkRowPtrLength {
+            key: r.key.clone(),
+            entries: r.size / widths[1],
+            chunk,
+            rows: rows.end - rows.start,
+        });
+    }
+    Ok((arrays, nnz))
+}
+
 impl FlatDataset {
     /// Checks a chunked dataset from its header and the objects listed under its prefix
     /// (keys relative to the prefix). The error names the object and the mismatch.
@@ -180,49 +231,14 @@ impl FlatDataset {
         let mut mtime = header_mtime;
         let mut total_nnz = 0u64;
         for chunk in 0..geometry.num_chunks() {
-            let dir = chunk_dir_name(chunk as u32);
             let rows = geometry.chunk_rows(chunk);
-            let arrays = ArrayKind::ALL.map(|kind| {
-                let key = format!("{dir}/{}", kind.file_name());
-                objects.get(&key).cloned().ok_or(key)
-            });
-            let [d, r, c] = arrays;
-            let arrays = [
-                d.map_err(E::Missing)?,
-                r.map_err(E::Missing)?,
-                c.map_err(E::Missing)?,
-            ];
-            for (info, width) in arrays.iter().zip(widths) {
-                if info.size % width != 0 {
-                    return Err(E::PartialElement {
-                        key: info.key.clone(),
-                        size: info.size,
-                        width,
-                    });
-                }
+            let (arrays, nnz) = checked_chunk(chunk, rows.clone(), widths, objects)?;
+            for info in &arrays {
                 mtime = mtime.max(info.mtime);
-            }
-            let [d, r, c] = &arrays;
-            let nnz = d.size / widths[0];
-            if c.size / widths[2] != nnz {
-                return Err(E::ChunkValueCounts {
-                    col_ptr: c.key.clone(),
-                    col_values: c.size / widths[2],
-                    data: d.key.clone(),
-                    nnz,
-                });
-            }
-            if r.size / widths[1] != rows.end - rows.start + 1 {
-                return Err(E::ChunkRowPtrLength {
-                    key: r.key.clone(),
-                    entries: r.size / widths[1],
-                    chunk,
-                    rows: rows.end - rows.start,
-                });
             }
             total_nnz = total_nnz
                 .checked_add(nnz)
-                .ok_or_else(|| E::ValueCountOverflow(d.key.clone()))?;
+                .ok_or_else(|| E::ValueCountOverflow(arrays[0].key.clone()))?;
             sizes.push(ChunkSizes {
                 rows: rows.end - rows.start,
                 nnz,
