@@ -197,6 +197,123 @@ fn render_process() -> String {
     out
 }
 
+/// How one of [`STATUS_FIGURES`] is read from a status.
+type ReadFigure = fn(&Status) -> f64;
+
+/// The figures of a status beside its counter table (the cache's books and counts, the
+/// downloads, the plans, the daemon's memory) as Prometheus names them: name, type,
+/// help, and how each is read.
+const STATUS_FIGURES: &[(&str, &str, &str, ReadFigure)] = &[
+    (
+        "scdlfs_cache_evicted_parts_total",
+        "counter",
+        "Parts evicted from the disk cache.",
+        |status| status.cache.evicted_parts as f64,
+    ),
+    (
+        "scdlfs_cache_parts_not_cached_for_lack_of_room_total",
+        "counter",
+        "Downloaded parts served without being cached because the budget was full.",
+        |status| status.cache.parts_not_cached_for_lack_of_room as f64,
+    ),
+    (
+        "scdlfs_cache_parts_not_cached_for_disk_errors_total",
+        "counter",
+        "Downloaded parts served without being cached because the cache directory could not be written.",
+        |status| status.cache.parts_not_cached_for_disk_errors as f64,
+    ),
+    (
+        "scdlfs_cache_corrupt_parts_dropped_total",
+        "counter",
+        "Cached parts that failed their checksum on a read, dropped and fetched again.",
+        |status| status.cache.corrupt_parts_dropped as f64,
+    ),
+    (
+        "scdlfs_cache_unreadable_parts_dropped_total",
+        "counter",
+        "Cached parts whose file could not be read (I/O error; truncated, removed or replaced), dropped and fetched again.",
+        |status| status.cache.unreadable_parts_dropped as f64,
+    ),
+    (
+        "scdlfs_cache_adopted_parts_total",
+        "counter",
+        "Part files of an earlier mount taken over by this one.",
+        |status| status.cache.adopted_parts as f64,
+    ),
+    (
+        "scdlfs_cache_budget_bytes",
+        "gauge",
+        "The disk cache's byte budget.",
+        |status| status.cache.budget_bytes as f64,
+    ),
+    (
+        "scdlfs_cache_bytes",
+        "gauge",
+        "Bytes of parts in the disk cache.",
+        |status| status.cache.cached_bytes as f64,
+    ),
+    (
+        "scdlfs_cache_reserved_bytes",
+        "gauge",
+        "Bytes reserved in the disk cache for downloads under way.",
+        |status| status.cache.reserved_bytes as f64,
+    ),
+    (
+        "scdlfs_cache_disk_unusable",
+        "gauge",
+        "1 while the cache directory cannot be written and parts are served uncached.",
+        |status| f64::from(u8::from(status.cache.disk_unusable.is_some())),
+    ),
+    (
+        "scdlfs_cache_parts",
+        "gauge",
+        "Parts in the disk cache.",
+        |status| status.cache.cached_parts as f64,
+    ),
+    (
+        "scdlfs_cache_chunks",
+        "gauge",
+        "SCDL chunks with parts in the disk cache.",
+        |status| status.cache.cached_groups as f64,
+    ),
+    (
+        "scdlfs_downloads_in_flight",
+        "gauge",
+        "Part downloads under way or queued.",
+        |status| status.downloads_in_flight as f64,
+    ),
+    (
+        "scdlfs_prefetch_plans_active",
+        "gauge",
+        "Announced prefetch plans being followed.",
+        |status| status.active_plans.len() as f64,
+    ),
+    (
+        "scdlfs_uptime_seconds",
+        "gauge",
+        "Seconds since the mount started.",
+        |status| status.uptime_seconds,
+    ),
+    (
+        "scdlfs_resident_bytes",
+        "gauge",
+        "The daemon's resident set size.",
+        |status| status.memory.resident_bytes as f64,
+    ),
+    (
+        "scdlfs_heap_in_use_bytes",
+        "gauge",
+        "Heap bytes in live allocations (glibc).",
+        |status| status.memory.heap_in_use_bytes as f64,
+    ),
+    (
+        "scdlfs_heap_free_kept_bytes",
+        "gauge",
+        "Heap bytes freed but kept by the allocator (glibc).",
+        |status| status.memory.heap_free_kept_bytes as f64,
+    ),
+];
+
 /// The status in the Prometheus text format: every counter as `scdlfs_<name>_total`,
 /// every gauge (the cache, the downloads, high-water marks) as `scdlfs_<name>`, the
 /// durations as histograms in seconds, and `scdlfs_info` for the source.
@@ -224,107 +341,8 @@ pub fn render(status: &Status) -> String {
             ),
         }
     }
-    let cache = &status.cache;
-    metric(
-        "scdlfs_cache_evicted_parts_total",
-        "counter",
-        "Parts evicted from the disk cache.",
-        cache.evicted_parts as f64,
-    );
-    metric(
-        "scdlfs_cache_parts_not_cached_for_lack_of_room_total",
-        "counter",
-        "Downloaded parts served without being cached because the budget was full.",
-        cache.parts_not_cached_for_lack_of_room as f64,
-    );
-    metric(
-        "scdlfs_cache_parts_not_cached_for_disk_errors_total",
-        "counter",
-        "Downloaded parts served without being cached because the cache directory could not be written.",
-        cache.parts_not_cached_for_disk_errors as f64,
-    );
-    metric(
-        "scdlfs_cache_corrupt_parts_dropped_total",
-        "counter",
-        "Cached parts that failed their checksum on a read, dropped and fetched again.",
-        cache.corrupt_parts_dropped as f64,
-    );
-    metric(
-        "scdlfs_cache_unreadable_parts_dropped_total",
-        "counter",
-        "Cached parts whose file could not be read (I/O error; truncated, removed or replaced), dropped and fetched again.",
-        cache.unreadable_parts_dropped as f64,
-    );
-    metric(
-        "scdlfs_cache_adopted_parts_total",
-        "counter",
-        "Part files of an earlier mount taken over by this one.",
-        cache.adopted_parts as f64,
-    );
-    let gauges = [
-        (
-            "scdlfs_cache_budget_bytes",
-            "The disk cache's byte budget.",
-            cache.budget_bytes as f64,
-        ),
-        (
-            "scdlfs_cache_bytes",
-            "Bytes of parts in the disk cache.",
-            cache.cached_bytes as f64,
-        ),
-        (
-            "scdlfs_cache_reserved_bytes",
-            "Bytes reserved in the disk cache for downloads under way.",
-            cache.reserved_bytes as f64,
-        ),
-        (
-            "scdlfs_cache_disk_unusable",
-            "1 while the cache directory cannot be written and parts are served uncached.",
-            f64::from(u8::from(cache.disk_unusable.is_some())),
-        ),
-        (
-            "scdlfs_cache_parts",
-            "Parts in the disk cache.",
-            cache.cached_parts as f64,
-        ),
-        (
-            "scdlfs_cache_chunks",
-            "SCDL chunks with parts in the disk cache.",
-            cache.cached_groups as f64,
-        ),
-        (
-            "scdlfs_downloads_in_flight",
-            "Part downloads under way or queued.",
-            status.downloads_in_flight as f64,
-        ),
-        (
-            "scdlfs_prefetch_plans_active",
-            "Announced prefetch plans being followed.",
-            status.active_plans.len() as f64,
-        ),
-        (
-            "scdlfs_uptime_seconds",
-            "Seconds since the mount started.",
-            status.uptime_seconds,
-        ),
-        (
-            "scdlfs_resident_bytes",
-            "The daemon's resident set size.",
-            status.memory.resident_bytes as f64,
-        ),
-        (
-            "scdlfs_heap_in_use_bytes",
-            "Heap bytes in live allocations (glibc).",
-            status.memory.heap_in_use_bytes as f64,
-        ),
-        (
-            "scdlfs_heap_free_kept_bytes",
-            "Heap bytes freed but kept by the allocator (glibc).",
-            status.memory.heap_free_kept_bytes as f64,
-        ),
-    ];
-    for (name, help, value) in gauges {
-        metric(name, "gauge", help, value);
+    for (name, kind, help, read) in STATUS_FIGURES {
+        metric(name, kind, help, read(status));
     }
     for (name, help, histogram) in status.counters.described_histograms() {
         write_histogram(&mut out, &format!("scdlfs_{name}"), help, histogram);

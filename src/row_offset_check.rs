@@ -25,7 +25,7 @@ use futures::future::try_join_all;
 use scdl_format::ArrayKind;
 use tokio::sync::Semaphore;
 
-use crate::catalog::dataset::{RowOffsetsVerdict, MAX_CHUNK_ROW_OFFSET_BYTES};
+use crate::catalog::chunked::{RowOffsetsVerdict, MAX_CHUNK_ROW_OFFSET_BYTES};
 use crate::catalog::FlatDataset;
 use crate::error::{FsError, FsResult};
 use crate::fetch::{Fetcher, PartBytes};

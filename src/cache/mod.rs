@@ -34,11 +34,13 @@
 pub mod adopt;
 mod checked;
 mod directory;
-pub mod open_files;
+pub(crate) mod open_files;
 pub mod part_file;
-pub mod policy;
-pub mod spool;
+pub(crate) mod policy;
+pub(crate) mod spool;
 mod strays;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_files;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -220,15 +222,15 @@ pub struct DiskCache {
     _lock: File,
     /// Lets a test act at the moments the directory grows or shrinks.
     #[cfg(test)]
-    test_hook: Mutex<Option<StepHook>>,
+    test_hook: Mutex<Option<InsertHook>>,
 }
 
 #[cfg(test)]
-type StepHook = Arc<dyn Fn(Step) + Send + Sync>;
+type InsertHook = Arc<dyn Fn(InsertMoment) + Send + Sync>;
 
 /// The moments of an insert a test can act at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Step {
+enum InsertMoment {
     /// A new part file has all its bytes on disk (under its temporary name).
     Written,
     /// A part file is about to be deleted.
@@ -434,15 +436,15 @@ impl DiskCache {
     }
 
     #[cfg(test)]
-    fn step(&self, step: Step) {
+    fn reached(&self, moment: InsertMoment) {
         let hook = self.test_hook.lock().clone();
         if let Some(hook) = hook {
-            hook(step);
+            hook(moment);
         }
     }
 
     #[cfg(not(test))]
-    fn step(&self, _: Step) {}
+    fn reached(&self, _: InsertMoment) {}
 
     fn forget_files(&self, inner: &mut Inner, victims: Vec<PartKey>) -> Vec<String> {
         self.evicted_parts
@@ -457,7 +459,7 @@ impl DiskCache {
     /// credited or right after, so that the room they free is free on disk too.
     fn delete_files(&self, files: Vec<String>) {
         for file in files {
-            self.step(Step::Deleting);
+            self.reached(InsertMoment::Deleting);
             match self.parts.remove(&file) {
                 // A file already gone (a removed cache directory) is what deleting wanted.
                 Err(error) if error.kind() != io::ErrorKind::NotFound => {
@@ -536,10 +538,6 @@ impl DiskCache {
         Some(path)
     }
 }
-
-#[cfg(test)]
-#[path = "../../tests/common/files.rs"]
-mod test_files;
 
 #[cfg(test)]
 #[path = "../../tests/common/tmpfs.rs"]

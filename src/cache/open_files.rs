@@ -60,12 +60,6 @@ pub struct PartFile {
     open: Mutex<Option<Arc<File>>>,
 }
 
-impl PartFile {
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
 /// The part files open now, oldest first, under a bound.
 pub struct OpenFiles {
     bound: usize,

@@ -113,14 +113,14 @@ pub struct Reservation {
 
 /// What one reservation may evict: not the unit it is for, and what its admission
 /// allows.
-struct Room<'a> {
+struct EvictionScope<'a> {
     keep: Unit,
     advisor: Option<&'a dyn EvictionAdvisor>,
     /// Units a plan needs this many steps ahead or later may go (`None`: none of them).
     planned_from: Option<u64>,
 }
 
-impl<'a> Room<'a> {
+impl<'a> EvictionScope<'a> {
     fn new(keep: Unit, advisor: Option<&'a dyn EvictionAdvisor>, admission: Admission) -> Self {
         let planned_from = match admission {
             Admission::Demand => Some(0),
@@ -130,7 +130,7 @@ impl<'a> Room<'a> {
                 Some(NextUse::Ahead(_) | NextUse::Done) | None => None,
             },
         };
-        Room {
+        EvictionScope {
             keep,
             advisor,
             planned_from,
@@ -245,14 +245,14 @@ impl Policy {
         advisor: Option<&dyn EvictionAdvisor>,
         admission: Admission,
     ) -> bool {
-        self.groups_to_evict(bytes, &Room::new(unit, advisor, admission))
+        self.groups_to_evict(bytes, &EvictionScope::new(unit, advisor, admission))
             .is_some()
     }
 
     /// How many groups must go before `bytes` of the room's unit fit in both budgets,
     /// if what the room may evict makes enough room. The units are counted only when
     /// something must go: a prefetcher asks for every part of its steps.
-    fn groups_to_evict(&self, bytes: u64, room: &Room) -> Option<usize> {
+    fn groups_to_evict(&self, bytes: u64, room: &EvictionScope) -> Option<usize> {
         let (bytes_to_free, groups_to_evict) = self.shortfall(bytes, room.keep);
         let fits = (bytes_to_free == 0 || self.evictable_bytes(room) >= bytes_to_free)
             && (groups_to_evict == 0 || self.evictable_groups(room) >= groups_to_evict);
@@ -289,7 +289,7 @@ impl Policy {
             Unit::Group(group) => Some(group),
             Unit::Part(_) => None,
         };
-        let room = Room::new(unit, advisor, admission);
+        let room = EvictionScope::new(unit, advisor, admission);
         let Some(groups_to_evict) = self.groups_to_evict(bytes, &room) else {
             return (None, Vec::new());
         };
@@ -330,7 +330,7 @@ impl Policy {
         self.groups_resident + incoming_only
     }
 
-    fn evictable_groups(&self, room: &Room) -> usize {
+    fn evictable_groups(&self, room: &EvictionScope) -> usize {
         self.units
             .iter()
             .filter(|(unit, state)| {
@@ -339,7 +339,7 @@ impl Policy {
             .count()
     }
 
-    fn evictable_bytes(&self, room: &Room) -> u64 {
+    fn evictable_bytes(&self, room: &EvictionScope) -> u64 {
         self.units
             .iter()
             .filter(|(unit, state)| self.evictable(**unit, state, room))
@@ -347,7 +347,7 @@ impl Policy {
             .sum()
     }
 
-    fn evictable(&self, unit: Unit, state: &UnitState, room: &Room) -> bool {
+    fn evictable(&self, unit: Unit, state: &UnitState, room: &EvictionScope) -> bool {
         let incoming =
             matches!(unit, Unit::Group(group) if self.incoming_groups.contains_key(&group));
         let needed = match room.advisor.and_then(|a| a.next_use(unit)) {
@@ -514,7 +514,7 @@ impl Policy {
         state.parts
     }
 
-    fn choose_victim(&self, room: &Room, groups_only: bool) -> Option<Unit> {
+    fn choose_victim(&self, room: &EvictionScope, groups_only: bool) -> Option<Unit> {
         // Least recently used first; `iter` runs from most to least recent.
         let candidates = self
             .units

@@ -32,7 +32,7 @@ use super::adopt::{self, PartFileName};
 use super::checked::{read_checked, BlockReadFailure, CheckedBlocks};
 use super::part_file::{PartHeader, BLOCK_LEN};
 use super::policy::{Admission, Reservation, Unit};
-use super::{CacheError, DiskCache, PartOrigin, ResidentFile, Step};
+use super::{CacheError, DiskCache, InsertMoment, PartOrigin, ResidentFile};
 use crate::parts::{GroupId, PartKey};
 
 pub struct Spool {
@@ -262,7 +262,7 @@ impl Spool {
             cache.parts.rename(&self.tmp, &name)?;
             cache.parts.open_for_reading(&name)
         })();
-        cache.step(Step::Written);
+        cache.reached(InsertMoment::Written);
         let mut inner = cache.inner.lock();
         let file = match placed {
             Ok(file) => cache.open_files.opened(PathBuf::from(&name), file),

@@ -91,11 +91,11 @@ fn race(
     let parts_dir = cache.parts_dir();
     let hook = {
         let largest = largest.clone();
-        move |step: Step| {
+        move |step: InsertMoment| {
             let thread = std::thread::current();
             let name = thread.name().unwrap_or_default();
             match step {
-                Step::Written => {
+                InsertMoment::Written => {
                     largest.fetch_max(dir_bytes(&parts_dir), Ordering::SeqCst);
                     match name {
                         "writer" => written_tx.send(()).unwrap(),
@@ -105,13 +105,13 @@ fn race(
                         _ => {}
                     }
                 }
-                Step::Deleting if name != "writer" => {
+                InsertMoment::Deleting if name != "writer" => {
                     if let Some(go) = go_tx.lock().take() {
                         go.send(()).unwrap();
                         let _ = written_rx.lock().recv_timeout(Duration::from_secs(1));
                     }
                 }
-                Step::Deleting => {}
+                InsertMoment::Deleting => {}
             }
         }
     };

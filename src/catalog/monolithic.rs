@@ -27,7 +27,6 @@ use parking_lot::Mutex;
 use scdl_format::flat::{check_row_range_offsets, RowOffsetError};
 use scdl_format::{ArrayKind, ChunkGeometry, Dtype, Header, HeaderError};
 
-use super::dataset::FlatDataset;
 use crate::object::ObjectInfo;
 
 /// Rows per virtual chunk of a monolithic dataset: the sampler's default for local
@@ -279,45 +278,6 @@ impl MonolithicDataset {
             .map(|a| a.mtime)
             .max()
             .expect("three arrays")
-    }
-}
-
-/// A dataset a hint file steers: chunked (shown flat), or monolithic (shown as stored).
-#[derive(Clone)]
-pub enum Dataset {
-    Chunked(Arc<FlatDataset>),
-    Monolithic(Arc<MonolithicDataset>),
-}
-
-impl Dataset {
-    pub fn prefix(&self) -> &ObjectPath {
-        match self {
-            Dataset::Chunked(d) => &d.prefix,
-            Dataset::Monolithic(d) => &d.prefix,
-        }
-    }
-
-    /// How the dataset's rows fall into chunks, real or virtual: what plans name.
-    pub fn geometry(&self) -> ChunkGeometry {
-        match self {
-            Dataset::Chunked(d) => d.geometry(),
-            Dataset::Monolithic(d) => d.geometry,
-        }
-    }
-
-    pub fn mtime(&self) -> SystemTime {
-        match self {
-            Dataset::Chunked(d) => d.mtime,
-            Dataset::Monolithic(d) => d.mtime(),
-        }
-    }
-
-    pub fn same(&self, other: &Dataset) -> bool {
-        match (self, other) {
-            (Dataset::Chunked(a), Dataset::Chunked(b)) => Arc::ptr_eq(a, b),
-            (Dataset::Monolithic(a), Dataset::Monolithic(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        }
     }
 }
 

@@ -49,7 +49,7 @@ use scdl_format::hint::{Announcement, HINT_FILE};
 use scdl_format::layout::{parse_chunk_dir_name, HEADER_FILE};
 use tokio::time::Instant;
 
-use super::monolithic::Dataset;
+use super::dataset::Dataset;
 use super::objects::ObjectRegistry;
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;

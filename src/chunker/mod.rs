@@ -17,8 +17,8 @@
 //!    sees a half-written dataset as a chunked one.
 
 pub mod journal;
-pub mod manifest;
-pub mod source;
+pub(crate) mod manifest;
+pub(crate) mod source;
 mod upload;
 mod verify;
 
@@ -252,7 +252,49 @@ async fn run(
         report.already_published = true;
         return Ok(report);
     }
-    let recorded = match journal.job().await? {
+    let recorded = begin_or_resume(&journal, &present, identity).await?;
+
+    let (done, todo): (Vec<_>, Vec<_>) = objects.iter().partition(|object| {
+        recorded.get(&object.key).is_some_and(|uploaded| {
+            present
+                .get(&object.key)
+                .is_some_and(|meta| still_as_uploaded(object, uploaded, meta))
+        })
+    });
+    report.reused_objects = done.len();
+    let uploaded_now = upload_all(job, &target, &journal, todo, options, &cancel)
+        .await
+        .map_err(|(error, uploaded)| match error {
+            ChunkError::Cancelled => ChunkError::Interrupted {
+                done: done.len() + uploaded,
+                total: objects.len(),
+            },
+            other => other,
+        })?;
+    report.uploaded_bytes += uploaded_now
+        .values()
+        .map(|uploaded| uploaded.size)
+        .sum::<u64>();
+    report.uploaded_objects = uploaded_now.len();
+
+    let mut record = recorded;
+    record.extend(uploaded_now);
+    let present = list(&target).await?;
+    verify_sizes(objects, &present, &record)?;
+    report.read_back_objects =
+        verify_contents(archive, &target, objects, &record, options.verify_data).await?;
+    publish(job, &target, &present).await?;
+    journal.remove().await?;
+    Ok(report)
+}
+
+/// The uploads a target records for this job, or a new record begun on an empty target.
+async fn begin_or_resume(
+    journal: &Journal,
+    present: &HashMap<String, ObjectMeta>,
+    identity: &JobIdentity,
+) -> Result<HashMap<String, Uploaded>, ChunkError> {
+    Ok(match journal.job().await? {
         Some(existing) if &existing == identity => journal.uploaded().await?,
         Some(existing) => {
             return Err(ChunkError::TargetOccupied(format!(
@@ -271,16 +313,20 @@ async fn run(
             journal.begin(identity).await?;
             HashMap::new()
         }
-    };
+    })
+}
 
-    let (done, todo): (Vec<_>, Vec<_>) = objects.iter().partition(|object| {
-        recorded.get(&object.key).is_some_and(|uploaded| {
-            present
-                .get(&object.key)
-                .is_some_and(|meta| still_as_uploaded(object, uploaded, meta))
-        })
-    });
-    report.reused_objects = done.len();
+/// Uploads `todo`, recording each object as it lands; on failure, the first error and
+/// how many objects landed.
+async fn upload_all(
+    job: &ChunkJob,
+    target: &Location,
+    journal: &Journal,
+    todo: Vec<&TargetObject>,
+    options: &ChunkOptions,
+    cancel: &CancellationToken,
+) -> Result<HashMap<String, Uploaded>, (ChunkError, usize)> {
+    let archive = &job.archive;
     let progress = Progress::new(
         "chunk",
         "objects",
@@ -290,7 +336,7 @@ async fn run(
     );
     let results: Vec<Result<(String, Uploaded), ChunkError>> = futures::stream::iter(todo)
         .map(|object| {
-            let (target, journal, progress, cancel) = (&target, &journal, &progress, &cancel);
+            let progress = &progress;
             async move {
                 let uploaded = upload(archive, target, object, options, progress, cancel).await?;
                 journal.record(&object.key, &uploaded).await?;
@@ -307,7 +353,6 @@ async fn run(
     for result in results {
         match result {
             Ok((key, uploaded)) => {
-                report.uploaded_bytes += uploaded.size;
                 uploaded_now.insert(key, uploaded);
             }
             Err(error) => {
@@ -315,34 +360,30 @@ async fn run(
             }
         }
     }
-    report.uploaded_objects = uploaded_now.len();
-    if let Some(error) = first_error {
-        return Err(match error {
-            ChunkError::Cancelled => ChunkError::Interrupted {
-                done: done.len() + uploaded_now.len(),
-                total: objects.len(),
-            },
-            other => other,
-        });
+    match first_error {
+        Some(error) => Err((error, uploaded_now.len())),
+        None => Ok(uploaded_now),
     }
+}
 
-    let mut record = recorded;
-    record.extend(uploaded_now);
-    let present = list(&target).await?;
-    verify_sizes(objects, &present, &record)?;
-    report.read_back_objects =
-        verify_contents(archive, &target, objects, &record, options.verify_data).await?;
-    // Every planned object is present (verified above), as the listing shows it now.
+/// Writes the dataset's manifest, then its header, which publishes it: every planned
+/// object is present (verified), as `present`, the target's last listing, shows it.
+async fn publish(
+    job: &ChunkJob,
+    target: &Location,
+    present: &HashMap<String, ObjectMeta>,
+) -> Result<(), ChunkError> {
+    let (archive, objects, header_bytes) = (&job.archive, &job.objects, &job.header_bytes);
     let listed = objects
         .iter()
         .map(|object| (object.key.as_str(), &present[&object.key]));
-    manifest::write(&target, &manifest::manifest_of(archive.geometry, listed)).await?;
+    manifest::write(target, &manifest::manifest_of(archive.geometry, listed)).await?;
     let header_location = target.join(HEADER_FILE);
     match create(&target.store, &header_location, header_bytes.clone()).await {
         Ok(()) => {}
         // Another run of this very job published first: the same dataset.
         Err(ChunkError::AlreadyExists(_))
-            if read_object(&target, HEADER_FILE, header_bytes.len() as u64)
+            if read_object(target, HEADER_FILE, header_bytes.len() as u64)
                 .await
                 .is_ok_and(|published| &published == header_bytes) => {}
         Err(ChunkError::AlreadyExists(_)) => {
@@ -352,8 +393,7 @@ async fn run(
         }
         Err(error) => return Err(error),
     }
-    journal.remove().await?;
-    Ok(report)
+    Ok(())
 }
 
 /// Writes `bytes` at `location` only if nothing is there (`PutMode::Create`: S3's

@@ -8,7 +8,7 @@
 //!   beyond `--log-max-files` (tracing-appender's rolling appender).
 //! - As text or, with `--log-format json`, one JSON object a line.
 //!
-//! Every line passes through [`Redacting`]: no URL credentials reach a log.
+//! Every line passes through [`Redacting`](crate::store::redact::Redacting): no URL credentials reach a log.
 
 use std::fmt;
 use std::io::IsTerminal;

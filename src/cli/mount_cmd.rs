@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::signal::unix::Signal;
+
 use super::{daemon, lifetime, logging, notify, MountArgs, View};
 use crate::catalog::DirMode;
 use crate::metrics_http;
@@ -58,16 +60,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
 
 fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<()> {
     let users = Arc::new(Users::watching(&args.exit_with_pid)?);
-    if args.read_part_size < 4096 || !args.read_part_size.is_multiple_of(4096) {
-        bail!("--read-part-size must be a positive multiple of 4KiB");
-    }
-    if args.max_fetch_memory < args.read_part_size {
-        return Err(anyhow!(
-            "--max-fetch-memory {} is below one part of --read-part-size {}",
-            format_size(args.max_fetch_memory),
-            format_size(args.read_part_size)
-        ));
-    }
+    check_part_size(args)?;
     let cache_bytes = cache_budget(args.cache_size, cache_dir, args.read_part_size)?;
     // The store's client outlives this runtime: opening it only reads the
     // configuration (and may ask S3 for the bucket's region).
@@ -84,7 +77,87 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
                 .with_context(|| format!("cannot serve metrics at {address}"))
         })
         .transpose()?;
-    let settings = MountSettings {
+    let settings = mount_settings(args, source, cache_dir, cache_bytes, users.clone());
+    // Each resident part keeps its file open while the limit allows; the rest are
+    // reopened when read, which a higher limit spares.
+    let open_file_limit = crate::cache::open_files::raise_descriptor_limit();
+    // From before the mount appears until the handlers below are in place: a stop sent
+    // as soon as the mount is seen (a test, a service manager) would otherwise find the
+    // default action and kill the daemon, leaving a dead mount.
+    let stop_signals = StopSignalsHeld::hold();
+    let mount =
+        Mount::start(store, prefix, &args.mountpoint, &settings).map_err(anyhow::Error::msg)?;
+    tracing::info!(
+        source = %settings.fs_name,
+        mountpoint = %mount.mountpoint().display(),
+        cache = %format_size(cache_bytes),
+        cache_dir = %cache_dir.display(),
+        cache_read_around = %format_size(settings.cache_read_around),
+        open_file_limit,
+        "mounted"
+    );
+    // Before reporting ready: a stop that follows at once must find the handlers (the
+    // default action would kill the daemon and leave a dead mount).
+    let (interrupt, terminate) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _entered = mount.runtime().enter();
+        (
+            signal(SignalKind::interrupt()).context("SIGINT handler")?,
+            signal(SignalKind::terminate()).context("SIGTERM handler")?,
+        )
+    };
+    drop(stop_signals);
+    if let Some(listener) = metrics_listener {
+        let address = listener.local_addr().map_err(anyhow::Error::msg)?;
+        metrics_http::serve(listener, mount.observer().clone(), mount.runtime().handle())
+            .with_context(|| format!("cannot serve metrics at {address}"))?;
+        tracing::info!(url = %format!("http://{address}/metrics"), "serving metrics");
+    }
+    daemon::report("ready");
+    notify::ready(&format!(
+        "Mounted {} at {}",
+        settings.fs_name,
+        mount.mountpoint().display()
+    ));
+    let stopped = wait_for_stop(&mount, &users, interrupt, terminate);
+    match stopped {
+        Some(reason) => {
+            notify::stopping(&format!("Unmounting after {reason}"));
+            tracing::info!(after = reason, "unmounting");
+        }
+        None => {
+            notify::stopping("Unmounted from outside");
+            tracing::info!("unmounted from outside; exiting");
+        }
+    }
+    mount.unmount().context("unmount failed")
+}
+
+/// The part size is whole pages, and the fetcher's memory holds one part at least.
+fn check_part_size(args: &MountArgs) -> anyhow::Result<()> {
+    if args.read_part_size < 4096 || !args.read_part_size.is_multiple_of(4096) {
+        bail!("--read-part-size must be a positive multiple of 4KiB");
+    }
+    if args.max_fetch_memory < args.read_part_size {
+        return Err(anyhow!(
+            "--max-fetch-memory {} is below one part of --read-part-size {}",
+            format_size(args.max_fetch_memory),
+            format_size(args.read_part_size)
+        ));
+    }
+    Ok(())
+}
+
+/// What the mount is, from the command line: `cache_bytes` the budget checked against
+/// the cache directory's disk, `users` the processes it lives for.
+fn mount_settings(
+    args: &MountArgs,
+    source: &Source,
+    cache_dir: &Path,
+    cache_bytes: u64,
+    users: Arc<Users>,
+) -> MountSettings {
+    MountSettings {
         fs_name: source.display_name(),
         // Only object stores are reached through --endpoint-url.
         endpoint: match source {
@@ -117,51 +190,21 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
             .cache_read_around
             .unwrap_or_else(|| default_read_around(cache_dir)),
         metadata_ttl: args.metadata_ttl,
-        users: users.clone(),
+        users,
         keys_in_order: source.lists_in_key_order(),
-    };
-    // Each resident part keeps its file open while the limit allows; the rest are
-    // reopened when read, which a higher limit spares.
-    let open_file_limit = crate::cache::open_files::raise_descriptor_limit();
-    // From before the mount appears until the handlers below are in place: a stop sent
-    // as soon as the mount is seen (a test, a service manager) would otherwise find the
-    // default action and kill the daemon, leaving a dead mount.
-    let stop_signals = StopSignalsHeld::hold();
-    let mount =
-        Mount::start(store, prefix, &args.mountpoint, &settings).map_err(anyhow::Error::msg)?;
-    tracing::info!(
-        source = %settings.fs_name,
-        mountpoint = %mount.mountpoint().display(),
-        cache = %format_size(cache_bytes),
-        cache_dir = %cache_dir.display(),
-        cache_read_around = %format_size(settings.cache_read_around),
-        open_file_limit,
-        "mounted"
-    );
-    // Before reporting ready: a stop that follows at once must find the handlers (the
-    // default action would kill the daemon and leave a dead mount).
-    let (mut interrupt, mut terminate) = {
-        use tokio::signal::unix::{signal, SignalKind};
-        let _entered = mount.runtime().enter();
-        (
-            signal(SignalKind::interrupt()).context("SIGINT handler")?,
-            signal(SignalKind::terminate()).context("SIGTERM handler")?,
-        )
-    };
-    drop(stop_signals);
-    if let Some(listener) = metrics_listener {
-        let address = listener.local_addr().map_err(anyhow::Error::msg)?;
-        metrics_http::serve(listener, mount.observer().clone(), mount.runtime().handle())
-            .with_context(|| format!("cannot serve metrics at {address}"))?;
-        tracing::info!(url = %format!("http://{address}/metrics"), "serving metrics");
     }
-    daemon::report("ready");
-    notify::ready(&format!(
-        "Mounted {} at {}",
-        settings.fs_name,
-        mount.mountpoint().display()
-    ));
-    let stopped = mount.runtime().block_on(async {
+}
+
+/// Waits for a reason to stop: SIGINT, SIGTERM, or every process the mount lived for
+/// gone (checked each 200 ms with the mount's end); `None` if the mount was unmounted
+/// from outside.
+fn wait_for_stop(
+    mount: &Mount,
+    users: &Users,
+    mut interrupt: Signal,
+    mut terminate: Signal,
+) -> Option<&'static str> {
+    mount.runtime().block_on(async {
         let mut interval = tokio::time::interval(Duration::from_millis(200));
         loop {
             tokio::select! {
@@ -177,18 +220,7 @@ fn serve(args: &MountArgs, source: &Source, cache_dir: &Path) -> anyhow::Result<
                 }
             }
         }
-    });
-    match stopped {
-        Some(reason) => {
-            notify::stopping(&format!("Unmounting after {reason}"));
-            tracing::info!(after = reason, "unmounting");
-        }
-        None => {
-            notify::stopping("Unmounted from outside");
-            tracing::info!("unmounted from outside; exiting");
-        }
-    }
-    mount.unmount().context("unmount failed")
+    })
 }
 
 /// SIGINT and SIGTERM held pending while alive: blocked in this thread, and in every

@@ -8,7 +8,7 @@ use std::ops::Range;
 use bytes::Bytes;
 
 use super::arriving::Arriving;
-use super::memory::Reservation;
+use super::memory::MemoryReservation;
 use super::{Fetcher, DIRECT_READ_LEAD, DIRECT_READ_MAX};
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
@@ -83,7 +83,7 @@ impl Fetcher {
         &self,
         object: &ObjectInfo,
         range: Range<u64>,
-        memory: Reservation,
+        memory: MemoryReservation,
     ) -> FsResult<Bytes> {
         let len = range.end - range.start;
         let read = tokio::time::timeout(self.read_timeout, async {

@@ -75,7 +75,7 @@ impl Fetcher {
     }
 
     /// Whether a prefetch of the part should wait for room
-    /// ([`DiskCache::prefetch_waits_for_room`]), which the steps being read free.
+    /// ([`DiskCache::prefetch_waits_for_room`](crate::cache::DiskCache::prefetch_waits_for_room)), which the steps being read free.
     pub(super) fn waits_for_room(&self, object: &ObjectInfo, index: u64) -> bool {
         let range = self.part_range(object, index);
         self.cache.prefetch_waits_for_room(
@@ -195,7 +195,7 @@ impl Fetcher {
     }
 
     /// A place in the queue for a download slot for bytes `range`: beside the slots
-    /// for a few bytes a reader waits for ([`Permits::request_small`]), at most
+    /// for a few bytes a reader waits for ([`Permits::request_small`](super::permits::Permits::request_small)), at most
     /// [`SMALL_REQUEST_BYTES`] and a quarter of a part (as an edge is).
     pub(super) fn slot_request(&self, range: Range<u64>, urgency: Arc<Urgency>) -> Request {
         if range.end - range.start <= SMALL_REQUEST_BYTES.min(self.part_size / 4) {
@@ -209,7 +209,7 @@ impl Fetcher {
     /// into the part's cache file if the cache has room for it, otherwise into memory,
     /// then cached if room appeared meanwhile or kept in memory for the next reads. A
     /// cache file that fails while it is written turns caching off
-    /// ([`DiskCache::spool`]) and the download starts over into memory.
+    /// ([`DiskCache::spool`](crate::cache::DiskCache::spool)) and the download starts over into memory.
     async fn download(
         self: &Arc<Self>,
         object: &Arc<ObjectInfo>,
@@ -331,7 +331,7 @@ impl Fetcher {
     /// Reserves `len` bytes of the budget, first dropping parts and edges kept in memory
     /// if the budget is short. Parts are kept only while a whole part more fits, so a
     /// waiter here never waits behind kept bytes, only behind downloads and readers.
-    async fn reserve_memory(&self, len: u64) -> memory::Reservation {
+    async fn reserve_memory(&self, len: u64) -> memory::MemoryReservation {
         loop {
             if let Some(reservation) = self.memory.try_reserve(len) {
                 return reservation;

@@ -2,7 +2,7 @@
 //! goes out, what it will hold: a couple of blocks when its body goes into its cache
 //! file as it comes, its part's length when the body must be held whole (the cache
 //! cannot take it). Bytes held whole then carry the reservation
-//! ([`Reservation::hold`]), which returns to the budget when the last copy of those
+//! ([`MemoryReservation::hold`]), which returns to the budget when the last copy of those
 //! bytes is dropped: after the readers' copies, or when a part kept in memory is let
 //! go. So unwritten blocks, bodies held whole, parts kept because the cache had no
 //! room, edges and readers' own ranges are all under one cap.
@@ -21,14 +21,14 @@ pub struct MemoryBudget {
 }
 
 /// Bytes of the budget, held until dropped.
-pub struct Reservation {
+pub struct MemoryReservation {
     _permit: OwnedSemaphorePermit,
 }
 
 /// Bytes with the reservation they count against.
 struct Held {
     bytes: Bytes,
-    _reservation: Reservation,
+    _reservation: MemoryReservation,
 }
 
 impl AsRef<[u8]> for Held {
@@ -49,7 +49,7 @@ impl MemoryBudget {
     }
 
     /// Reserves `len` bytes (at most the whole cap), waiting for room.
-    pub async fn reserve(&self, len: u64) -> Reservation {
+    pub async fn reserve(&self, len: u64) -> MemoryReservation {
         let permit = self
             .free
             .clone()
@@ -57,18 +57,18 @@ impl MemoryBudget {
             .await
             .expect("the budget's semaphore is never closed");
         self.note_held();
-        Reservation { _permit: permit }
+        MemoryReservation { _permit: permit }
     }
 
     /// Reserves `len` bytes if there is room now.
-    pub fn try_reserve(&self, len: u64) -> Option<Reservation> {
+    pub fn try_reserve(&self, len: u64) -> Option<MemoryReservation> {
         let permit = self
             .free
             .clone()
             .try_acquire_many_owned(self.permits_for(len))
             .ok()?;
         self.note_held();
-        Some(Reservation { _permit: permit })
+        Some(MemoryReservation { _permit: permit })
     }
 
     /// Whether `len` more bytes could be reserved now without waiting.
@@ -92,7 +92,7 @@ impl MemoryBudget {
     }
 }
 
-impl Reservation {
+impl MemoryReservation {
     /// `bytes`, counted against this reservation until their last copy is dropped.
     pub fn hold(self, bytes: Bytes) -> Bytes {
         Bytes::from_owner(Held {

@@ -9,7 +9,7 @@
 //! Retries are not made here: the object client is the one retry layer
 //! ([`crate::store::bounds`]). The fetcher adds the hard bounds: a download runs at
 //! most `read_timeout` once it holds a slot, and a reader waits at most `read_timeout`
-//! for a part, then gets EIO ([`FsError::TimedOut`]) while the download may go on for
+//! for a part, then gets EIO ([`FsError::TimedOut`](crate::error::FsError::TimedOut)) while the download may go on for
 //! others.
 //!
 //! A reader waits only for its own bytes of a part: it is answered once the part's body
@@ -65,8 +65,8 @@ use arriving::Arriving;
 use edges::EdgeInFlight;
 use memory::MemoryBudget;
 use permits::{Permits, Urgency};
+pub use planned::Planned;
 use planned::PlannedRanges;
-pub use planned::{Planned, PLANNED_BYTES_HELD, PLANNED_BYTES_IN_FLIGHT};
 
 /// How far ahead of a download's body a reader's bytes may be for the reader to wait
 /// for the body rather than ask for its bytes itself: at a link's share of ~15 MB/s

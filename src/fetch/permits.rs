@@ -173,10 +173,6 @@ impl Permits {
         })
     }
 
-    pub async fn acquire(self: &Arc<Self>, urgency: Arc<Urgency>) -> Permit {
-        self.request(urgency).granted().await
-    }
-
     /// Queues a request for a slot; it may be granted at once ([`Request::now`]).
     pub fn request(self: &Arc<Self>, urgency: Arc<Urgency>) -> Request {
         self.enqueue(urgency, false)
@@ -305,13 +301,18 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A slot, once granted.
+    async fn acquire(permits: &Arc<Permits>, urgency: Arc<Urgency>) -> Permit {
+        permits.request(urgency).granted().await
+    }
+
     #[tokio::test]
     async fn prefetches_leave_a_slot_for_demand() {
         let permits = Permits::new(2);
-        let _p1 = permits.acquire(Urgency::prefetch()).await;
+        let _p1 = acquire(&permits, Urgency::prefetch()).await;
         let second = tokio::time::timeout(
             Duration::from_millis(50),
-            permits.acquire(Urgency::prefetch()),
+            acquire(&permits, Urgency::prefetch()),
         )
         .await;
         assert!(
@@ -320,7 +321,7 @@ mod tests {
         );
         let demand = tokio::time::timeout(
             Duration::from_millis(50),
-            permits.acquire(Urgency::demand()),
+            acquire(&permits, Urgency::demand()),
         )
         .await;
         assert!(demand.is_ok());
@@ -481,7 +482,7 @@ mod tests {
     #[tokio::test]
     async fn demand_overtakes_queued_prefetches_and_raising_counts() {
         let permits = Permits::new(1);
-        let held = permits.acquire(Urgency::demand()).await;
+        let held = acquire(&permits, Urgency::demand()).await;
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         let raised = Urgency::prefetch();
@@ -492,7 +493,7 @@ mod tests {
         ] {
             let (permits, order) = (permits.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let _p = permits.acquire(urgency).await;
+                let _p = acquire(&permits, urgency).await;
                 order.lock().push(name);
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }));

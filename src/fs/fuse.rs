@@ -3,7 +3,7 @@
 //! Each callback polls its core operation once in the FUSE thread, inside the runtime:
 //! what memory or the disk cache can answer is answered there, and an operation that
 //! has to wait (a listing, a download) moves, reply and all, into a task. No FUSE
-//! thread ever waits on the network. Errors become errno through [`FsError::errno`]
+//! thread ever waits on the network. Errors become errno through [`errno`]
 //! alone, logged here once.
 //!
 //! A panic in an operation, in the FUSE thread or in its task, is caught here and

@@ -3,7 +3,7 @@
 //! [`FsCore`] answers lookups, attribute queries, directory listings, opens, reads,
 //! hint writes and closes with [`FsResult`]s; [`fuse`] is the thin adapter that turns
 //! kernel requests into these calls and their results into replies (errno from
-//! [`FsError::errno`] only). Tests drive the core in-process, without a mount.
+//! [`errno::errno`] only). Tests drive the core in-process, without a mount.
 //!
 //! The mount is read-only in effect but not in name: files open O_RDWR (the released
 //! SCDL reader insists) and map shared and writable, while every write and every change
@@ -24,11 +24,11 @@
 //! ([`crate::prefetch::budget`]), and the status shows a user only their own plans
 //! unless they are root or the mounting user.
 
-pub mod announce;
+pub(crate) mod announce;
 pub mod errno;
-pub mod fuse;
-pub mod handles;
-pub mod planned_pages;
+pub(crate) mod fuse;
+pub(crate) mod handles;
+pub(crate) mod planned_pages;
 pub mod read_ahead;
 pub mod read_around;
 
@@ -228,8 +228,9 @@ impl FsCore {
         }
     }
 
-    #[cfg(test)]
-    pub(crate) fn prefetcher(&self) -> &Arc<Prefetcher> {
+    /// The mount's prefetcher, for the tests.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn prefetcher(&self) -> &Arc<Prefetcher> {
         &self.components.prefetcher
     }
 

@@ -11,7 +11,7 @@ use crate::cache::{EvictionAdvisor, NextUse, Unit};
 pub(super) struct Advice {
     pub(super) ranks: RwLock<HashMap<Unit, NextUse>>,
     /// By plan (its hint handle): the units of the chunks it has finished this epoch
-    /// ([`Plan::finished_chunks`]), which rank [`NextUse::Done`] unless a plan's steps
+    /// ([`Plan::finished_chunks`](super::plan::Plan::finished_chunks)), which rank [`NextUse::Done`] unless a plan's steps
     /// rank them otherwise.
     pub(super) done: RwLock<HashMap<u64, HashSet<Unit>>>,
 }

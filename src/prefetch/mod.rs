@@ -25,12 +25,14 @@
 mod advice;
 pub mod budget;
 mod cached_offsets;
-pub mod exact;
+pub(crate) mod exact;
 mod follow;
-pub mod plan;
-pub mod row_offsets;
-pub mod scatter;
-pub mod sequential;
+pub(crate) mod plan;
+#[cfg(any(test, feature = "test-support"))]
+pub mod probe;
+pub(crate) mod row_offsets;
+pub(crate) mod scatter;
+pub(crate) mod sequential;
 mod top_up;
 
 use std::collections::HashMap;
@@ -161,21 +163,12 @@ pub struct Prefetcher {
     /// The plans changed since [`Advice::ranks`] was computed: [`drive`] computes them
     /// again, so that no read or hint write waits on it.
     ranks_stale: AtomicBool,
-    /// Called as the top-up issues each prefetch: a test holds it there.
-    #[cfg(test)]
-    issue_hook: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
     /// Top-up passes run one at a time: each takes the plans' cursors and puts them back.
     top_up_pass: Mutex<()>,
     /// Where a plan's exact rows go once they have arrived ([`exact`]).
     planned_pages: std::sync::OnceLock<Arc<dyn PlannedPages>>,
-    /// Top-up passes, and the items of steps they walked: tests count them.
-    #[cfg(test)]
-    top_up_passes: std::sync::atomic::AtomicU64,
-    #[cfg(test)]
-    items_walked: std::sync::atomic::AtomicU64,
-    /// Plans' horizons ranked: a test counts them.
-    #[cfg(test)]
-    horizons_ranked: std::sync::atomic::AtomicU64,
+    #[cfg(any(test, feature = "test-support"))]
+    counters: probe::PassCounters,
 }
 
 impl Prefetcher {
@@ -203,16 +196,10 @@ impl Prefetcher {
             row_offsets: KeptRowOffsets::default(),
             budget: HintBudget::default(),
             ranks_stale: AtomicBool::new(false),
-            #[cfg(test)]
-            issue_hook: Mutex::new(None),
             top_up_pass: Mutex::new(()),
             planned_pages: std::sync::OnceLock::new(),
-            #[cfg(test)]
-            top_up_passes: Default::default(),
-            #[cfg(test)]
-            items_walked: Default::default(),
-            #[cfg(test)]
-            horizons_ranked: Default::default(),
+            #[cfg(any(test, feature = "test-support"))]
+            counters: Default::default(),
         });
         tokio::spawn(drive(Arc::downgrade(&prefetcher), wake));
         prefetcher
@@ -224,6 +211,12 @@ impl Prefetcher {
         if self.planned_pages.set(pages).is_err() {
             tracing::warn!("the planned pages are connected already");
         }
+    }
+
+    /// What the tests see and drive of this prefetcher.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn probe(&self) -> probe::Probe<'_> {
+        probe::Probe(self)
     }
 
     /// What each user's hint writers may still do: hint handles are counted by the
@@ -495,8 +488,10 @@ impl Prefetcher {
 
     /// The ranks one plan's horizon gives the cache's units.
     fn rank_horizon(&self, dataset: &Dataset, horizon: &plan::Horizon) -> HashMap<Unit, NextUse> {
-        #[cfg(test)]
-        self.horizons_ranked.fetch_add(1, Ordering::Relaxed);
+        #[cfg(any(test, feature = "test-support"))]
+        self.counters
+            .horizons_ranked
+            .fetch_add(1, Ordering::Relaxed);
         let mut ranks = HashMap::new();
         for (chunk, rank) in horizon.chunks_ahead(&dataset.geometry()) {
             for unit in self.units_of_chunk(dataset, chunk) {

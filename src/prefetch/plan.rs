@@ -33,11 +33,16 @@ pub struct Room {
     pub work: u64,
 }
 
-impl Room {
-    pub const UNLIMITED: Room = Room {
-        entries: usize::MAX,
-        work: u64::MAX,
-    };
+/// What a batch of hint lines says, read before any of it is applied.
+struct Batch {
+    /// The epoch of its last `plan` line, or the plan's.
+    epoch: u64,
+    /// A `plan` line began a new plan: the old steps go.
+    replaced: bool,
+    /// The steps its lines end.
+    appended: Vec<Step>,
+    /// The step its last lines begin and do not end, or the plan's one begun before.
+    partial: Option<Step>,
 }
 
 /// How far from the current step a served read is matched to a step.
@@ -192,85 +197,12 @@ impl Plan {
         layout: &ChunkGeometry,
         room: Room,
     ) -> Result<Option<usize>, PlanRefused> {
-        let mut next = Plan {
-            epoch: self.epoch,
-            position: self.position,
-            revision: self.revision,
-            ..Plan::default()
-        };
-        let mut replaced = false;
-        let mut appended = Vec::new();
-        let mut partial = self.partial.clone();
-        for line in lines {
-            let (step, ends) = match line {
-                // `cached` is the announcement's: the decoder refuses it from a writer.
-                // `reading` moves the position once the batch is in ([`Plan::reading`]).
-                HintLine::Greeting { .. } | HintLine::Cached { .. } | HintLine::Reading { .. } => {
-                    continue
-                }
-                HintLine::ChunkRows { rows } if *rows != layout.chunk_size => {
-                    return Err(PlanRefused::ChunkRows {
-                        writer: *rows,
-                        dataset: layout.chunk_size,
-                    });
-                }
-                HintLine::ChunkRows { .. } => continue,
-                HintLine::Plan { epoch } => {
-                    next.epoch = *epoch;
-                    next.position = 0;
-                    replaced = true;
-                    appended.clear();
-                    // A step begun in the old plan is no step of the new one.
-                    partial = None;
-                    continue;
-                }
-                HintLine::Window { chunks } | HintLine::WindowPart { chunks } => {
-                    if let Some(&chunk) = chunks.iter().find(|&&c| c as u64 >= layout.num_chunks())
-                    {
-                        return Err(PlanRefused::NoSuchChunk {
-                            chunk,
-                            chunks: layout.num_chunks(),
-                        });
-                    }
-                    let mut all = match partial.take() {
-                        None => Vec::new(),
-                        Some(Step::Window(first)) => first,
-                        Some(Step::Rows(_)) => return Err(PlanRefused::MixedStep),
-                    };
-                    all.extend_from_slice(chunks);
-                    let ends = matches!(line, HintLine::Window { .. });
-                    (Step::Window(all), ends)
-                }
-                HintLine::Rows { ranges } | HintLine::RowsPart { ranges } => {
-                    if let Some(bad) = ranges.iter().find(|r| r.end > layout.total_rows) {
-                        return Err(PlanRefused::RowsPastEnd {
-                            start: bad.start,
-                            end: bad.end,
-                            rows: layout.total_rows,
-                        });
-                    }
-                    let mut all = match partial.take() {
-                        None => Vec::new(),
-                        Some(Step::Rows(first)) => first,
-                        Some(Step::Window(_)) => return Err(PlanRefused::MixedStep),
-                    };
-                    all.extend_from_slice(ranges);
-                    let ends = matches!(line, HintLine::Rows { .. });
-                    (Step::Rows(all), ends)
-                }
-            };
-            let work = step.work(layout);
-            if work > MAX_STEP_WORK {
-                return Err(PlanRefused::StepTooWide {
-                    work,
-                    limit: MAX_STEP_WORK,
-                });
-            }
-            match ends {
-                true => appended.push(step),
-                false => partial = Some(step),
-            }
-        }
+        let Batch {
+            epoch,
+            replaced,
+            appended,
+            partial,
+        } = self.read_batch(lines, layout)?;
         // Steps the reader has passed are retired, so a plan that grows as the epoch
         // advances stays as long as its lookahead.
         let kept = if replaced {
@@ -309,25 +241,27 @@ impl Plan {
         self.entries = entries;
         self.work = work;
         self.partial = partial;
-        if replaced {
+        let position = if replaced {
             self.steps.clear();
             self.parts.clear();
             self.counted = 0;
             self.rows_read.clear();
             self.retired = 0;
+            // A new plan starts at its first step.
+            0
         } else {
             self.retired += retired;
             self.steps.drain(..retired);
             self.parts.drain(..retired);
-            next.position = self.position - retired;
             self.counted = self.counted.saturating_sub(retired);
-        }
+            self.position - retired
+        };
         let first_new = self.steps.len();
         let added = !appended.is_empty();
         self.parts.resize(self.steps.len() + appended.len(), None);
         self.steps.extend(appended);
-        self.epoch = next.epoch;
-        self.position = next.position.min(self.steps.len());
+        self.epoch = epoch;
+        self.position = position.min(self.steps.len());
         self.reads_elsewhere.clear();
         self.revision += 1;
         Ok(match (replaced, added) {
@@ -335,6 +269,88 @@ impl Plan {
             (false, true) => Some(first_new.saturating_sub(self.position)),
             (false, false) => None,
         })
+    }
+
+    /// Reads a batch of protocol lines against the plan as it is, changing nothing:
+    /// the steps they end, the step they leave begun, and whether a `plan` line
+    /// replaced the plan.
+    fn read_batch(&self, lines: &[HintLine], layout: &ChunkGeometry) -> Result<Batch, PlanRefused> {
+        let mut batch = Batch {
+            epoch: self.epoch,
+            replaced: false,
+            appended: Vec::new(),
+            partial: self.partial.clone(),
+        };
+        for line in lines {
+            let (step, ends) = match line {
+                // `cached` is the announcement's: the decoder refuses it from a writer.
+                // `reading` moves the position once the batch is in ([`Plan::reading`]).
+                HintLine::Greeting { .. } | HintLine::Cached { .. } | HintLine::Reading { .. } => {
+                    continue
+                }
+                HintLine::ChunkRows { rows } if *rows != layout.chunk_size => {
+                    return Err(PlanRefused::ChunkRows {
+                        writer: *rows,
+                        dataset: layout.chunk_size,
+                    });
+                }
+                HintLine::ChunkRows { .. } => continue,
+                HintLine::Plan { epoch } => {
+                    batch.epoch = *epoch;
+                    batch.replaced = true;
+                    batch.appended.clear();
+                    // A step begun in the old plan is no step of the new one.
+                    batch.partial = None;
+                    continue;
+                }
+                HintLine::Window { chunks } | HintLine::WindowPart { chunks } => {
+                    if let Some(&chunk) = chunks.iter().find(|&&c| c as u64 >= layout.num_chunks())
+                    {
+                        return Err(PlanRefused::NoSuchChunk {
+                            chunk,
+                            chunks: layout.num_chunks(),
+                        });
+                    }
+                    let mut all = match batch.partial.take() {
+                        None => Vec::new(),
+                        Some(Step::Window(first)) => first,
+                        Some(Step::Rows(_)) => return Err(PlanRefused::MixedStep),
+                    };
+                    all.extend_from_slice(chunks);
+                    let ends = matches!(line, HintLine::Window { .. });
+                    (Step::Window(all), ends)
+                }
+                HintLine::Rows { ranges } | HintLine::RowsPart { ranges } => {
+                    if let Some(bad) = ranges.iter().find(|r| r.end > layout.total_rows) {
+                        return Err(PlanRefused::RowsPastEnd {
+                            start: bad.start,
+                            end: bad.end,
+                            rows: layout.total_rows,
+                        });
+                    }
+                    let mut all = match batch.partial.take() {
+                        None => Vec::new(),
+                        Some(Step::Rows(first)) => first,
+                        Some(Step::Window(_)) => return Err(PlanRefused::MixedStep),
+                    };
+                    all.extend_from_slice(ranges);
+                    let ends = matches!(line, HintLine::Rows { .. });
+                    (Step::Rows(all), ends)
+                }
+            };
+            let work = step.work(layout);
+            if work > MAX_STEP_WORK {
+                return Err(PlanRefused::StepTooWide {
+                    work,
+                    limit: MAX_STEP_WORK,
+                });
+            }
+            match ends {
+                true => batch.appended.push(step),
+                false => batch.partial = Some(step),
+            }
+        }
+        Ok(batch)
     }
 
     /// The writer says it reads step `step` (counted from the `plan` line): moves the
@@ -361,11 +377,6 @@ impl Plan {
         }
     }
 
-    /// Which batch of lines the step indices refer to: see [`Plan::is_upcoming`].
-    pub fn revision(&self) -> u64 {
-        self.revision
-    }
-
     /// Where the plan stands now: what is derived from it (its ranks, how far its
     /// lookahead was issued) holds while the mark stays.
     pub fn mark(&self) -> PlanMark {
@@ -376,7 +387,7 @@ impl Plan {
     }
 
     /// Whether step `index`, as of `revision`, is not behind the reader (the step just
-    /// left counts, as in [`Plan::chunks_ahead`]). A top-up computed on an
+    /// left counts, as in [`Horizon::chunks_ahead`]). A top-up computed on an
     /// older position or plan must not fetch what the reader has passed and the
     /// eviction has freed, nor what a new epoch needs only at its end.
     pub fn is_upcoming(&self, revision: u64, index: usize) -> bool {

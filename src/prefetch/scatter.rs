@@ -128,11 +128,6 @@ impl ScatterDetector {
         }
     }
 
-    /// Whether `chunk` is among the fetched chunks not judged yet.
-    pub fn is_fetched(&self, chunk: ChunkId) -> bool {
-        self.fetched.iter().any(|f| f.chunk == chunk)
-    }
-
     fn judge(&mut self, paid: bool) {
         self.judged.push_back(paid);
         if self.judged.len() > JUDGED {
@@ -147,11 +142,6 @@ impl ScatterDetector {
         } else if paid {
             self.next_pause = 0;
         }
-    }
-
-    /// Triggers left to skip before detection resumes.
-    pub fn paused_for(&self) -> u32 {
-        self.skip
     }
 }
 
@@ -231,7 +221,7 @@ mod tests {
     fn chunks_read_through_keep_being_fetched() {
         let mut d = detector();
         assert_eq!(scattered_chunks(&mut d, 100, 8, 6), 100);
-        assert_eq!(d.paused_for(), 0);
+        assert_eq!(d.skip, 0);
     }
 
     #[test]
@@ -267,7 +257,7 @@ mod tests {
         d.observe(5, 0, 0, [0]);
         assert_eq!(d.observe(5, 0, 10 * MIB, [1]), Decision::FetchChunk);
         d.fetching(5, 0..4, &[0, 1]);
-        assert!(d.is_fetched(5));
+        assert!(d.fetched.iter().any(|fetched| fetched.chunk == 5));
         assert_eq!(d.observe(5, 0, 30 * MIB, [3]), Decision::Nothing);
         assert_eq!(d.observe(5, 0, 0, [0]), Decision::Nothing);
     }

@@ -18,16 +18,16 @@
 //! each page that brings entries telling the listing's waiters that it advances
 //! ([`listing_progress`]).
 
-pub mod aws;
-pub mod bounds;
+pub(crate) mod aws;
+pub(crate) mod bounds;
 #[cfg(any(test, feature = "test-support"))]
 pub mod counting;
 #[cfg(any(test, feature = "test-support"))]
 pub mod faulty;
-pub mod listing_progress;
-pub mod paged_listings;
-pub mod redact;
-pub mod short_answers;
+pub(crate) mod listing_progress;
+pub(crate) mod paged_listings;
+pub(crate) mod redact;
+pub(crate) mod short_answers;
 #[cfg(any(test, feature = "test-support"))]
 pub mod throttled;
 pub mod wrapper;

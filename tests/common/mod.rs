@@ -6,7 +6,6 @@
 pub mod cli_mount;
 pub mod epoch;
 pub mod faulty_mount;
-pub mod files;
 pub mod hostile_hints;
 pub mod process;
 pub mod proxy;

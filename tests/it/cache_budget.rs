@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::files::dir_bytes;
 use common::*;
 use scdl_format::ArrayKind;
+use scdlfs::cache::test_files::dir_bytes;
 use scdlfs::synthetic::SyntheticDataset;
 
 fn larger_dataset() -> SyntheticDataset {

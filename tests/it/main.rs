@@ -7,6 +7,7 @@
 mod common;
 
 mod announce;
+mod architecture_doc;
 mod bad_input;
 mod cache_budget;
 mod cache_dir_owner;
@@ -39,5 +40,6 @@ mod service;
 mod slow_discovery;
 mod soak;
 mod sources;
+mod top_up;
 mod untrusted_sizes;
 mod warm;

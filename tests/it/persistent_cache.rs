@@ -12,7 +12,6 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::files::{dir_bytes, flip_bit};
 use common::process::{
     exit_of, foreground_mount, status_json, unmount, wait_until_mounted, wait_within, Cleanup,
     PATIENCE,
@@ -21,6 +20,7 @@ use common::*;
 use object_store::path::Path as ObjectPath;
 use scdl_format::layout::HEADER_FILE;
 use scdlfs::cache::part_file::PartHeader;
+use scdlfs::cache::test_files::{dir_bytes, flip_bit};
 use scdlfs::mount::Mount;
 use scdlfs::store::counting::CountReads;
 use scdlfs::store::wrapper::HookedStore;

@@ -11,10 +11,10 @@ use std::process::{Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::files::dir_bytes;
 use common::process::scdlfs_command;
 use common::*;
 use scdl_format::layout::HEADER_FILE;
+use scdlfs::cache::test_files::dir_bytes;
 use scdlfs::store::counting::CountReads;
 use scdlfs::store::throttled::Throttle;
 use scdlfs::store::wrapper::HookedStore;

@@ -17,8 +17,9 @@ use tokio::time::Instant;
 
 use super::manifest::Opened;
 use super::{non_empty, too_long_a_listing, Tree, MAX_LISTED_ENTRIES};
-use crate::catalog::dataset::FlatDataset;
-use crate::catalog::monolithic::{Dataset, MonolithicDataset, DEFAULT_VIRTUAL_CHUNK_ROWS};
+use crate::catalog::chunked::FlatDataset;
+use crate::catalog::dataset::Dataset;
+use crate::catalog::monolithic::{MonolithicDataset, DEFAULT_VIRTUAL_CHUNK_ROWS};
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
 use crate::object::{pinned_get, ObjectInfo};

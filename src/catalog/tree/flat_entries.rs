@@ -12,8 +12,8 @@ use scdl_format::ArrayKind;
 
 use super::{hint_file, Pending};
 use super::{DirMode, FileContent, FileNode, Prelisted};
-use crate::catalog::dataset::FlatDataset;
-use crate::catalog::monolithic::Dataset;
+use crate::catalog::chunked::FlatDataset;
+use crate::catalog::dataset::Dataset;
 
 /// The flat view of a chunked dataset whose directory lists `raw` entries (`listed`,
 /// also the first listing of the raw view, `.chunked/`, which shows the same prefix).

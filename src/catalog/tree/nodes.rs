@@ -13,8 +13,8 @@ use parking_lot::Mutex;
 use scdl_format::ArrayKind;
 use tokio::time::Instant;
 
-use crate::catalog::dataset::FlatDataset;
-use crate::catalog::monolithic::Dataset;
+use crate::catalog::chunked::FlatDataset;
+use crate::catalog::dataset::Dataset;
 use crate::error::FsResult;
 use crate::object::ObjectInfo;
 use crate::store::listing_progress::ListingProgress;

@@ -1,5 +1,11 @@
 use super::*;
 
+/// Room for any plan: the bounds are tested on their own.
+const UNLIMITED: Room = Room {
+    entries: usize::MAX,
+    work: u64::MAX,
+};
+
 fn layout(chunks: u64, rows_per_chunk: u64) -> ChunkGeometry {
     ChunkGeometry::new(chunks * rows_per_chunk, rows_per_chunk).unwrap()
 }
@@ -22,13 +28,10 @@ fn a_batch_tells_how_far_ahead_of_the_reader_it_changed_the_plan() {
     let l = layout(8, 10);
     let mut plan = Plan::default();
     let new_plan = [HintLine::Plan { epoch: 1 }, window(&[0]), window(&[1])];
-    assert_eq!(plan.apply(&new_plan, &l, Room::UNLIMITED), Ok(Some(0)));
+    assert_eq!(plan.apply(&new_plan, &l, UNLIMITED), Ok(Some(0)));
+    assert_eq!(plan.apply(&[window(&[2])], &l, UNLIMITED), Ok(Some(2)));
     assert_eq!(
-        plan.apply(&[window(&[2])], &l, Room::UNLIMITED),
-        Ok(Some(2))
-    );
-    assert_eq!(
-        plan.apply(&[window(&[3]), window(&[4])], &l, Room::UNLIMITED),
+        plan.apply(&[window(&[3]), window(&[4])], &l, UNLIMITED),
         Ok(Some(3))
     );
     for _ in 0..READS_TO_ADVANCE {
@@ -36,20 +39,17 @@ fn a_batch_tells_how_far_ahead_of_the_reader_it_changed_the_plan() {
     }
     assert_eq!(plan.position, 2);
     // Step 0 is retired, the step just left stays: the new step is 3 steps ahead.
-    assert_eq!(
-        plan.apply(&[window(&[5])], &l, Room::UNLIMITED),
-        Ok(Some(3))
-    );
+    assert_eq!(plan.apply(&[window(&[5])], &l, UNLIMITED), Ok(Some(3)));
     assert_eq!(plan.position, 1);
     let greeting = [HintLine::Greeting { version: 2 }];
     assert_eq!(
-        plan.apply(&greeting, &l, Room::UNLIMITED),
+        plan.apply(&greeting, &l, UNLIMITED),
         Ok(None),
         "nothing new"
     );
     let emptied = [HintLine::Plan { epoch: 2 }];
     assert_eq!(
-        plan.apply(&emptied, &l, Room::UNLIMITED),
+        plan.apply(&emptied, &l, UNLIMITED),
         Ok(Some(0)),
         "a new, empty plan"
     );
@@ -135,11 +135,7 @@ fn a_step_wider_than_the_step_bound_is_refused_whatever_the_room() {
     let mut plan = Plan::default();
     let all_rows = 0..chunks * per_chunk;
     assert_eq!(
-        plan.apply(
-            &[rows(std::slice::from_ref(&all_rows))],
-            &l,
-            Room::UNLIMITED
-        ),
+        plan.apply(&[rows(std::slice::from_ref(&all_rows))], &l, UNLIMITED),
         Err(PlanRefused::StepTooWide {
             work: MAX_STEP_WORK + 1,
             limit: MAX_STEP_WORK
@@ -148,18 +144,14 @@ fn a_step_wider_than_the_step_bound_is_refused_whatever_the_room() {
     let many_ranges: Vec<Range<u64>> = (0..chunks).map(|c| c * per_chunk..c * per_chunk).collect();
     assert!(
         matches!(
-            plan.apply(&[rows(&many_ranges)], &l, Room::UNLIMITED),
+            plan.apply(&[rows(&many_ranges)], &l, UNLIMITED),
             Err(PlanRefused::StepTooWide { .. })
         ),
         "empty ranges count one each"
     );
     assert!(plan.steps.is_empty());
-    plan.apply(
-        &[one_range(0..MAX_STEP_WORK * per_chunk)],
-        &l,
-        Room::UNLIMITED,
-    )
-    .unwrap();
+    plan.apply(&[one_range(0..MAX_STEP_WORK * per_chunk)], &l, UNLIMITED)
+        .unwrap();
 }
 
 #[test]
@@ -170,7 +162,7 @@ fn a_writer_assuming_other_chunks_is_refused() {
         .apply(
             &[HintLine::ChunkRows { rows: 11 }, window(&[0])],
             &l,
-            Room::UNLIMITED,
+            UNLIMITED,
         )
         .unwrap_err();
     assert_eq!(
@@ -184,7 +176,7 @@ fn a_writer_assuming_other_chunks_is_refused() {
     plan.apply(
         &[HintLine::ChunkRows { rows: 10 }, window(&[0])],
         &l,
-        Room::UNLIMITED,
+        UNLIMITED,
     )
     .unwrap();
     assert_eq!(plan.steps, vec![Step::Window(vec![0])]);
@@ -197,11 +189,11 @@ fn out_of_range_steps_are_refused_and_change_nothing() {
     plan.apply(
         &[HintLine::Plan { epoch: 1 }, window(&[0, 1])],
         &l,
-        Room::UNLIMITED,
+        UNLIMITED,
     )
     .unwrap();
     assert!(plan
-        .apply(&[window(&[2]), window(&[4])], &l, Room::UNLIMITED)
+        .apply(&[window(&[2]), window(&[4])], &l, UNLIMITED)
         .is_err());
     assert!(plan
         .apply(
@@ -209,7 +201,7 @@ fn out_of_range_steps_are_refused_and_change_nothing() {
                 ranges: vec![0..3, 30..41]
             }],
             &l,
-            Room::UNLIMITED,
+            UNLIMITED,
         )
         .is_err());
     assert_eq!(plan.steps, vec![Step::Window(vec![0, 1])]);
@@ -219,20 +211,12 @@ fn out_of_range_steps_are_refused_and_change_nothing() {
 fn a_new_plan_replaces_the_old_and_steps_append() {
     let l = layout(4, 10);
     let mut plan = Plan::default();
-    plan.apply(
-        &[HintLine::Plan { epoch: 1 }, window(&[0])],
-        &l,
-        Room::UNLIMITED,
-    )
-    .unwrap();
-    plan.apply(&[window(&[1])], &l, Room::UNLIMITED).unwrap();
+    plan.apply(&[HintLine::Plan { epoch: 1 }, window(&[0])], &l, UNLIMITED)
+        .unwrap();
+    plan.apply(&[window(&[1])], &l, UNLIMITED).unwrap();
     assert_eq!(plan.steps.len(), 2);
-    plan.apply(
-        &[HintLine::Plan { epoch: 2 }, window(&[3])],
-        &l,
-        Room::UNLIMITED,
-    )
-    .unwrap();
+    plan.apply(&[HintLine::Plan { epoch: 2 }, window(&[3])], &l, UNLIMITED)
+        .unwrap();
     assert_eq!(
         (plan.epoch, plan.steps.clone()),
         (2, vec![Step::Window(vec![3])])
@@ -247,7 +231,7 @@ fn reads_move_the_position_forward_and_back() {
         .iter()
         .map(|w| window(w))
         .collect();
-    plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
+    plan.apply(&lines, &l, UNLIMITED).unwrap();
     assert!(
         !plan.observe(&chunks(&[5]), &l),
         "one read elsewhere is not a move"
@@ -280,12 +264,8 @@ fn reads_move_the_position_forward_and_back() {
 fn stray_reads_between_reads_of_the_current_step_do_not_move_it() {
     let l = layout(6, 10);
     let mut plan = Plan::default();
-    plan.apply(
-        &[window(&[0]), window(&[1]), window(&[2])],
-        &l,
-        Room::UNLIMITED,
-    )
-    .unwrap();
+    plan.apply(&[window(&[0]), window(&[1]), window(&[2])], &l, UNLIMITED)
+        .unwrap();
     for _ in 0..2 * READS_TO_ADVANCE {
         assert!(!plan.observe(&chunks(&[2]), &l));
         assert!(!plan.observe(&chunks(&[0]), &l));
@@ -312,7 +292,7 @@ fn resolved_steps_are_matched_by_part_not_by_chunk() {
     let rows = |a, b| HintLine::Rows {
         ranges: std::iter::once(a..b).collect(),
     };
-    plan.apply(&[rows(0, 3), rows(5, 8)], &l, Room::UNLIMITED)
+    plan.apply(&[rows(0, 3), rows(5, 8)], &l, UNLIMITED)
         .unwrap();
     plan.resolve(0, &plan.steps[0].clone(), HashSet::from([part(0)]));
     plan.resolve(1, &plan.steps[1].clone(), HashSet::from([part(1)]));
@@ -346,7 +326,7 @@ fn chunks_are_finished_once_every_row_was_read_by_passed_steps() {
         window(&[2]),
         window(&[3]),
     ];
-    plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
+    plan.apply(&lines, &l, UNLIMITED).unwrap();
     assert!(plan.finished_chunks(&l).is_empty());
     while !plan.observe(&chunks(&[1]), &l) {}
     assert_eq!(plan.position, 1);
@@ -359,11 +339,11 @@ fn chunks_are_finished_once_every_row_was_read_by_passed_steps() {
     // Window 3 passed; the first row step read all of chunk 0 and part of chunk 1.
     assert_eq!(plan.finished_chunks(&l), vec![3, 0]);
     assert!(plan.finished_chunks(&l).is_empty(), "reported once");
-    plan.apply(&[window(&[1])], &l, Room::UNLIMITED).unwrap();
+    plan.apply(&[window(&[1])], &l, UNLIMITED).unwrap();
     while !plan.observe(&chunks(&[3]), &l) {}
     // The rest of chunk 1 was read by a step counted after the first ones retired.
     assert_eq!(plan.finished_chunks(&l), vec![1]);
-    plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
+    plan.apply(&lines, &l, UNLIMITED).unwrap();
     while !plan.observe(&chunks(&[2]), &l) {}
     assert_eq!(
         plan.finished_chunks(&l),
@@ -381,8 +361,8 @@ fn steps_are_upcoming_until_passed_and_only_in_their_revision() {
     let lines: Vec<HintLine> = std::iter::once(HintLine::Plan { epoch: 1 })
         .chain((0..6).map(|c| window(&[c])))
         .collect();
-    plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
-    let revision = plan.revision();
+    plan.apply(&lines, &l, UNLIMITED).unwrap();
+    let revision = plan.revision;
     assert!(plan.is_upcoming(revision, 0));
     while !plan.observe(&chunks(&[2]), &l) {}
     assert!(!plan.is_upcoming(revision, 0), "passed");
@@ -390,9 +370,9 @@ fn steps_are_upcoming_until_passed_and_only_in_their_revision() {
     assert!(plan.is_upcoming(revision, 5));
     // The next epoch in the same order names the same steps at the same places,
     // but the end of the last epoch is the far end of the new one.
-    plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
+    plan.apply(&lines, &l, UNLIMITED).unwrap();
     assert!(!plan.is_upcoming(revision, 5));
-    assert!(plan.is_upcoming(plan.revision(), 5));
+    assert!(plan.is_upcoming(plan.revision, 5));
 }
 
 #[test]
@@ -407,11 +387,11 @@ fn passed_steps_are_retired_when_steps_are_appended() {
             window(&[2]),
         ],
         &l,
-        Room::UNLIMITED,
+        UNLIMITED,
     )
     .unwrap();
     while !plan.observe(&chunks(&[2]), &l) {}
-    plan.apply(&[window(&[3])], &l, Room::UNLIMITED).unwrap();
+    plan.apply(&[window(&[3])], &l, UNLIMITED).unwrap();
     // The step just left stays, protected; the one before it goes.
     assert_eq!(
         plan.steps,
@@ -439,7 +419,7 @@ fn row_steps_map_to_the_chunks_they_span() {
             },
         ],
         &l,
-        Room::UNLIMITED,
+        UNLIMITED,
     )
     .unwrap();
     assert_eq!(plan.steps[0].chunks(&l), vec![0, 1]);
@@ -456,13 +436,13 @@ fn the_writer_says_which_step_it_reads() {
     let steps: Vec<HintLine> = (0..6).map(|c| window(&[c])).collect();
     let mut lines = vec![HintLine::Plan { epoch: 0 }];
     lines.extend(steps);
-    plan.apply(&lines, &l, Room::UNLIMITED).unwrap();
+    plan.apply(&lines, &l, UNLIMITED).unwrap();
     assert!(plan.reading(3));
     assert_eq!(plan.position, 3);
     assert!(!plan.reading(2), "never back");
     assert!(!plan.reading(3), "already there");
     // Steps 0 and 1 are retired (the one just left, 2, stays): step 4 is now index 2.
-    plan.apply(&[window(&[6])], &l, Room::UNLIMITED).unwrap();
+    plan.apply(&[window(&[6])], &l, UNLIMITED).unwrap();
     assert_eq!(plan.position, 1);
     assert!(plan.reading(4));
     assert_eq!(plan.position, 2);
@@ -473,7 +453,7 @@ fn the_writer_says_which_step_it_reads() {
     plan.apply(
         &[HintLine::Plan { epoch: 1 }, window(&[0]), window(&[1])],
         &l,
-        Room::UNLIMITED,
+        UNLIMITED,
     )
     .unwrap();
     assert!(plan.reading(1));
@@ -491,12 +471,12 @@ fn a_step_in_several_lines_is_one_step_even_across_writes() {
         ranges: ranges.to_vec(),
     };
     let begun = [HintLine::Plan { epoch: 1 }, part(&[0..1, 50..51])];
-    assert_eq!(plan.apply(&begun, &l, Room::UNLIMITED), Ok(Some(0)));
+    assert_eq!(plan.apply(&begun, &l, UNLIMITED), Ok(Some(0)));
     assert!(plan.steps.is_empty(), "no step before its last line");
     assert!(!plan.is_empty());
     assert_eq!(plan.entries(), 2);
     let ended = [part(&[70..71, 75..76]), one_range(90..92), one_range(3..4)];
-    assert_eq!(plan.apply(&ended, &l, Room::UNLIMITED), Ok(Some(0)));
+    assert_eq!(plan.apply(&ended, &l, UNLIMITED), Ok(Some(0)));
     assert_eq!(
         plan.steps,
         vec![
@@ -506,7 +486,7 @@ fn a_step_in_several_lines_is_one_step_even_across_writes() {
     );
     assert_eq!(plan.entries(), 6);
     let window_part = HintLine::WindowPart { chunks: vec![4, 2] };
-    plan.apply(&[window_part, window(&[9])], &l, Room::UNLIMITED)
+    plan.apply(&[window_part, window(&[9])], &l, UNLIMITED)
         .unwrap();
     assert_eq!(plan.steps[2], Step::Window(vec![4, 2, 9]));
 }
@@ -516,10 +496,10 @@ fn a_step_in_several_lines_is_refused_when_it_mixes_kinds_or_outgrows_a_step() {
     let l = layout(MAX_STEP_WORK + 10, 1);
     let mut plan = Plan::default();
     let begun = HintLine::WindowPart { chunks: vec![1] };
-    plan.apply(&[HintLine::Plan { epoch: 0 }, begun], &l, Room::UNLIMITED)
+    plan.apply(&[HintLine::Plan { epoch: 0 }, begun], &l, UNLIMITED)
         .unwrap();
     assert_eq!(
-        plan.apply(&[one_range(0..1)], &l, Room::UNLIMITED),
+        plan.apply(&[one_range(0..1)], &l, UNLIMITED),
         Err(PlanRefused::MixedStep)
     );
     let half = (MAX_STEP_WORK / 2 + 1) as u32;
@@ -530,7 +510,7 @@ fn a_step_in_several_lines_is_refused_when_it_mixes_kinds_or_outgrows_a_step() {
         plan.apply(
             &[first_half, window(&(half..2 * half).collect::<Vec<_>>())],
             &l,
-            Room::UNLIMITED
+            UNLIMITED
         ),
         Err(PlanRefused::StepTooWide {
             work: 2 * half as u64 + 1,
@@ -543,7 +523,7 @@ fn a_step_in_several_lines_is_refused_when_it_mixes_kinds_or_outgrows_a_step() {
     plan.apply(
         &[HintLine::Plan { epoch: 1 }, one_range(0..1)],
         &l,
-        Room::UNLIMITED,
+        UNLIMITED,
     )
     .unwrap();
     assert_eq!(plan.steps, [Step::Rows(std::iter::once(0..1).collect())]);

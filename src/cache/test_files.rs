@@ -1,5 +1,6 @@
-//! Helpers on plain files, shared by the integration tests and the cache's unit tests
-//! (`src/cache/mod.rs` includes this file): what a cache directory holds, and damage.
+//! Helpers on a cache directory's plain files, for the cache's unit tests and the
+//! integration tests (built with the test-support feature, never into the daemon):
+//! what the directory holds, and damage.
 
 use std::os::unix::fs::FileExt;
 use std::path::Path;
