@@ -7,6 +7,7 @@ import os
 import tempfile
 
 from .atlas import atlas_section
+from .cpu import cpu_section
 from .config import (CEILING, DROPPED, HALF, HOSTILE, HOSTILE_BEGIN, HOSTILE_CHUNKS, HOSTILE_CHUNK_ROWS, HOSTILE_END,
                      HOSTILE_MEAN_VALUES, HOSTILE_RATIO_TARGET, LARGE, LARGE_CHUNKS_PER_WINDOW, LARGE_LATENCY_MS,
                      LARGE_CHUNKS, LARGE_RATE_MBPS, NODE, NODE_BEGIN, NODE_END, NODE_RANKS, NODE_SCDL,
@@ -207,6 +208,9 @@ def write_report(saved, path_md, path_png, font, readme):
         w("")
     if os.path.exists(side_results(path_md, "atlas")):
         lines.extend(atlas_section(json.load(open(side_results(path_md, "atlas"))), side_results(path_md, "atlas")))
+        w("")
+    if os.path.exists(side_results(path_md, "cpu")):
+        lines.extend(cpu_section(json.load(open(side_results(path_md, "cpu"))), side_results(path_md, "cpu")))
         w("")
     if any(k[0].startswith(CEILING) for k in summary):
         lines.extend(ceiling_section(rep))
