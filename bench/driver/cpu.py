@@ -197,6 +197,10 @@ def cpu_section(saved, results_path):
                  ", the baseline binary measured in the same runs, alternating which went first"
                  if saved.get("baseline") else "", med([r["load_1m"] for r in rs])))
     w("")
+    if saved.get("command"):
+        w("Command: `%s`%s." % (saved["command"], "; *baseline*: `%s`" % saved["baseline"] if saved.get("baseline")
+                                else ""))
+        w("")
     labels = ["measured"] + (["baseline"] if saved.get("baseline") else [])
     if saved.get("baseline"):
         w("| state | binary | GB read | GB/s | CPU s/GB | CPU ÷ baseline (per run) | GB/s ÷ baseline (per run) |")
