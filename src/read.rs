@@ -6,9 +6,7 @@
 //! offsets to pass their check ([`crate::row_offset_check`]): wrong numbers are never
 //! served.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ops::{Deref, Range};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,72 +26,6 @@ use crate::view::{Piece, ReadPlan};
 /// How often a read assembles its parts when cached ones keep failing their checksum
 /// or their reads (each failure drops the part, so the next attempt downloads it).
 const CORRUPT_PART_ATTEMPTS: u32 = 3;
-
-/// The largest buffer a thread keeps for its next read: a FUSE read is at most 1 MiB
-/// (the kernel's `fs.fuse.max_pages_limit`), a push slice 1 MiB.
-const SPARE_MOST: usize = 4 << 20;
-
-thread_local! {
-    /// The buffer of the thread's last read, given back when its reply was sent: the
-    /// next read fills it again, with no allocation and no zeroing of bytes it
-    /// overwrites anyway.
-    static SPARE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
-
-/// A read's bytes: a window of a buffer that goes back to its thread's spare when
-/// dropped (where a FUSE thread drops it right after the reply is written).
-pub struct ReadBytes {
-    buffer: Vec<u8>,
-    bytes: Range<usize>,
-}
-
-impl ReadBytes {
-    fn spare() -> Vec<u8> {
-        SPARE.take()
-    }
-}
-
-impl From<Vec<u8>> for ReadBytes {
-    fn from(buffer: Vec<u8>) -> ReadBytes {
-        ReadBytes {
-            bytes: 0..buffer.len(),
-            buffer,
-        }
-    }
-}
-
-impl Drop for ReadBytes {
-    fn drop(&mut self) {
-        if self.buffer.capacity() <= SPARE_MOST {
-            let buffer = std::mem::take(&mut self.buffer);
-            SPARE.with_borrow_mut(|spare| {
-                if spare.capacity() < buffer.capacity() {
-                    *spare = buffer;
-                }
-            });
-        }
-    }
-}
-
-impl Deref for ReadBytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        &self.buffer[self.bytes.clone()]
-    }
-}
-
-impl std::fmt::Debug for ReadBytes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ReadBytes({} bytes)", self.len())
-    }
-}
-
-impl<T: AsRef<[u8]> + ?Sized> PartialEq<T> for ReadBytes {
-    fn eq(&self, other: &T) -> bool {
-        **self == *other.as_ref()
-    }
-}
 
 /// Bytes `within` (offsets in the part) of part `index` of `object`, which a read needs.
 struct Need<'a> {
@@ -175,25 +107,20 @@ impl ReadPath {
     /// Serves the read from the disk cache (and the bytes the fetcher holds in memory)
     /// alone, if every part is there and every chunk check has passed; `None` if the
     /// read must wait for something.
-    pub fn read_cached(&self, plan: &ReadPlan) -> Option<FsResult<ReadBytes>> {
+    pub fn read_cached(&self, plan: &ReadPlan) -> Option<FsResult<Vec<u8>>> {
         let needs = self.parts_demanded(plan);
-        let mut buffer = ReadBytes::spare();
-        let result = self.read_local(plan, needs, Recency::Use, &mut buffer)?;
+        let mut out = Vec::new();
+        let result = self.read_local(plan, needs, Recency::Use, &mut out)?;
         Metrics::add(&self.metrics.reads_from_cache, 1);
-        Some(result.map(|bytes| ReadBytes { buffer, bytes }))
+        Some(result.map(|()| out))
     }
 
-    /// Bytes no reader has asked for yet, for the read-around, read into `out` (reused
-    /// from push to push): served like [`ReadPath::read_cached`] if every part is local,
-    /// but neither a use of the parts for the eviction order nor a demand, and never a
+    /// Bytes no reader has asked for yet, for the read-around, into `out` (reused from
+    /// push to push): served like [`ReadPath::read_cached`] if every part is local, but
+    /// neither a use of the parts for the eviction order nor a demand, and never a
     /// download.
-    pub fn read_around<'b>(
-        &self,
-        plan: &ReadPlan,
-        out: &'b mut Vec<u8>,
-    ) -> Option<FsResult<&'b [u8]>> {
-        let result = self.read_local(plan, self.parts_needed(plan), Recency::Keep, out)?;
-        Some(result.map(|bytes| &out[bytes]))
+    pub fn read_around(&self, plan: &ReadPlan, out: &mut Vec<u8>) -> Option<FsResult<()>> {
+        self.read_local(plan, self.parts_needed(plan), Recency::Keep, out)
     }
 
     /// Whether every byte of `plan` is local now (cached, or held by the fetcher) and
@@ -233,7 +160,7 @@ impl ReadPath {
         needs: Vec<Need<'_>>,
         recency: Recency,
         out: &mut Vec<u8>,
-    ) -> Option<FsResult<Range<usize>>> {
+    ) -> Option<FsResult<()>> {
         if let Some((dataset, chunks)) = &plan.chunks_to_check {
             for &chunk in chunks {
                 match RowOffsetCheck::verdict(dataset, chunk) {
@@ -259,7 +186,7 @@ impl ReadPath {
     }
 
     /// Serves the read, downloading what is missing.
-    pub async fn read(self: &Arc<Self>, plan: ReadPlan) -> FsResult<ReadBytes> {
+    pub async fn read(self: &Arc<Self>, plan: ReadPlan) -> FsResult<Vec<u8>> {
         let started = Instant::now();
         let needed = self.parts_demanded(&plan);
         let mut on_network = needed.iter().any(|need| !self.has_locally(need));
@@ -316,21 +243,20 @@ impl ReadPath {
     }
 
     /// Assembles a plan's bytes from its parts.
-    fn finish(&self, plan: &ReadPlan, parts: &HashMap<PartKey, PartBytes>) -> FsResult<ReadBytes> {
-        let mut buffer = ReadBytes::spare();
-        let bytes = self.finish_into(plan, parts, &mut buffer)?;
-        Ok(ReadBytes { buffer, bytes })
+    fn finish(&self, plan: &ReadPlan, parts: &HashMap<PartKey, PartBytes>) -> FsResult<Vec<u8>> {
+        let mut out = Vec::new();
+        self.finish_into(plan, parts, &mut out)?;
+        Ok(out)
     }
 
-    /// Assembles a plan's bytes from its parts into `out`, whatever it held, and returns
-    /// where in `out` they are. The pieces cover every byte, so a reused buffer needs no
-    /// clearing, and it keeps its length: bytes once zeroed are not zeroed again.
+    /// Assembles a plan's bytes from its parts into `out`, whatever it held: the pieces
+    /// cover every byte, so a reused buffer needs no clearing.
     fn finish_into(
         &self,
         plan: &ReadPlan,
         parts: &HashMap<PartKey, PartBytes>,
         out: &mut Vec<u8>,
-    ) -> FsResult<Range<usize>> {
+    ) -> FsResult<()> {
         let total: u64 = plan
             .pieces
             .iter()
@@ -339,11 +265,7 @@ impl ReadPath {
                 Piece::Bytes(b) => b.len() as u64,
             })
             .sum();
-        let total = total as usize;
-        if out.len() < total {
-            out.resize(total, 0);
-        }
-        let out = &mut out[..total];
+        out.resize(total as usize, 0);
         let mut at = 0usize;
         let part_size = self.fetcher.part_size();
         for piece in &plan.pieces {
@@ -381,7 +303,11 @@ impl ReadPath {
                 }
             }
         }
-        let start = (plan.skip as usize).min(total);
-        Ok(start..(start + plan.len as usize).min(total))
+        let skip = plan.skip as usize;
+        if skip > 0 {
+            out.drain(..skip);
+        }
+        out.truncate(plan.len as usize);
+        Ok(())
     }
 }

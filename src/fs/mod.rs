@@ -47,7 +47,7 @@ use crate::error::{FsError, FsResult, HintRefused, PlanRefused};
 use crate::metrics::Metrics;
 use crate::prefetch::sequential::SequentialWindow;
 use crate::prefetch::{Prefetcher, Viewer};
-use crate::read::{ReadBytes, ReadPath};
+use crate::read::ReadPath;
 use crate::status::{Observer, STATUS_XATTR};
 use crate::users::{Users, USERS_XATTR};
 use crate::view::plan_read;
@@ -258,7 +258,7 @@ impl FsCore {
 
     /// Reads `size` bytes at `offset`. Everything before the first wait runs in the
     /// caller's thread, so a read the disk cache can serve completes on first poll.
-    pub async fn read(&self, ino: u64, handle: u64, offset: u64, size: u32) -> FsResult<ReadBytes> {
+    pub async fn read(&self, ino: u64, handle: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         let what = || format!("read of {size} bytes at {offset} of inode {ino}");
         self.within_deadline(what, self.read_unbounded(ino, handle, offset, size))
             .await
@@ -270,12 +270,12 @@ impl FsCore {
         handle: u64,
         offset: u64,
         size: u32,
-    ) -> FsResult<ReadBytes> {
+    ) -> FsResult<Vec<u8>> {
         let node = self.components.tree.node(ino)?;
         let file = file_of(&node)?;
         // Hint files are read past the page cache (direct I/O): nothing to read around.
         if let FileContent::Hints(dataset, _) = &file.content {
-            return Ok(self.read_announcement(handle, dataset, offset, size).into());
+            return Ok(self.read_announcement(handle, dataset, offset, size));
         }
         let plan = plan_read(&file.content, file.size, offset, size as u64);
         let asked = offset.min(file.size)..offset.saturating_add(size as u64).min(file.size);

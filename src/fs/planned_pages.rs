@@ -163,11 +163,11 @@ impl StoreWorker {
         }
         for Range { start, end } in slices(bytes.clone(), PUSH_SLICE) {
             let slice = plan_read(&file.content, file.size, start, end - start);
-            let bytes = match self.read_path.read_around(&slice, &mut self.buffer) {
-                Some(Ok(bytes)) if bytes.len() as u64 == end - start => bytes,
+            match self.read_path.read_around(&slice, &mut self.buffer) {
+                Some(Ok(())) if self.buffer.len() as u64 == end - start => {}
                 _ => return,
-            };
-            if let Err(error) = self.page_cache.store(store.ino, start, bytes) {
+            }
+            if let Err(error) = self.page_cache.store(store.ino, start, &self.buffer) {
                 tracing::debug!(ino = store.ino, ?bytes, %error, "planned pages refused");
                 return;
             }

@@ -394,16 +394,16 @@ impl Pusher {
         slice: Range<u64>,
     ) -> bool {
         let plan = plan_read(content, file_size, slice.start, slice.end - slice.start);
-        let bytes = match self.read_path.read_around(&plan, &mut self.buffer) {
-            Some(Ok(bytes)) if bytes.len() as u64 == slice.end - slice.start => bytes,
+        match self.read_path.read_around(&plan, &mut self.buffer) {
+            Some(Ok(())) if self.buffer.len() as u64 == slice.end - slice.start => {}
             Some(Err(error)) => {
                 tracing::debug!(ino, ?slice, %error, "read-around skipped");
                 return false;
             }
             // Not all local, or the file is shorter than it said.
             _ => return false,
-        };
-        if let Err(error) = self.page_cache.store(ino, slice.start, bytes) {
+        }
+        if let Err(error) = self.page_cache.store(ino, slice.start, &self.buffer) {
             // The file may be gone from the kernel's inode cache: nothing to fill.
             tracing::debug!(ino, ?slice, %error, "page cache store refused");
             return false;

@@ -1295,9 +1295,8 @@ mod metadata_ttl {
         // version whole, chunk 1 included.
         let mut got = Vec::new();
         while (got.len() as u64) < old.size {
-            got.extend_from_slice(
-                &core
-                    .core
+            got.extend(
+                core.core
                     .read(old.ino.0, handle, got.len() as u64, 1 << 17)
                     .await
                     .unwrap(),
