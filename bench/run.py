@@ -60,6 +60,13 @@ to the mount by `scdlfs.plan_scdataset`/`scdlfs.Planned` and unwrapped, beside t
 BlockSampler in the same shapes. Run alone (`--systems planned`), its results are kept
 beside the page (docs/benchmarks-planned.json) and only its section is replaced.
 
+The `cpu` system (issue 45), read only when named and by --quick: the daemon's CPU per GB
+with no network, from a local folder: 4 reader processes at once, each reading its quarter
+of the flat view's data.npy and col_ptr.npy in order in 1 MiB read(2) calls, cold and then
+warm from the disk cache with the page cache dropped. Run alone (`--systems cpu`, which
+needs no S3 server), it keeps its results beside the page (docs/benchmarks-cpu.json) and
+replaces only its section; `--cpu-baseline PATH` measures another binary in the same runs.
+
 This file is the command line; the driver is the package bench/driver (its __init__
 lists its modules: processes, tools, servers and the link, measurement, the systems'
 registry, summaries and targets, the report)."""
@@ -97,6 +104,9 @@ def main():
     p.add_argument("--perf-dir", default=None,
                    help="record the scdlfs daemon of every epoch with `perf record -e cpu-clock` into this "
                         "directory, one file per epoch (docs/architecture.md, where the CPU goes per byte)")
+    p.add_argument("--cpu-baseline", default=None,
+                   help="the cpu system: another scdlfs binary (say, built before a change) measured in the same "
+                        "runs, alternating which goes first, and shown beside it")
     p.add_argument("--systems", default=",".join(SYSTEM_NAMES))
     p.add_argument("--orders", default=",".join(ORDERS))
     p.add_argument("--other-orders", default=None,

@@ -17,6 +17,7 @@ Its modules, from the bottom up:
   hostile        another user's cold epoch alone and beside the tests' hostile hint writer
   atlas          an atlas-sized dataset (bench/atlas/): first `ls` with and without a manifest,
                  first row, 8 ranks' samplers and reads, the daemon's RSS
+  cpu          the daemon's CPU per GB with no network: sequential readers of a local folder
   node_targets   the targets table of issue 29, every row from the results
   registry       which system reads in which order, in the order a run reads them
   report         docs/benchmarks.md, README's summary block and the PNG

@@ -29,7 +29,7 @@ STARTUP_PARTS, QUICK_STARTUP_PARTS = 100_000, 10_000  # parts in the cache of th
 SYSTEM_NAMES = ["local", "scdlfs", "halfcache", "s3fs", "rclone", "python", "torch", "restart", "ceiling", "large"]
 # Read only when named (or by --quick): `--systems node` alone updates its own section;
 # `halfcache-aware` is the half-cache case with its next epoch in the cache-aware order.
-OPT_IN_SYSTEMS = ["node", "halfcache-aware", "hostile", "small-cache", "planned", "atlas"]
+OPT_IN_SYSTEMS = ["node", "halfcache-aware", "hostile", "small-cache", "planned", "atlas", "cpu"]
 NODE = "scdlfs node"
 NODE_BEGIN, NODE_END = "<!-- node section: begin -->", "<!-- node section: end -->"
 NODE_RANKS, QUICK_NODE_RANKS = [1, 2, 4, 8], [1, 2]

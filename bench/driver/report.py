@@ -7,6 +7,7 @@ import os
 import tempfile
 
 from .atlas import atlas_section
+from .cpu import cpu_section
 from .config import (CEILING, DROPPED, HALF, HOSTILE, HOSTILE_BEGIN, HOSTILE_CHUNKS, HOSTILE_CHUNK_ROWS, HOSTILE_END,
                      HOSTILE_MEAN_VALUES, HOSTILE_RATIO_TARGET, LARGE, LARGE_CHUNKS_PER_WINDOW, LARGE_LATENCY_MS,
                      LARGE_CHUNKS, LARGE_RATE_MBPS, NODE, NODE_BEGIN, NODE_END, NODE_RANKS, NODE_SCDL,
@@ -207,6 +208,9 @@ def write_report(saved, path_md, path_png, font, readme):
         w("")
     if os.path.exists(side_results(path_md, "atlas")):
         lines.extend(atlas_section(json.load(open(side_results(path_md, "atlas"))), side_results(path_md, "atlas")))
+        w("")
+    if os.path.exists(side_results(path_md, "cpu")):
+        lines.extend(cpu_section(json.load(open(side_results(path_md, "cpu"))), side_results(path_md, "cpu")))
         w("")
     if any(k[0].startswith(CEILING) for k in summary):
         lines.extend(ceiling_section(rep))
@@ -699,8 +703,10 @@ def reduced_variant_text():
     return ("`bench/run.py --quick` (run by `scripts/test-all`): a %d MB dataset, moto_server as the S3 server, "
             "the test suite's binaries (cargo profile ci), a cache smaller than the dataset, one run of each system "
             "and order, time-bounded, the node scenario with 1 and 2 ranks of each reader, large chunks of about "
-            "6 MB, and the hostile hint writer beside another user's epoch on %d chunks (which fails on a wrong row "
-            "or an EIO, as every reader does, or if the writer never reached the mount); it renders this page into "
+            "6 MB, the hostile hint writer beside another user's epoch on %d chunks (which fails on a wrong row "
+            "or an EIO, as every reader does, or if the writer never reached the mount), and the cpu system's four "
+            "sequential readers of a local-folder mount (which fails unless each reader's warm bytes are its cold "
+            "ones); it renders this page into "
             "its work directory and fails unless every epoch read at least %d rows (or the whole epoch), each "
             "checked against the generator, and on every scdlfs mount the cache budget bound (parts evicted or "
             "refused for lack of room) and held: the bytes of the files in the cache directory, sampled every "

@@ -17,6 +17,7 @@ from .atlas import ATLAS_BEGIN, ATLAS_END, atlas_problems, atlas_section, run_at
 from .config import (BUCKET, PLANNED_BEGIN, PLANNED_END, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN,
                      RESTART_END, SMALL_BEGIN, SMALL_END,
                      SYSTEM_NAMES, TORCH_BEGIN, TORCH_END)
+from .cpu import CPU_BEGIN, CPU_END, cpu_problems, cpu_section, run_cpu
 from .measure import SERVER_FILES, disk_read_ahead_kib
 from .procs import cleanup, log
 from .quick import quick_checks
@@ -28,7 +29,7 @@ from .report import (planned_section, restart_section, results_copy, side_result
 from .servers import generate, probe, start_proxy, start_server
 from .summary import Report, fmt
 from .systems import Ctx, sys_scdlfs
-from .tools import ensure_tools, use_binaries
+from .tools import build_binaries, ensure_tools, use_binaries
 
 
 def configure(args):
@@ -48,7 +49,7 @@ def configure(args):
         args.readme = os.path.join(args.work, "README.md")
         if args.systems == ",".join(SYSTEM_NAMES):
             # The node scenario's short variant (R = 1 and 2), and the hostile writer's.
-            args.systems += ",node,hostile,small-cache,atlas"
+            args.systems += ",node,hostile,small-cache,atlas,cpu"
 
 
 def main(args, command):
@@ -68,8 +69,13 @@ def main(args, command):
     atexit.register(cleanup)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    ensure_tools(args)
     systems = args.systems.split(",")
+    if systems == ["cpu"]:
+        # A local folder, no server: the binaries and the dataset only.
+        build_binaries(args)
+        run_cpu_alone(args, command, started)
+        return
+    ensure_tools(args)
     if systems == ["atlas"]:
         # Its own dataset and endpoint, no epochs: the page's atlas section alone.
         run_atlas_alone(args, command, started)
@@ -121,6 +127,15 @@ def main(args, command):
             splice(args.report, ATLAS_BEGIN, ATLAS_END, atlas_section(atlas, os.path.join(args.work, "atlas.json")))
             with open(os.path.join(args.work, "atlas.json"), "w") as f:
                 json.dump(atlas, f, indent=1)
+        if "cpu" in systems:
+            cpu = run_cpu(args, ctx, args.cpu_baseline)
+            problems = cpu_problems(cpu)
+            if problems:
+                sys.exit("bench quick failed:\n  " + "\n  ".join(problems))
+            cpu_results = os.path.join(args.work, "cpu.json")
+            splice(args.report, CPU_BEGIN, CPU_END, cpu_section(cpu, cpu_results))
+            with open(cpu_results, "w") as f:
+                json.dump(cpu, f, indent=1)
         sampled = [r for r in results if "cache_dir_peak_bytes" in r]
         print("bench quick: %d epochs passed, 0 failed (every epoch read ≥ %d rows or all, each checked; the cache "
               "budget bound on every scdlfs mount, and its directory held at most %.1f%% of the budget in %d "
@@ -172,6 +187,24 @@ def run_atlas_alone(args, command, started):
         json.dump(atlas, f, indent=1)
     splice(args.report, ATLAS_BEGIN, ATLAS_END, atlas_section(atlas, results))
     log("updated the atlas section of %s in %.0f s" % (args.report, time.time() - started))
+
+
+def run_cpu_alone(args, command, started):
+    """The cpu system run alone: the run's dataset from a local folder, its results beside
+    the page, its section replaced."""
+    ctx = Ctx()
+    ctx.args, ctx.work, ctx.mount_args = args, args.work, args.mount_args.split()
+    ctx.name = "ds-%d" % args.size_mb
+    ctx.info = generate(args, ctx.name, args.size_mb)
+    cpu = dict(run_cpu(args, ctx, args.cpu_baseline), command=command, minutes=(time.time() - started) / 60)
+    problems = cpu_problems(cpu)
+    if problems:
+        sys.exit("bench cpu failed:\n  " + "\n  ".join(problems))
+    results = os.path.join(args.work, "cpu.json") if args.quick else side_results(args.report, "cpu")
+    with open(results, "w") as f:
+        json.dump(cpu, f, indent=1)
+    splice(args.report, CPU_BEGIN, CPU_END, cpu_section(cpu, results))
+    log("updated the cpu section of %s in %.0f s" % (args.report, time.time() - started))
 
 
 def tool_versions():

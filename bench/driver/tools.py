@@ -91,5 +91,9 @@ def ensure_tools(args):
         args.torch_python = py
     if args.server == "moto":
         args.moto = moto_server()
+    build_binaries(args)
+
+
+def build_binaries(args):
     log("building the binaries (cargo profile %s)" % args.profile)
     run(["cargo", "build", "--profile", args.profile, "-q", "-p", "scdlfs", "-p", "scdlfs-bench"], cwd=REPO)
