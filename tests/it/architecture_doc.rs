@@ -21,7 +21,9 @@ const OUTSIDE_THE_CODE: &[&str] = &[
     "fuse_dev_write",
     "max_background",
     "FOPEN_PASSTHROUGH",
+    "O_DIRECT",
     "O_NOFOLLOW",
+    "max_pages",
 ];
 
 /// The workspace's code: each Rust or Python file, its text without comments.
