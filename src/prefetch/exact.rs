@@ -60,6 +60,23 @@ pub(super) struct ExactRange {
     pub(super) file_bytes: Range<u64>,
 }
 
+impl ExactRange {
+    /// Bytes `bytes` of the flat array `kind`, rounded out to the whole pages the kernel
+    /// caches (the last one cut at the file's end).
+    fn whole_pages(dataset: &FlatDataset, kind: ArrayKind, bytes: Range<u64>) -> ExactRange {
+        let start = bytes.start / PAGE * PAGE;
+        let end = bytes
+            .end
+            .div_ceil(PAGE)
+            .saturating_mul(PAGE)
+            .min(dataset.layout.file_len(kind));
+        ExactRange {
+            kind,
+            file_bytes: start..end,
+        }
+    }
+}
+
 /// What issuing one exact range did.
 pub(super) struct Issued {
     /// Every byte is cached, held or on its way.
@@ -101,16 +118,8 @@ impl Prefetcher {
             .into_iter()
             .map(|kind| {
                 let width = dataset.layout.width(kind);
-                let file_len = dataset.layout.file_len(kind);
-                let start = (chunk_start + values.start) * width / PAGE * PAGE;
-                let end = ((chunk_start + values.end) * width)
-                    .div_ceil(PAGE)
-                    .saturating_mul(PAGE)
-                    .min(file_len);
-                ExactRange {
-                    kind,
-                    file_bytes: start..end,
-                }
+                let elements = chunk_start + values.start..chunk_start + values.end;
+                ExactRange::whole_pages(dataset, kind, elements.start * width..elements.end * width)
             })
             .filter(|range| !range.file_bytes.is_empty())
             .collect()
@@ -129,13 +138,15 @@ impl Prefetcher {
         rows: &Range<u64>,
     ) -> (ExactRange, Vec<usize>) {
         let width = dataset.layout.width(ArrayKind::RowPtr);
-        let file_len = dataset.layout.file_len(ArrayKind::RowPtr);
-        let start = rows.start * width / PAGE * PAGE;
-        let end = ((rows.end + 1) * width)
-            .div_ceil(PAGE)
-            .saturating_mul(PAGE)
-            .min(file_len);
-        let read = dataset.layout.map(ArrayKind::RowPtr, start, end - start);
+        let pages = ExactRange::whole_pages(
+            dataset,
+            ArrayKind::RowPtr,
+            rows.start * width..(rows.end + 1) * width,
+        );
+        let bytes = &pages.file_bytes;
+        let read = dataset
+            .layout
+            .map(ArrayKind::RowPtr, bytes.start, bytes.end - bytes.start);
         let mut chunks: Vec<usize> = read
             .pieces
             .iter()
@@ -145,10 +156,6 @@ impl Prefetcher {
             })
             .collect();
         chunks.dedup();
-        let pages = ExactRange {
-            kind: ArrayKind::RowPtr,
-            file_bytes: start..end,
-        };
         (pages, chunks)
     }
 

@@ -122,10 +122,9 @@ struct Walk {
     handle: u64,
     uid: u32,
     dataset: Dataset,
-    /// The index of the plan's step at its position, and the steps from there to the
-    /// end of the lookahead.
+    /// The index of the plan's step at its position (its steps from there to the end of
+    /// the lookahead are the cursor's).
     start: usize,
-    steps: Arc<[Step]>,
     cursor: TopUpCursor,
     /// The step (from the plan's position) and item this pass is at.
     at: (usize, Item),
@@ -170,7 +169,7 @@ impl PassState {
         }
         let users_walking: HashSet<u32> = walks
             .iter()
-            .filter(|w| w.at.0 < w.steps.len())
+            .filter(|w| w.at.0 < w.cursor.steps.len())
             .map(|w| w.uid)
             .collect();
         let shares = 2 * fetcher.max_concurrent_requests();
@@ -277,7 +276,6 @@ impl Prefetcher {
                     let steps = a.plan.steps[start..end].into();
                     TopUpCursor::at_start(a.plan.mark(), &a.dataset, steps)
                 });
-                let steps = cursor.steps.clone();
                 Walk {
                     handle: *handle,
                     uid: a.uid,
@@ -285,7 +283,6 @@ impl Prefetcher {
                     start,
                     at: (cursor.step, cursor.item),
                     cursor,
-                    steps,
                     behind: false,
                     checked_step: None,
                     moved: false,
@@ -307,13 +304,17 @@ impl Prefetcher {
         pass: &mut PassState,
         read_whole: &HashSet<ObjectId>,
     ) {
-        let rounds = walks.iter().map(|w| w.steps.len()).max().unwrap_or(0);
+        let rounds = walks
+            .iter()
+            .map(|w| w.cursor.steps.len())
+            .max()
+            .unwrap_or(0);
         for round in 0..rounds {
             let mut walked = true;
             while walked {
                 walked = false;
                 for walk in walks.iter_mut() {
-                    if !walk.stopped && walk.at.0 <= round && walk.at.0 < walk.steps.len() {
+                    if !walk.stopped && walk.at.0 <= round && walk.at.0 < walk.cursor.steps.len() {
                         walked = true;
                         if let Walked::PassFull = self.walk_item(walk, pass, read_whole) {
                             return;
@@ -343,7 +344,7 @@ impl Prefetcher {
             }
             walk.checked_step = Some(step_index);
         }
-        let step = &walk.steps[step_index];
+        let step = &walk.cursor.steps[step_index];
         let Some((reads, next)) = self.item_reads(&walk.dataset, step, item) else {
             // The step's end: resolved if all of it was issued.
             if !walk.behind {
@@ -636,15 +637,14 @@ impl Prefetcher {
         let row_ptr = dataset.array(chunk, ArrayKind::RowPtr);
         reads.ranges.push((row_ptr.clone(), 0..row_ptr.size));
         let chunk_rows = dataset.layout.chunk_rows(chunk);
-        let local = rows.start.max(chunk_rows.start) - chunk_rows.start
-            ..rows.end.min(chunk_rows.end) - chunk_rows.start;
+        let in_chunk = rows.start.max(chunk_rows.start)..rows.end.min(chunk_rows.end);
+        let local = in_chunk.start - chunk_rows.start..in_chunk.end - chunk_rows.start;
         let Some(values) = self.cached_value_range(dataset, chunk, local) else {
             reads.complete = false;
             return reads;
         };
         if self.fetches_rows_exactly(dataset) {
             reads.exact = self.exact_ranges(dataset, chunk, &values);
-            let in_chunk = rows.start.max(chunk_rows.start)..rows.end.min(chunk_rows.end);
             let (pages, chunks) = self.row_offset_pages(dataset, &in_chunk);
             // The pages may reach into a neighbour (a row at a chunk's end, or chunks not
             // a whole number of pages): its offsets are fetched whole and checked before
