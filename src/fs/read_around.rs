@@ -165,7 +165,7 @@ impl GivenPages {
     }
 
     /// The runs of pages within `pages` of file `ino` not given, in order.
-    fn missing(&self, ino: u64, pages: Range<u64>) -> Vec<Range<u64>> {
+    pub(super) fn missing(&self, ino: u64, pages: Range<u64>) -> Vec<Range<u64>> {
         let mut runs: Vec<Range<u64>> = Vec::new();
         for page in pages {
             if self.is_given(ino, page) {
@@ -186,7 +186,7 @@ impl GivenPages {
 }
 
 /// The pages holding bytes `bytes`, of `page` bytes each.
-fn pages_of(bytes: &Range<u64>, page: u64) -> Range<u64> {
+pub(super) fn pages_of(bytes: &Range<u64>, page: u64) -> Range<u64> {
     bytes.start / page..bytes.end.div_ceil(page)
 }
 

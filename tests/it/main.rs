@@ -32,6 +32,7 @@ mod monolithic;
 mod open_semantics;
 mod permissions;
 mod persistent_cache;
+mod planned_pages;
 mod prefetch;
 mod reads;
 mod ready_fd;
