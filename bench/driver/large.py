@@ -9,7 +9,9 @@ The `small-cache` system (issue 39) reads the same dataset through the same link
 cache of a tenth of it: the blocks and random orders with their `rows` plans (random rows
 in steps of 1,024, scDataset's fetch factor of 16 minibatches), and the
 windows order in windows of one chunk (two windows fit the cache on the main dataset,
-whose chunks are 4,096 rows; the large chunks' do not)."""
+whose chunks are 4,096 rows; the large chunks' do not). Random rows over a cache that small
+need a GET per row and array, so the link's own ceiling of GETs (row-sized ranges, 256 in
+flight, measured once per run) bounds them as its bytes per second bound the others."""
 
 import json
 import os
@@ -17,7 +19,7 @@ import os
 from .config import (BUCKET, LARGE, LARGE_CHUNK_ROWS, LARGE_CHUNKS, LARGE_CHUNKS_PER_WINDOW, LARGE_LATENCY_MS,
                      LARGE_RATE_MBPS, QUICK_LARGE_CHUNK_ROWS, SMALL_CACHE, SMALL_CACHE_SHARE)
 from .procs import log
-from .servers import gen, start_proxy, upload
+from .servers import gen, probe, start_proxy, upload
 from .systems import sys_s3fs, sys_scdlfs, sys_scdlfs_half
 
 # Bytes of a row of the generator's default (1,000 values of f32 and u16 column ids).
@@ -38,7 +40,8 @@ def large_ctx(ctx):
         log("large chunks: %s, %d chunks of %d rows (%.2f GB), link %s (%.0f MB/s, %.0f ms)" % (
             name, info["num_chunks"], chunk_rows, info["bytes"] / 1e9, proxy, LARGE_RATE_MBPS, LARGE_LATENCY_MS))
         ctx.large = ctx.but(name=name, info=info, digests=os.path.join(args.work, "digests", name), proxy=proxy,
-                            stats=stats, order_args=["--chunks-per-window", str(LARGE_CHUNKS_PER_WINDOW)])
+                            stats=stats, order_args=["--chunks-per-window", str(LARGE_CHUNKS_PER_WINDOW)],
+                            gets_ceiling=None)
     return ctx.large
 
 
@@ -55,11 +58,24 @@ def generate_large(args, name, chunk_rows):
 
 def with_link(results, large):
     """Each epoch carries its dataset's bytes and link limit: the report's × link for
-    this link, not the main tables'."""
+    this link, not the main tables'; and the link's GET ceiling where it was measured."""
     for r in results:
         r.update(dataset_bytes=large.info["bytes"], dataset_rows=large.info["rows"],
-                 link_s=large.info["bytes"] / (LARGE_RATE_MBPS * 1e6), dataset_chunks=large.info["num_chunks"])
+                 link_s=large.info["bytes"] / (LARGE_RATE_MBPS * 1e6), dataset_chunks=large.info["num_chunks"],
+                 link_gets_per_s=large.gets_ceiling and large.gets_ceiling["gets_per_s"])
     return results
+
+
+def gets_ceiling(large):
+    """The large link's GETs per second with 256 ranges of a row's bytes in one array (on
+    average: 4 KB of values, 2 KB of column ids) in flight (the daemon's bound of planned requests on the wire), 20,000 of them: what
+    bounds random rows when each is a GET of its own. Measured before the epochs, on
+    the same server, link and client library (object_store) as the daemon's."""
+    if large.gets_ceiling is None:
+        row_bytes = ROW_BYTES // 2
+        large.gets_ceiling = probe(large.proxy, large.name, 256, 20_000 * row_bytes // 1_000_000, row_bytes)
+        log("large link: %.0f GETs/s of %d B ranges, 256 in flight" % (large.gets_ceiling["gets_per_s"], row_bytes))
+    return large.gets_ceiling
 
 
 def sys_large(ctx, order, run_i):
@@ -92,6 +108,8 @@ def sys_small_cache(ctx, order, run_i):
                       order_args=["--random-fetch-factor", "16"])
     # --quick serves moto_server, which copies a whole object for every ranged GET: the
     # random order's two GETs a row would read too few rows in its time limit.
+    if not ctx.args.quick:
+        gets_ceiling(large)
     for rows_order in ("blocks",) if ctx.args.quick else ("blocks", "random"):
         results += sys_scdlfs(small, rows_order, run_i, True, dataset=large.name, prefix=prefix, warm=False)
     results = with_link(results, large)

@@ -494,6 +494,15 @@ def large_section(rep):
     return lines
 
 
+def ceiling_text(saved):
+    """How the large link's ceiling of GETs was measured, from the epochs that carry it."""
+    ceilings = [r["link_gets_per_s"] for r in saved["results"] if r.get("link_gets_per_s")]
+    if not ceilings:
+        return " (not measured in this run)"
+    return (" (%s GETs/s, the median of the runs' probes: 20,000 ranged GETs of 3,000 bytes, 256 in flight, "
+            "through the same link, server and client library, object_store)" % fmt(med(ceilings), ",.0f"))
+
+
 def small_cache_section(rep, results):
     """The small-cache section (issue 39, driver/large.py's sys_small_cache), between
     markers, so that a run of the system alone replaces it: each cold epoch against its
@@ -507,12 +516,15 @@ def small_cache_section(rep, results):
       "in the blocks order (blocks of 32 rows, fetches of 1,024) and uniformly random rows (minibatches of 64, "
       "steps of 1,024), both announcing `rows` steps; the windows order reads the main dataset in windows of one chunk (two fit the "
       "cache) through the main link. *× link*: epoch s ÷ that dataset's link limit; *GETs/GB*: requests sent per GB "
-      "the reader got. Measured %s on %s, medians of %d run(s); epochs stop after %.0f s (then ~, extrapolated)." % (
-          100 * SMALL_CACHE_SHARE, LARGE_CHUNKS, LARGE_RATE_MBPS, LARGE_LATENCY_MS, saved["date"], saved["host"],
-          rep.args["runs"], rep.args["time_limit"]))
+      "the reader got; *GET floor s*: the GETs of the whole epoch (at that rate) ÷ the link's ceiling of GETs per "
+      "second%s, the time the requests alone take; *× floor*: epoch s ÷ the larger of the link limit and the GET floor. "
+      "Measured %s on %s, medians of %d run(s); epochs stop after %.0f s (then ~, extrapolated)." % (
+          100 * SMALL_CACHE_SHARE, LARGE_CHUNKS, LARGE_RATE_MBPS, LARGE_LATENCY_MS, ceiling_text(saved),
+          saved["date"], saved["host"], rep.args["runs"], rep.args["time_limit"]))
     w("")
-    w("| dataset | order | epoch s | × link | fetched / dataset | GETs/GB | daemon peak RSS MiB | first row s |")
-    w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    w("| dataset | order | epoch s | × link | fetched / dataset | GETs/GB | GET floor s | × floor | daemon peak RSS MiB "
+      "| first row s |")
+    w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (system, order), m in sorted(summary.items()):
         if SMALL_CACHE not in system:
             continue
@@ -523,10 +535,13 @@ def small_cache_section(rep, results):
         gets = med([sum(r["requests"][k] for k in ("parts_fetched", "direct_reads", "edges_fetched",
                                                      "planned_requests")) / max(r["bytes_read"], 1) * 1e9
                     for r in rs])
-        w("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        ceiling = rs[0].get("link_gets_per_s")
+        floor_s = gets * dataset_bytes / 1e9 / ceiling if ceiling and gets else None
+        w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             "large chunks" if system.startswith(LARGE) else "main", order, epoch_text(m),
             fmt(m["epoch_s"] / link_s, ".2f"), fmt(m["bytes_per_row"] * dataset_rows / dataset_bytes, ".2f") + "×",
-            fmt(gets, ",.0f"), fmt(m["rss_mib"], ".0f"), fmt(m["first_row_s"], ".2f")))
+            fmt(gets, ",.0f"), fmt(floor_s, ".1f"), fmt(floor_s and m["epoch_s"] / max(link_s, floor_s), ".2f"),
+            fmt(m["rss_mib"], ".0f"), fmt(m["first_row_s"], ".2f")))
     w("")
     w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
     w(SMALL_END)

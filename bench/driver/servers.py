@@ -128,8 +128,14 @@ def proxy_bytes(stats_url):
     return json.loads(urllib.request.urlopen(stats_url).read())["bytes_down"]
 
 
-def probe(endpoint, prefix, concurrency, max_mb):
-    out = subprocess.run([BIN.bench, "s3probe", "--endpoint", endpoint, "--bucket", BUCKET, "--prefix", prefix,
-                          "--concurrency", str(concurrency), "--max-mb", str(max_mb)],
-                         check=True, capture_output=True, text=True, env=clean_env())
-    return json.loads(out.stdout)
+def probe(endpoint, prefix, concurrency, max_mb, part_size=None):
+    """Ranged GETs of `part_size` bytes (8 MiB by default) with `concurrency` in flight,
+    over the objects under `prefix` in order, up to `max_mb`: their bytes, seconds, MB/s
+    and GETs per second."""
+    cmd = [BIN.bench, "s3probe", "--endpoint", endpoint, "--bucket", BUCKET, "--prefix", prefix,
+           "--concurrency", str(concurrency), "--max-mb", str(max_mb)]
+    if part_size:
+        cmd += ["--part-size", str(part_size)]
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=clean_env()).stdout)
+    out["gets_per_s"] = out["bytes"] / out["part_size"] / out["seconds"]
+    return out
