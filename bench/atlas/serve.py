@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A minimal S3-compatible server over a local folder, for measuring listings: objects
-are served with ranges, ETags and If-Match (412) from the files, and ListObjectsV2 pages
+are served with ranges, ETags (nginx's) and If-Match (412) from the files (the atlas
+bench puts nginx in front for them, as a Python server answers few requests a second), and ListObjectsV2 pages
 (delimited or not, continuation tokens, max-keys up to 1000) come from a key list
 computed once, each page answered after a fixed delay, as a real store's take time.
 PUT writes a file. No signature is checked. GET /__stats counts the listing pages answered, by prefix.
@@ -32,7 +33,9 @@ def index():
 
 
 def etag(st):
-    return '"%s"' % hashlib.md5(f"{st.st_size}-{st.st_mtime_ns}".encode()).hexdigest()
+    # nginx's ETag of a static file, which serves the objects' GETs in front of this
+    # server: a listing's or manifest's ETag must match what a GET with If-Match meets.
+    return '"%x-%x"' % (int(st.st_mtime), st.st_size)
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -39,8 +39,8 @@ NGINX_CONF = """daemon off;
 master_process on;
 worker_processes 2;
 user root;
-pid {work}/nginx/nginx.pid;
-error_log {work}/nginx/error.log warn;
+pid {nginx_dir}/nginx.pid;
+error_log {nginx_dir}/error.log warn;
 events {{ worker_connections 1024; }}
 http {{
     access_log off;
@@ -48,22 +48,22 @@ http {{
     keepalive_requests 1000000;
     keepalive_timeout 600s;
     default_type application/octet-stream;
-    client_body_temp_path {work}/nginx/tmp;
-    proxy_temp_path {work}/nginx/tmp;
+    client_body_temp_path {nginx_dir}/tmp;
+    proxy_temp_path {nginx_dir}/tmp;
     server {{
         listen 127.0.0.1:{port};
-        root {work}/s3root;
-        # Bucket-level requests (ListObjects, HeadBucket, ...) go to s3s-fs.
+        root {root};
+        # Bucket-level requests (ListObjects, HeadBucket, ...) go to the S3 server.
         location ~ ^/[^/]+/?$ {{
-            proxy_pass http://127.0.0.1:{s3s_port};
+            proxy_pass http://127.0.0.1:{upstream_port};
             proxy_set_header Host $http_host;
             proxy_buffering off;
         }}
         # Object GET/HEAD (with Range, ETag, If-Match) straight from the files; a key that
-        # is a directory is a 404 as on S3; anything else goes to s3s-fs.
+        # is a directory is a 404 as on S3; anything else goes to the S3 server.
         location / {{
-            if ($args != "") {{ proxy_pass http://127.0.0.1:{s3s_port}; }}
-            if ($request_method !~ ^(GET|HEAD)$) {{ proxy_pass http://127.0.0.1:{s3s_port}; }}
+            if ($args != "") {{ proxy_pass http://127.0.0.1:{upstream_port}; }}
+            if ($request_method !~ ^(GET|HEAD)$) {{ proxy_pass http://127.0.0.1:{upstream_port}; }}
             proxy_set_header Host $http_host;
             try_files $uri =404;
         }}
@@ -77,22 +77,32 @@ def start_server(args, datasets):
     endpoint of s3s-fs alone (whose own speed the report gives)."""
     logs = os.path.join(args.work, "logs")
     if args.server == "s3s-nginx":
-        s3s_port, port = free_port(), free_port()
+        s3s_port = free_port()
         proc = spawn([args.s3s_fs, "--host", "127.0.0.1", "--port", str(s3s_port), "--access-key", KEY,
                       "--secret-key", SECRET, os.path.join(args.work, "s3root")], "s3s-fs",
                      stderr=open(os.path.join(logs, "s3s-fs.log"), "w"))
         wait_port(s3s_port, proc, "s3s-fs")
-        os.makedirs(os.path.join(args.work, "nginx", "tmp"), exist_ok=True)
-        conf = os.path.join(args.work, "nginx", "nginx.conf")
-        with open(conf, "w") as f:
-            f.write(NGINX_CONF.format(work=args.work, port=port, s3s_port=s3s_port))
-        proc = spawn(["nginx", "-c", conf], "nginx", stderr=open(os.path.join(logs, "nginx.log"), "w"))
-        wait_port(port, proc, "nginx")
+        port = start_nginx(os.path.join(args.work, "nginx"), os.path.join(args.work, "s3root"), s3s_port,
+                           os.path.join(logs, "nginx.log"))
         return "http://127.0.0.1:%d" % port, "http://127.0.0.1:%d" % s3s_port
     endpoint = start_moto(args.moto, "moto_server")
     for name in datasets:
         upload(endpoint, name, os.path.join(args.work, "s3root", BUCKET, name))
     return endpoint, None
+
+
+def start_nginx(nginx_dir, root, upstream_port, log_path):
+    """nginx on a free port of 127.0.0.1 serving object GETs and HEADs from the files under
+    `root` (`root/<bucket>/<key>`), everything else from the S3 server on `upstream_port`;
+    its configuration, pid and temporary files in `nginx_dir`. Returns its port."""
+    port = free_port()
+    os.makedirs(os.path.join(nginx_dir, "tmp"), exist_ok=True)
+    conf = os.path.join(nginx_dir, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(NGINX_CONF.format(nginx_dir=nginx_dir, root=root, port=port, upstream_port=upstream_port))
+    proc = spawn(["nginx", "-c", conf], "nginx", stderr=open(log_path, "w"))
+    wait_port(port, proc, "nginx")
+    return port
 
 
 def start_moto(moto, what, bucket=BUCKET):

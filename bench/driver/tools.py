@@ -48,7 +48,9 @@ def ensure_tools(args):
     need = []
     for cmd, pkg in [("fusermount3", "fuse3"), ("s3fs", "s3fs"), ("rclone", "rclone"),
                      ("nginx", "nginx-light")]:
-        if shutil.which(cmd) is None and not (cmd == "nginx" and args.server != "s3s-nginx"):
+        # nginx serves the objects of the s3s-nginx server and of the atlas endpoint.
+        wants_nginx = args.server == "s3s-nginx" or "atlas" in args.systems.split(",")
+        if shutil.which(cmd) is None and not (cmd == "nginx" and not wants_nginx):
             need.append(pkg)
     if not args.quick and not os.path.exists(args.font):
         need.append("fonts-dejavu-core")
