@@ -11,7 +11,9 @@ in steps of 1,024, scDataset's fetch factor of 16 minibatches), and the
 windows order in windows of one chunk (two windows fit the cache on the main dataset,
 whose chunks are 4,096 rows; the large chunks' do not). Random rows over a cache that small
 need a GET per row and array, so the link's own ceiling of GETs (row-sized ranges, 256 in
-flight, measured once per run) bounds them as its bytes per second bound the others."""
+flight, measured once per run) bounds them as its bytes per second bound the others. Beside
+them, with the full cache, 8 ranks on one mount each read one large chunk, in lockstep (a
+synchronous step every 64 rows, as DDP trains) and free-running."""
 
 import json
 import os
@@ -19,11 +21,15 @@ import os
 from .config import (BUCKET, LARGE, LARGE_CHUNK_ROWS, LARGE_CHUNKS, LARGE_CHUNKS_PER_WINDOW, LARGE_LATENCY_MS,
                      LARGE_RATE_MBPS, QUICK_LARGE_CHUNK_ROWS, SMALL_CACHE, SMALL_CACHE_SHARE)
 from .procs import log
+from .node import bench_rank_cmd, read_ranks
 from .servers import gen, probe, start_proxy, upload
 from .systems import sys_s3fs, sys_scdlfs, sys_scdlfs_half
 
 # Bytes of a row of the generator's default (1,000 values of f32 and u16 column ids).
 ROW_BYTES = 6000
+# Ranks of one node reading the large chunks, one chunk each; rows per synchronous step
+# of those in lockstep (a DDP step of 64 rows).
+LARGE_NODE_RANKS, LOCKSTEP_ROWS = 8, 64
 
 
 def large_ctx(ctx):
@@ -90,6 +96,32 @@ def sys_large(ctx, order, run_i):
     return with_link(results, large)
 
 
+def lockstep_rank_cmd(ctx, dataset_dir, order, epoch, hints, limit, ranks):
+    """A rank of `scdlfs-bench read` in lockstep with the others (a synchronous step every
+    LOCKSTEP_ROWS rows), through a meeting file made fresh for each epoch."""
+    meeting = os.path.join(ctx.work, "lockstep-%d" % epoch)
+    with open(meeting, "wb") as f:
+        f.write(bytes(8 * ranks))
+    return bench_rank_cmd(ctx, dataset_dir, order, epoch, hints, limit, ranks) + [
+        "--lockstep", meeting, "--lockstep-rows", str(LOCKSTEP_ROWS)]
+
+
+def node_of_large_chunks(large, run_i):
+    """LARGE_NODE_RANKS ranks on one mount with the full cache, each reading one of the
+    large chunks (windows of one chunk, the whole plan written at the start), in lockstep
+    as DDP trains and free-running: the link shared by ranks whose windows are whole
+    chunks of 180 MB. --quick: 2 ranks, in lockstep only."""
+    ranks = 2 if large.args.quick else LARGE_NODE_RANKS
+    one_chunk = large.but(order_args=["--chunks-per-window", "1"])
+    results = []
+    for label, rank_cmd in [("lockstep", lockstep_rank_cmd)] + ([] if large.args.quick else [
+            ("free-running", bench_rank_cmd)]):
+        results += sys_scdlfs(one_chunk, "windows", run_i, True, dataset=large.name, warm=False,
+                              prefix="%s, %d ranks %s, " % (LARGE, ranks, label),
+                              reader=read_ranks(ranks, rank_cmd))
+    return results
+
+
 def small_cache_bytes(dataset_bytes):
     """SMALL_CACHE_SHARE of the dataset, but two parts of the daemon's default 8 MiB at
     least, which it refuses to go below (--quick's datasets are about 50 MB)."""
@@ -112,6 +144,7 @@ def sys_small_cache(ctx, order, run_i):
         gets_ceiling(large)
     for rows_order in ("blocks",) if ctx.args.quick else ("blocks", "random"):
         results += sys_scdlfs(small, rows_order, run_i, True, dataset=large.name, prefix=prefix, warm=False)
+    results += node_of_large_chunks(large, run_i)
     results = with_link(results, large)
     windows = ctx.but(cache_size=str(small_cache_bytes(ctx.info["bytes"])),
                       order_args=["--chunks-per-window", "1"])

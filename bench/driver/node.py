@@ -80,6 +80,7 @@ def read_ranks(ranks, rank_cmd=bench_rank_cmd):
                     rank_first_row_read_s=[r.get("first_row_read_s") for r in per_rank],
                     rank_rows=[r["rows"] for r in per_rank],
                     rank_bytes=[r["bytes_read"] for r in per_rank],
+                    rank_waited_s=[r.get("lockstep_waited_s") for r in per_rank],
                     slowest_over_fastest=max(finish) / min(finish))
 
     return read

@@ -503,6 +503,34 @@ def ceiling_text(saved):
             "through the same link, server and client library, object_store)" % fmt(med(ceilings), ",.0f"))
 
 
+def large_node_table(rep):
+    """The ranks of one node on the large chunks (driver/large.py's node_of_large_chunks),
+    in lockstep and free-running, for the small-cache section."""
+    summary, saved = rep.summary, rep.saved
+    cases = [(system, order) for system, order in sorted(summary) if system.startswith(LARGE) and " ranks " in system]
+    if not cases:
+        return []
+    lines = ["With the full cache, ranks of one node on one mount, each reading one of the large chunks (windows of "
+             "one chunk, the whole plan written at the start), cold, page cache dropped: *lockstep* waits for every "
+             "rank every 64 rows, as DDP's synchronous steps do; *× link*: until the last rank ends, ÷ the link limit; "
+             "*waited s*: the most one rank spent waiting for the others at the steps.", "",
+             "| ranks | epoch s | × link | fetched / dataset | max first row s | slowest ÷ fastest rank | waited s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for system, order in cases:
+        m = summary[(system, order)]
+        rs = [r for r in saved["results"] if r["system"] == system and r["order"] == order]
+        waited = [max(w for w in r.get("rank_waited_s") or [None] if w is not None) for r in rs
+                  if any(w is not None for w in r.get("rank_waited_s") or [])]
+        lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+            system[len(LARGE) + 2:].rstrip(", ").split(", scdlfs")[0], epoch_text(m),
+            fmt(m["epoch_s"] / rs[0]["link_s"], ".2f"),
+            fmt(m["bytes_per_row"] * rs[0]["dataset_rows"] / rs[0]["dataset_bytes"], ".2f") + "×",
+            fmt(med([r["first_row_s"] for r in rs]), ".2f"), fmt(med([r["slowest_over_fastest"] for r in rs]), ".2f"),
+            fmt(med(waited) if waited else None, ".2f")))
+    lines.append("")
+    return lines
+
+
 def small_cache_section(rep, results):
     """The small-cache section (issue 39, driver/large.py's sys_small_cache), between
     markers, so that a run of the system alone replaces it: each cold epoch against its
@@ -543,6 +571,7 @@ def small_cache_section(rep, results):
             fmt(gets, ",.0f"), fmt(floor_s, ".1f"), fmt(floor_s and m["epoch_s"] / max(link_s, floor_s), ".2f"),
             fmt(m["rss_mib"], ".0f"), fmt(m["first_row_s"], ".2f")))
     w("")
+    lines.extend(large_node_table(rep))
     w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
     w(SMALL_END)
     return lines

@@ -11,6 +11,7 @@
 //! * `plot`: the PNG figure of docs/benchmarks.md.
 
 mod gen;
+mod lockstep;
 mod plot;
 mod probe;
 mod proxy;

@@ -18,6 +18,8 @@ use scdl_sampler::{
     BlockOrder, CachedChunks, ChunkLayout, ChunkWindowOrder, DatasetKind, DatasetLayout,
     EvenShares, Order, Sampler, Shard, Workers, DEFAULT_VIRTUAL_CHUNK_SIZE,
 };
+
+use crate::lockstep::Lockstep;
 use serde::Serialize;
 
 use crate::gen::digest;
@@ -115,6 +117,12 @@ pub struct ReadArgs {
     /// A row read slower than this counts as a stall, in milliseconds.
     #[arg(long, default_value_t = 1.0)]
     stall_ms: f64,
+    /// Read in lockstep with the other ranks, as DDP trains: they meet through this file
+    /// (the world size × 8 zero bytes, made by the driver) every `--lockstep-rows` rows.
+    #[arg(long)]
+    lockstep: Option<PathBuf>,
+    #[arg(long, default_value_t = 64)]
+    lockstep_rows: u64,
 }
 
 #[derive(Serialize)]
@@ -136,6 +144,8 @@ struct EpochFigures {
     view: String,
     /// Chunks announced as held, read first (the cache-aware order only).
     chunks_read_first: Option<u64>,
+    /// In lockstep: the time this rank waited for the others at the steps.
+    lockstep_waited_s: Option<f64>,
 }
 
 /// Monolithic arrays (flat view) or chunk arrays mapped as first touched.
@@ -282,6 +292,14 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
         (0u64, 0u64, Duration::ZERO, Duration::ZERO);
     let mut first_row = None;
     let mut out_of_time = false;
+    let mut lockstep = match &args.lockstep {
+        Some(path) => Some(Lockstep::join(
+            path,
+            args.shard.rank,
+            args.shard.world_size,
+        )?),
+        None => None,
+    };
     let mut iter = sampler.epoch(args.epoch.epoch);
     let epoch_rows = iter.len() as u64;
     'epoch: while let Some(batch) = iter.next_minibatch() {
@@ -302,6 +320,11 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
             first_row.get_or_insert_with(|| (started.elapsed(), took));
             rows += 1;
             bytes += (values.len() + columns.len()) as u64;
+            if let Some(lockstep) = lockstep.as_mut() {
+                if rows % args.lockstep_rows == 0 {
+                    lockstep.step_done()?;
+                }
+            }
             if limit.is_some_and(|l| started.elapsed() >= l) {
                 out_of_time = true;
                 break 'epoch;
@@ -309,6 +332,9 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
         }
     }
     drop(iter);
+    if let Some(lockstep) = &lockstep {
+        lockstep.leave()?;
+    }
     let seconds = started.elapsed().as_secs_f64();
     if let Some(error) = sampler.take_hint_error() {
         return Err(format!("hints were refused: {error}"));
@@ -330,6 +356,7 @@ pub fn run(args: ReadArgs) -> Result<(), String> {
         hints,
         view: layout.kind.to_string(),
         chunks_read_first,
+        lockstep_waited_s: lockstep.map(|l| l.waited.as_secs_f64()),
     };
     println!("{}", serde_json::to_string(&figures).unwrap());
     Ok(())

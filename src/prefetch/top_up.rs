@@ -211,6 +211,9 @@ struct ItemIssued {
     /// The parts of the item's own reads (not its read-around), which match reads to
     /// its step.
     parts: Vec<PartKey>,
+    /// It started a download, and gave the turn to the next plan: the item is walked
+    /// again at the plan's next turn.
+    turn_taken: bool,
 }
 
 impl Prefetcher {
@@ -309,6 +312,11 @@ impl Prefetcher {
             .map(|w| w.cursor.steps.len())
             .max()
             .unwrap_or(0);
+        // The plan with the fewest downloads of its own on their way takes the first
+        // turn, and every turn starts one download at most: ranks whose windows are
+        // whole chunks of 180 MB took the link a chunk each in turn, and eight of them
+        // finished 1.7x apart, and in lockstep as DDP trains, 1.40x the link's time.
+        walks.sort_by_key(|w| (w.cursor.started.len(), w.handle));
         for round in 0..rounds {
             let mut walked = true;
             while walked {
@@ -370,6 +378,11 @@ impl Prefetcher {
             return Walked::Next;
         }
         let issued = self.issue_item(walk, pass, reads, ahead, read_whole);
+        if issued.turn_taken {
+            // Walked again at the plan's next turn, which records its parts once all are
+            // issued.
+            return Walked::Next;
+        }
         if issued.all && !walk.behind {
             walk.cursor.item = next;
             walk.cursor.ahead_bytes += issued.bytes;
@@ -416,6 +429,7 @@ impl Prefetcher {
             filled: false,
             bytes: 0,
             parts: Vec::new(),
+            turn_taken: false,
         };
         // The item's own parts queue first; its neighbours' edges after them.
         let (edges, whole_parts): (Vec<_>, Vec<_>) = reads
@@ -431,6 +445,9 @@ impl Prefetcher {
         {
             for part in self.fetcher.parts_of(range) {
                 self.issue_part(walk, pass, &mut issued, (object, part), of_the_step, ahead);
+                if issued.turn_taken {
+                    return issued;
+                }
             }
         }
         if let Dataset::Chunked(dataset) = &walk.dataset {
@@ -510,6 +527,8 @@ impl Prefetcher {
         if self.fetcher.prefetch(object, part) {
             walk.cursor.started.push(key);
             *pass.started_by_user.entry(walk.uid).or_default() += 1;
+            issued.turn_taken = true;
+            issued.all = false;
         } else if !self.cache.contains(key) && !self.fetcher.is_in_flight(key) {
             // Not started, and neither cached nor downloading: it waits for room in the
             // cache, and a later pass issues it again.
