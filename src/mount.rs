@@ -185,17 +185,18 @@ pub fn assemble(
         endpoint: settings.endpoint.clone(),
         reset: settings.cache_reset,
     };
+    let metrics = Arc::new(Metrics::default());
     let cache = Arc::new(
-        DiskCache::open(
+        DiskCache::open_counting_into(
             &cache_dir,
             &owner,
             settings.cache_bytes,
             settings.max_cached_chunks,
+            metrics.clone(),
         )
         .map_err(MountError::Cache)?,
     );
     cache.adopt_in_background();
-    let metrics = Arc::new(Metrics::default());
     let store: Arc<dyn ObjectStore> =
         Arc::new(HookedStore::new(store, TimeStoreGets(metrics.clone())));
     let registry = {

@@ -1,4 +1,5 @@
-use super::test_files::{dir_bytes, flip_bit};
+use super::parts_dir::InsertMoment;
+use super::test_files::{dir_bytes, flip_bit, SmallTmpfs};
 use super::*;
 use crate::parts::spans_touched;
 use crate::parts::ObjectId;
@@ -7,6 +8,7 @@ use part_file::BLOCK_LEN;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::time::Duration;
 
 pub(super) const ORIGIN: PartOrigin = PartOrigin {
     key: "k",
@@ -115,7 +117,7 @@ fn race(
             }
         }
     };
-    *cache.test_hook.lock() = Some(Arc::new(hook));
+    *cache.parts.test_hook.lock() = Some(Arc::new(hook));
     std::thread::scope(|scope| {
         let writer_thread = std::thread::Builder::new()
             .name("writer".into())
@@ -134,7 +136,7 @@ fn race(
         }
         writer_thread.join().unwrap();
     });
-    *cache.test_hook.lock() = None;
+    *cache.parts.test_hook.lock() = None;
     largest.load(Ordering::SeqCst)
 }
 
@@ -206,7 +208,7 @@ fn a_losing_duplicate_is_deleted_before_its_room_is_reused() {
 
 #[test]
 fn a_full_disk_turns_caching_off_once_and_on_again() {
-    let disk = super::test_tmpfs::SmallTmpfs::mount("256k");
+    let disk = SmallTmpfs::mount("256k");
     let mut cache = DiskCache::open(
         &crate::cache_dir_check::prepare(&disk.path()).unwrap(),
         &owner(),
@@ -214,7 +216,7 @@ fn a_full_disk_turns_caching_off_once_and_on_again() {
         None,
     )
     .unwrap();
-    cache.disk_retry_after = Duration::from_millis(200);
+    cache.disk.retry_after = Duration::from_millis(200);
     let cache = Arc::new(cache);
     assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
     let kept = cache.get(key(1), Recency::Use).unwrap();
@@ -247,7 +249,7 @@ fn a_removed_directory_turns_caching_off_and_one_made_in_its_place_is_not_used()
         None,
     )
     .unwrap();
-    cache.disk_retry_after = Duration::from_millis(200);
+    cache.disk.retry_after = Duration::from_millis(200);
     let cache = Arc::new(cache);
     assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
     let kept = cache.get(key(1), Recency::Use).unwrap();
