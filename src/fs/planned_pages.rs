@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use scdl_format::ArrayKind;
 
-use super::read_around::{slices, Given, PageCache, PUSH_SLICE};
+use super::page_cache::{pages_of, slices, Given, PageCache, PUSH_SLICE};
 use crate::catalog::{FileContent, FlatDataset, Node, NodeKind};
 use crate::metrics::Metrics;
 use crate::prefetch::PlannedPages;
@@ -169,7 +169,7 @@ impl StoreWorker {
                 tracing::debug!(ino = store.ino, ?bytes, %error, "planned pages refused");
                 return;
             }
-            let pages = start / self.page..end.div_ceil(self.page);
+            let pages = pages_of(&(start..end), self.page);
             self.given.pages.lock().give(store.ino, pages);
             Metrics::add(&self.metrics.planned_bytes_pushed, end - start);
         }
