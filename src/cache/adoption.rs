@@ -1,14 +1,14 @@
 //! Adoption of an earlier daemon's part files (the strays, [`super::strays`]): their
-//! headers read in the background ([`in_background`]), and each claimed by an object
-//! the catalog lists with the same ETag ([`Adoption::object_listed`]), or by the first
-//! read of its part ([`Adoption::claim_own`]); one that is no part of its object as
-//! listed now is deleted. The rules of the judging are [`adopt::judge`]'s.
+//! headers read ([`Adoption::read_stray`], on threads of their own:
+//! [`super::DiskCache::adopt_in_background`]), and each claimed by an object the
+//! catalog lists with the same ETag ([`Adoption::object_listed`]), or by the first read
+//! of its part ([`Adoption::claim_own`]); one that is no part of its object as listed
+//! now is deleted. The rules of the judging are [`adopt::judge`]'s.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -17,7 +17,6 @@ use super::books::{Books, ResidentFile};
 use super::open_files::OpenFiles;
 use super::parts_dir::PartsDir;
 use super::strays::ReadStray;
-use super::DiskCache;
 use crate::metrics::Metrics;
 use crate::parts::PartKey;
 
@@ -29,46 +28,9 @@ pub(super) struct Adoption<'a> {
     pub(super) counters: &'a Metrics,
 }
 
-/// Reads the headers of the earlier mount's part files on threads of their own, so
-/// that a large cache does not delay the mount; holds the cache only while it reads.
-pub(super) fn in_background(cache: &Arc<DiskCache>) {
-    if cache.adoption().books.lock().strays.headers_read {
-        return;
-    }
-    let cache = Arc::downgrade(cache);
-    let spawned = std::thread::Builder::new()
-        .name("scdlfs-adopt".into())
-        .spawn(move || {
-            let started = Instant::now();
-            let files = match cache.upgrade() {
-                Some(cache) => cache.adoption().unread(),
-                None => return,
-            };
-            adopt::in_parallel(&files, |file| {
-                if let Some(cache) = cache.upgrade() {
-                    cache.adoption().read_stray(file.clone());
-                }
-            });
-            if let Some(cache) = cache.upgrade() {
-                cache.adoption().headers_done();
-                let stats = cache.stats();
-                tracing::info!(
-                    seconds = started.elapsed().as_secs_f64(),
-                    adopted = stats.adopted_parts,
-                    unclaimed = stats.unclaimed_parts,
-                    removed = stats.stale_parts_removed,
-                    "read the headers of the earlier mount's part files"
-                );
-            }
-        });
-    if let Err(error) = spawned {
-        tracing::error!(%error, "cannot start adopting the earlier mount's parts: they will be replaced as room is needed");
-    }
-}
-
 impl Adoption<'_> {
     /// The strays whose headers are to be read, oldest first.
-    fn unread(&self) -> Vec<String> {
+    pub(super) fn unread(&self) -> Vec<String> {
         self.books.lock().strays.order.iter().cloned().collect()
     }
 
@@ -83,7 +45,7 @@ impl Adoption<'_> {
 
     /// Reads one stray's header; removes it if the header is bad, files it under its
     /// key otherwise, and lets an object listed already claim it.
-    fn read_stray(&self, file: String) {
+    pub(super) fn read_stray(&self, file: String) {
         let Some(name) = self.books.lock().strays.names.get(&file).copied() else {
             return; // claimed by a read, or deleted for room, meanwhile
         };
@@ -112,7 +74,7 @@ impl Adoption<'_> {
         }
     }
 
-    fn headers_done(&self) {
+    pub(super) fn headers_done(&self) {
         let mut books = self.books.lock();
         books.strays.headers_read = true;
         books.strays.listed = HashMap::new();
@@ -149,7 +111,7 @@ impl Adoption<'_> {
 
     /// Claims the earlier mount's file of part `index` of `object` for a read that
     /// comes before the background has read that file's header
-    /// ([`DiskCache::claim_own`]). Returns whether the part is resident now.
+    /// ([`super::DiskCache::claim_own`]). Returns whether the part is resident now.
     pub(super) fn claim_own(&self, object: &ListedObject, part_size: u64, index: u64) -> bool {
         let key = PartKey {
             object: object.id,

@@ -57,6 +57,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 
@@ -67,24 +68,18 @@ use adopt::ListedObject;
 use adoption::Adoption;
 use books::{Books, ResidentFile};
 pub use checked::PinnedPart;
+pub use directory::CacheOwner;
 use disk_health::DiskHealth;
 pub use disk_health::DISK_RETRY_AFTER;
 use open_files::OpenFiles;
 use part_file::PartHeader;
+pub use part_file::PartOrigin;
 use parts_dir::PartsDir;
 use policy::Reservation;
 pub use policy::{Admission, EvictionAdvisor, NextUse, Policy, Recency, Unit};
 use read_advice::ReadAdvice;
 use spool::Spool;
 use strays::Strays;
-
-/// Where a part's bytes came from: what its file's header records.
-#[derive(Clone, Copy, Debug)]
-pub struct PartOrigin<'a> {
-    pub key: &'a str,
-    pub etag: &'a str,
-    pub object_offset: u64,
-}
 
 /// Why bytes could not be read from the cache.
 #[derive(Debug, thiserror::Error)]
@@ -107,17 +102,6 @@ impl From<CacheError> for crate::error::FsError {
             }
         }
     }
-}
-
-/// Whose cache a directory is, and what to do with one of another source or version.
-#[derive(Clone, Debug)]
-pub struct CacheOwner {
-    /// The source as the mount names it; recorded in the directory.
-    pub source: String,
-    /// The store's custom endpoint, if any; recorded with the source.
-    pub endpoint: Option<String>,
-    /// Wipe a directory of another source or layout version instead of refusing it.
-    pub reset: bool,
 }
 
 /// Figures for `scdlfs status`.
@@ -393,9 +377,41 @@ impl DiskCache {
     }
 
     /// Reads the headers of the earlier mount's part files on threads of their own, so
-    /// that a large cache does not delay the mount ([`adoption`]).
+    /// that a large cache does not delay the mount; holds the cache only while it
+    /// reads ([`adoption`]).
     pub fn adopt_in_background(self: &Arc<Self>) {
-        adoption::in_background(self);
+        if self.books.lock().strays.headers_read {
+            return;
+        }
+        let cache = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("scdlfs-adopt".into())
+            .spawn(move || {
+                let started = Instant::now();
+                let files = match cache.upgrade() {
+                    Some(cache) => cache.adoption().unread(),
+                    None => return,
+                };
+                adopt::in_parallel(&files, |file| {
+                    if let Some(cache) = cache.upgrade() {
+                        cache.adoption().read_stray(file.clone());
+                    }
+                });
+                if let Some(cache) = cache.upgrade() {
+                    cache.adoption().headers_done();
+                    let stats = cache.stats();
+                    tracing::info!(
+                        seconds = started.elapsed().as_secs_f64(),
+                        adopted = stats.adopted_parts,
+                        unclaimed = stats.unclaimed_parts,
+                        removed = stats.stale_parts_removed,
+                        "read the headers of the earlier mount's part files"
+                    );
+                }
+            });
+        if let Err(error) = spawned {
+            tracing::error!(%error, "cannot start adopting the earlier mount's parts: they will be replaced as room is needed");
+        }
     }
 
     /// Reads the headers of the earlier mount's part files on this thread.

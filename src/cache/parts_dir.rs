@@ -10,8 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::adopt::{self, PartFileName};
 use super::directory::HeldDir;
-use super::part_file::PartHeader;
-use super::PartOrigin;
+use super::part_file::{PartHeader, PartOrigin};
 
 pub(super) struct PartsDir {
     pub(super) dir: HeldDir,

@@ -31,10 +31,10 @@ use parking_lot::Mutex;
 use super::adopt::PartFileName;
 use super::books::ResidentFile;
 use super::checked::{read_checked, BlockReadFailure, CheckedBlocks};
-use super::part_file::{PartHeader, BLOCK_LEN};
+use super::part_file::{PartHeader, PartOrigin, BLOCK_LEN};
 use super::parts_dir::InsertMoment;
 use super::policy::{Admission, Reservation};
-use super::{CacheError, DiskCache, PartOrigin};
+use super::{CacheError, DiskCache};
 use crate::metrics::Metrics;
 use crate::parts::{GroupId, PartKey};
 
