@@ -828,16 +828,6 @@ fn unclaimed_parts_give_way_to_new_ones_within_the_budget() {
     assert_eq!(cache.stats().unclaimed_parts, 0);
 }
 
-/// The cache in `dir` opened for `owner`, with a budget of 1 MiB.
-fn open_as(dir: &Path, owner: &CacheOwner) -> io::Result<DiskCache> {
-    DiskCache::open(
-        &crate::cache_dir_check::prepare(dir).unwrap(),
-        owner,
-        1 << 20,
-        None,
-    )
-}
-
 #[test]
 fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
     let dir = tempfile::tempdir().unwrap();
@@ -846,7 +836,7 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         source: "s3://another/one".into(),
         ..owner()
     };
-    let refused = open_as(dir.path(), &other).err().unwrap();
+    let refused = open_cache(dir.path(), &other).err().unwrap();
     assert!(
         refused
             .to_string()
@@ -857,13 +847,13 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         reset: true,
         ..other
     };
-    let cache = open_as(dir.path(), &reset).unwrap();
+    let cache = open_cache(dir.path(), &reset).unwrap();
     assert_eq!(fs::read_dir(cache.parts_dir()).unwrap().count(), 0);
     drop(cache);
 
     let old = tempfile::tempdir().unwrap();
     fs::create_dir_all(old.path().join("scdlfs-v1/parts")).unwrap();
-    open_as(old.path(), &owner()).unwrap();
+    open_cache(old.path(), &owner()).unwrap();
     assert!(
         !old.path().join("scdlfs-v1").exists(),
         "the first layout, emptied at every mount by its versions, is removed unasked"
@@ -881,7 +871,7 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         record("s3://another/one"),
     )
     .unwrap();
-    let refused = open_as(second.path(), &owner()).err().unwrap();
+    let refused = open_cache(second.path(), &owner()).err().unwrap();
     assert!(
         refused.to_string().contains("(scdlfs-cache-v2)"),
         "another source's cache of the second layout is refused: {refused}"
@@ -891,7 +881,7 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         record(&owner().source),
     )
     .unwrap();
-    open_as(second.path(), &owner()).unwrap();
+    open_cache(second.path(), &owner()).unwrap();
     assert!(
         !second.path().join("scdlfs-cache-v2").exists(),
         "the source's own cache of the second layout is removed unasked"
@@ -899,7 +889,7 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
 
     let newer = tempfile::tempdir().unwrap();
     fs::create_dir_all(newer.path().join("scdlfs-cache-v9/parts")).unwrap();
-    let refused = open_as(newer.path(), &owner()).err().unwrap();
+    let refused = open_cache(newer.path(), &owner()).err().unwrap();
     assert!(
         refused
             .to_string()
@@ -910,7 +900,7 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         reset: true,
         ..owner()
     };
-    open_as(newer.path(), &reset).unwrap();
+    open_cache(newer.path(), &reset).unwrap();
     assert!(!newer.path().join("scdlfs-cache-v9").exists());
 }
 
