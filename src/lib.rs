@@ -31,6 +31,11 @@
 //! [`units`], [`progress`], [`process_memory`], [`unmount`] and [`cache_dir_check`] are
 //! small helpers of the command line and the mount.
 
+// The crate's documentation is of its internals, built with `cargo doc
+// --document-private-items`: the links from a module's docs to the private modules and
+// items it is made of are the map of the architecture, and there they resolve.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub mod cache;
 pub(crate) mod cache_dir_check;
 pub mod catalog;

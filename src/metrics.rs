@@ -1,6 +1,6 @@
 //! The daemon's figures of its own work: atomics bumped where the work happens (the
-//! read path, the fetcher, the store's answers), read by `scdlfs status` and the
-//! Prometheus endpoint (`metrics_http.rs`).
+//! read path, the fetcher, the disk cache, the store's answers), read by `scdlfs
+//! status` and the Prometheus endpoint (`metrics_http.rs`).
 //!
 //! Three kinds, as Prometheus has them: counters only grow; gauges are levels (a
 //! high-water mark is one: it is the highest level so far, not a count of anything);
@@ -129,6 +129,24 @@ metrics! {
         objects_replaced,
         /// Datasets found changed in the store and discovered again (`--metadata-ttl`): files opened since see the new one.
         datasets_rediscovered,
+        /// Parts evicted from the disk cache.
+        cache_evicted_parts,
+        /// Downloaded parts served without being cached because the budget was full.
+        cache_parts_not_cached_for_lack_of_room,
+        /// Downloaded parts served without being cached because the cache directory could not be written.
+        cache_parts_not_cached_for_disk_errors,
+        /// Cached parts that failed their checksum on a read, dropped and fetched again.
+        cache_corrupt_parts_dropped,
+        /// Cached parts whose file could not be read (I/O error; truncated, removed or replaced), dropped and fetched again.
+        cache_unreadable_parts_dropped,
+        /// Part files of an earlier mount taken over by this one.
+        cache_adopted_parts,
+        /// Bytes of the part files of an earlier mount taken over by this one.
+        cache_adopted_bytes,
+        /// Part files of an earlier mount taken over by a read before the background had read their header.
+        cache_adopted_by_reads,
+        /// Part files of an earlier mount removed: changed objects, another part size, bad headers, torn writes, or beyond a smaller budget.
+        cache_stale_parts_removed,
     }
     gauges {
         /// The most bytes the fetcher held at once (in flight, waiting for the disk, kept in memory, being copied): a high-water mark.

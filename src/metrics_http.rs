@@ -200,46 +200,10 @@ fn render_process() -> String {
 /// How one of [`STATUS_FIGURES`] is read from a status.
 type ReadFigure = fn(&Status) -> f64;
 
-/// The figures of a status beside its counter table (the cache's books and counts, the
-/// downloads, the plans, the daemon's memory) as Prometheus names them: name, type,
+/// The figures of a status beside its counter table (the cache's books, the downloads,
+/// the plans, the daemon's memory), all gauges, as Prometheus names them: name, type,
 /// help, and how each is read.
 const STATUS_FIGURES: &[(&str, &str, &str, ReadFigure)] = &[
-    (
-        "scdlfs_cache_evicted_parts_total",
-        "counter",
-        "Parts evicted from the disk cache.",
-        |status| status.cache.evicted_parts as f64,
-    ),
-    (
-        "scdlfs_cache_parts_not_cached_for_lack_of_room_total",
-        "counter",
-        "Downloaded parts served without being cached because the budget was full.",
-        |status| status.cache.parts_not_cached_for_lack_of_room as f64,
-    ),
-    (
-        "scdlfs_cache_parts_not_cached_for_disk_errors_total",
-        "counter",
-        "Downloaded parts served without being cached because the cache directory could not be written.",
-        |status| status.cache.parts_not_cached_for_disk_errors as f64,
-    ),
-    (
-        "scdlfs_cache_corrupt_parts_dropped_total",
-        "counter",
-        "Cached parts that failed their checksum on a read, dropped and fetched again.",
-        |status| status.cache.corrupt_parts_dropped as f64,
-    ),
-    (
-        "scdlfs_cache_unreadable_parts_dropped_total",
-        "counter",
-        "Cached parts whose file could not be read (I/O error; truncated, removed or replaced), dropped and fetched again.",
-        |status| status.cache.unreadable_parts_dropped as f64,
-    ),
-    (
-        "scdlfs_cache_adopted_parts_total",
-        "counter",
-        "Part files of an earlier mount taken over by this one.",
-        |status| status.cache.adopted_parts as f64,
-    ),
     (
         "scdlfs_cache_budget_bytes",
         "gauge",
@@ -392,6 +356,7 @@ mod tests {
                 bytes_fetched: 4096,
                 reads: 3,
                 fetch_memory_peak_bytes: 1 << 16,
+                cache_evicted_parts: 5,
                 demand_wait_seconds: waits(&[3, 3, 40]),
                 ..MetricsSnapshot::default()
             },

@@ -179,48 +179,18 @@ pub fn assemble(
     settings: &MountSettings,
     root_listing: Option<ListResult>,
 ) -> Result<(FsCore, Observer), MountError> {
-    let cache_dir = crate::cache_dir_check::prepare(&settings.cache_dir)?;
-    let owner = CacheOwner {
-        source: settings.fs_name.clone(),
-        endpoint: settings.endpoint.clone(),
-        reset: settings.cache_reset,
-    };
-    let cache = Arc::new(
-        DiskCache::open(
-            &cache_dir,
-            &owner,
-            settings.cache_bytes,
-            settings.max_cached_chunks,
-        )
-        .map_err(MountError::Cache)?,
-    );
-    cache.adopt_in_background();
     let metrics = Arc::new(Metrics::default());
+    let cache = open_cache(settings, metrics.clone())?;
     let store: Arc<dyn ObjectStore> =
         Arc::new(HookedStore::new(store, TimeStoreGets(metrics.clone())));
-    let registry = {
-        let (cache, part_size) = (cache.clone(), settings.part_size);
-        let adopt_parts = Box::new(move |object: &ObjectInfo| {
-            cache.object_listed(listed_object(object), part_size)
-        });
-        ObjectRegistry::new(
-            adopt_parts,
-            settings.metadata_ttl.is_some(),
-            metrics.clone(),
-        )
-    };
+    let registry = object_registry(&cache, settings, metrics.clone());
     // One bell for everything the prefetcher plans around: downloads ending, and
     // row-offset verdicts.
     let planner_wake = PlannerWake::default();
     let fetcher = Fetcher::new(
         store.clone(),
         cache.clone(),
-        FetchLimits {
-            part_size: settings.part_size,
-            max_concurrent_requests: settings.max_concurrent_requests,
-            read_timeout: settings.read_timeout,
-            memory_cap: settings.fetch_memory,
-        },
+        fetch_limits(settings),
         metrics.clone(),
         planner_wake.clone(),
     );
@@ -237,25 +207,14 @@ pub fn assemble(
         row_offset_check,
         planner_wake,
         metrics.clone(),
-        PrefetchConfig {
-            lookahead_steps: settings.prefetch_lookahead_steps,
-            max_ahead_bytes: settings.cache_bytes / 2,
-            max_sequential_window: 8 * settings.part_size,
-            kernel_read_ahead: settings.read_ahead.unwrap_or(KERNEL_DEFAULT_READ_AHEAD),
-            cache_bytes: settings.cache_bytes,
-            shared_by_users: settings.allow_other || settings.allow_root,
-        },
+        prefetch_config(settings),
     );
     let tree = Arc::new(Tree::new(
         store,
         prefix,
         settings.view,
         registry,
-        ListingTimes {
-            metadata_ttl: settings.metadata_ttl,
-            listing_timeout: settings.read_timeout * LISTING_DEADLINES,
-            keys_in_order: settings.keys_in_order,
-        },
+        listing_times(settings),
         metrics.clone(),
         root_listing,
     ));
@@ -293,6 +252,73 @@ pub fn assemble(
     };
     let core = FsCore::new(components, settings.ownership, settings.read_timeout);
     Ok((core, observer))
+}
+
+/// The disk cache of the mount, in its checked cache directory ([`crate::cache_dir_check`]),
+/// counting into `metrics`; an earlier mount's part files are adopted in the background.
+fn open_cache(
+    settings: &MountSettings,
+    metrics: Arc<Metrics>,
+) -> Result<Arc<DiskCache>, MountError> {
+    let cache_dir = crate::cache_dir_check::prepare(&settings.cache_dir)?;
+    let owner = CacheOwner {
+        source: settings.fs_name.clone(),
+        endpoint: settings.endpoint.clone(),
+        reset: settings.cache_reset,
+    };
+    let cache = Arc::new(
+        DiskCache::open_counting_into(
+            &cache_dir,
+            &owner,
+            settings.cache_bytes,
+            settings.max_cached_chunks,
+            metrics,
+        )
+        .map_err(MountError::Cache)?,
+    );
+    cache.adopt_in_background();
+    Ok(cache)
+}
+
+/// The registry of the objects the catalog lists, which hands each to the cache to
+/// adopt an earlier mount's parts of it.
+fn object_registry(
+    cache: &Arc<DiskCache>,
+    settings: &MountSettings,
+    metrics: Arc<Metrics>,
+) -> ObjectRegistry {
+    let (cache, part_size) = (cache.clone(), settings.part_size);
+    let adopt_parts =
+        Box::new(move |object: &ObjectInfo| cache.object_listed(listed_object(object), part_size));
+    ObjectRegistry::new(adopt_parts, settings.metadata_ttl.is_some(), metrics)
+}
+
+fn fetch_limits(settings: &MountSettings) -> FetchLimits {
+    FetchLimits {
+        part_size: settings.part_size,
+        max_concurrent_requests: settings.max_concurrent_requests,
+        read_timeout: settings.read_timeout,
+        memory_cap: settings.fetch_memory,
+    }
+}
+
+fn prefetch_config(settings: &MountSettings) -> PrefetchConfig {
+    PrefetchConfig {
+        lookahead_steps: settings.prefetch_lookahead_steps,
+        max_ahead_bytes: settings.cache_bytes / 2,
+        max_sequential_window: 8 * settings.part_size,
+        kernel_read_ahead: settings.read_ahead.unwrap_or(KERNEL_DEFAULT_READ_AHEAD),
+        cache_bytes: settings.cache_bytes,
+        shared_by_users: settings.allow_other || settings.allow_root,
+    }
+}
+
+fn listing_times(settings: &MountSettings) -> ListingTimes {
+    ListingTimes {
+        metadata_ttl: settings.metadata_ttl,
+        listing_timeout: settings.read_timeout * LISTING_DEADLINES,
+        keys_in_order: settings.keys_in_order,
+    }
 }
 
 /// Times every GET of the mount (the catalog's header reads and the fetcher's

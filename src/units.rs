@@ -20,7 +20,7 @@ pub fn parse_size(text: &str) -> Result<u64, NotASize> {
     })
 }
 
-/// A size that [`parse_size`] cannot read.
+/// A size that [`parse_size`](fn@parse_size) cannot read.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{text:?} is not a size ({source}; try 20GiB, 512MiB or a byte count)")]
 pub struct NotASize {

@@ -5,11 +5,10 @@
 use std::fs::File;
 use std::io::{self};
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::ADVISE_AGAIN_AFTER;
-use super::{CacheError, DiskCache, ResidentFile};
+use super::books::ResidentFile;
+use super::{CacheError, DiskCache};
 use crate::parts::{span, spans_touched, PartKey};
 
 thread_local! {
@@ -122,7 +121,9 @@ impl PinnedPart {
         let handle = self
             .cache
             .open_files
-            .file(&file.file, |name| self.cache.parts.open_for_reading(name))
+            .file(&file.file, |name| {
+                self.cache.parts.dir.open_for_reading(name)
+            })
             .map_err(|error| self.unreadable(error))?;
         let blocks = CheckedBlocks {
             file: &handle,
@@ -132,8 +133,8 @@ impl PinnedPart {
             block_crc32c: &file.block_crc32c,
         };
         let result = read_checked(&blocks, buf, offset);
-        if result.is_ok() && self.cache.advises_whole_parts.load(Ordering::Relaxed) {
-            self.advise_whole_part(&handle);
+        if result.is_ok() {
+            self.cache.read_advice.after_read(&handle, file);
         }
         result.map_err(|failure| match failure {
             BlockReadFailure::Io(error) => self.unreadable(error),
@@ -145,31 +146,6 @@ impl PinnedPart {
                 }
             }
         })
-    }
-
-    /// Asks the kernel to bring the whole part into the page cache, at most once per
-    /// [`ADVISE_AGAIN_AFTER`]. Advice only: a failure changes nothing but speed.
-    fn advise_whole_part(&self, handle: &File) {
-        let now = self.cache.opened.elapsed().as_millis() as u64 + 1;
-        let last = self.file.advised_at_ms.load(Ordering::Relaxed);
-        // Another reader may have advised on a later reading of the clock than ours.
-        if last != 0 && now.saturating_sub(last) < ADVISE_AGAIN_AFTER.as_millis() as u64 {
-            return;
-        }
-        if self
-            .file
-            .advised_at_ms
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            let len = std::num::NonZeroU64::new(self.file.data_len);
-            let _ = rustix::fs::fadvise(
-                handle,
-                self.file.data_offset,
-                len,
-                rustix::fs::Advice::WillNeed,
-            );
-        }
     }
 
     /// A part file that cannot be opened again or read (truncated, deleted or replaced
@@ -187,14 +163,10 @@ impl PinnedPart {
 
 impl Drop for PinnedPart {
     fn drop(&mut self) {
-        let mut inner = self.cache.inner.lock();
+        let mut books = self.cache.books.lock();
         // A part dropped as corrupt took its pins with it.
-        let current = inner
-            .files
-            .get(&self.key)
-            .is_some_and(|(file, _)| Arc::ptr_eq(file, &self.file));
-        if current {
-            inner.policy.unpin(self.key);
+        if books.is_current(self.key, &self.file) {
+            books.policy.unpin(self.key);
         }
     }
 }

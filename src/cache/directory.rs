@@ -26,8 +26,18 @@ use std::time::{Duration, Instant};
 use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags};
 
 use super::adopt::{self, PartFileName, SourceRecord};
-use super::CacheOwner;
 use crate::cache_dir_check::CheckedDir;
+
+/// Whose cache a directory is, and what to do with one of another source or version.
+#[derive(Clone, Debug)]
+pub struct CacheOwner {
+    /// The source as the mount names it; recorded in the directory.
+    pub source: String,
+    /// The store's custom endpoint, if any; recorded with the source.
+    pub endpoint: Option<String>,
+    /// Wipe a directory of another source or layout version instead of refusing it.
+    pub reset: bool,
+}
 
 /// A directory of the cache, held open; its files are reached by name.
 #[derive(Debug)]

@@ -42,6 +42,14 @@ pub const MAX_HEADER_LEN: usize = 1 << 20;
 /// issue 10: the checks cost a few percent of a warm read).
 pub const BLOCK_LEN: u32 = 64 << 10;
 
+/// Where a part's bytes came from: what its file's header records.
+#[derive(Clone, Copy, Debug)]
+pub struct PartOrigin<'a> {
+    pub key: &'a str,
+    pub etag: &'a str,
+    pub object_offset: u64,
+}
+
 /// What a part file's header records.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PartHeader {

@@ -28,11 +28,14 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::adopt::{self, PartFileName};
+use super::adopt::PartFileName;
+use super::books::ResidentFile;
 use super::checked::{read_checked, BlockReadFailure, CheckedBlocks};
-use super::part_file::{PartHeader, BLOCK_LEN};
-use super::policy::{Admission, Reservation, Unit};
-use super::{CacheError, DiskCache, InsertMoment, PartOrigin, ResidentFile};
+use super::part_file::{PartHeader, PartOrigin, BLOCK_LEN};
+use super::parts_dir::InsertMoment;
+use super::policy::{Admission, Reservation};
+use super::{CacheError, DiskCache};
+use crate::metrics::Metrics;
 use crate::parts::{GroupId, PartKey};
 
 pub struct Spool {
@@ -63,14 +66,11 @@ struct SpoolState {
     reservation: Option<Reservation>,
 }
 
-impl DiskCache {
-    /// Reserves room for a part of `data_len` bytes, evicting only what `admission`
-    /// may, and creates its file, to be filled with [`Spool::write_next`]. `None` when
-    /// the part cannot be cached now: no room (pinned or protected data fills the
-    /// budget), the disk failed, a key or ETag too long for the format, or the part is
-    /// resident already. Blocking file I/O.
-    pub fn spool(
-        self: &Arc<Self>,
+impl Spool {
+    /// [`DiskCache::spool`]: the part's room reserved, and its file created under a
+    /// temporary name.
+    pub(super) fn begin(
+        cache: &Arc<DiskCache>,
         key: PartKey,
         group: Option<GroupId>,
         origin: PartOrigin,
@@ -80,54 +80,27 @@ impl DiskCache {
         if !PartHeader::fits(origin.key, origin.etag) {
             return None;
         }
-        if !self.disk_usable() {
-            self.refused_for_disk.fetch_add(1, Ordering::Relaxed);
+        if !cache.disk.usable() {
+            Metrics::add(&cache.counters.cache_parts_not_cached_for_disk_errors, 1);
             return None;
         }
         let data_offset =
             PartHeader::encoded_len_before_data(origin.key, origin.etag, data_len) as u64;
         let disk_bytes = data_offset + data_len;
-        let advisor = self.advisor.read().clone();
-        // The books credit freed bytes as soon as they are told; so every file whose
-        // bytes they credit is deleted before the lock is released, or another spool
-        // could write into room that is still taken on disk.
-        let reservation = {
-            let mut inner = self.inner.lock();
-            if inner.policy.contains(key) {
-                return None;
-            }
-            self.make_room_from_strays(&mut inner, disk_bytes);
-            let (reservation, victims) = inner.policy.reserve(
-                disk_bytes,
-                Unit::of(key, group),
-                advisor.as_deref(),
-                admission,
-            );
-            let victims = self.forget_files(&mut inner, victims);
-            self.delete_files(victims);
-            reservation
-        };
-        let Some(reservation) = reservation else {
-            self.refused_for_room.fetch_add(1, Ordering::Relaxed);
-            return None;
-        };
-        let name = PartFileName {
-            seq: self.next_file.fetch_add(1, Ordering::Relaxed),
-            part: adopt::part_id(origin.key, origin.etag, origin.object_offset),
-            len: disk_bytes,
-        };
+        let reservation = cache.reserve(key, group, disk_bytes, admission)?;
+        let name = cache.parts.new_name(origin, disk_bytes);
         let tmp = format!("{name}.tmp");
-        let file = match self.parts.create_new(&tmp) {
+        let file = match cache.parts.dir.create_new(&tmp) {
             Ok(file) => file,
             Err(error) => {
-                self.inner.lock().policy.cancel(reservation);
-                self.disk_failed(&error);
-                self.refused_for_disk.fetch_add(1, Ordering::Relaxed);
+                cache.books.lock().policy.cancel(reservation);
+                cache.disk.failed(&error);
+                Metrics::add(&cache.counters.cache_parts_not_cached_for_disk_errors, 1);
                 return None;
             }
         };
         Some(Spool {
-            cache: self.clone(),
+            cache: cache.clone(),
             key,
             group,
             object_key: origin.key.to_owned(),
@@ -146,9 +119,7 @@ impl DiskCache {
             failed_a_read: AtomicBool::new(false),
         })
     }
-}
 
-impl Spool {
     /// Bytes of the part on disk and readable, from its start.
     pub fn written(&self) -> u64 {
         self.state.lock().written
@@ -169,7 +140,7 @@ impl Spool {
         );
         let crcs: Vec<u32> = data.chunks(block_len).map(crc32c::crc32c).collect();
         if let Err(error) = self.file.write_all_at(data, self.data_offset + at) {
-            self.cache.disk_failed(&error);
+            self.cache.disk.failed(&error);
             return Err(error);
         }
         let mut state = self.state.lock();
@@ -212,7 +183,7 @@ impl Spool {
             match failure {
                 BlockReadFailure::Io(error) => {
                     if first {
-                        tracing::error!(path = %self.cache.parts.shown(&self.tmp).display(), part = ?self.key, %error, "a part file being written could not be read back: its readers get their bytes from the store");
+                        tracing::error!(path = %self.cache.parts.dir.shown(&self.tmp).display(), part = ?self.key, %error, "a part file being written could not be read back: its readers get their bytes from the store");
                     }
                     CacheError::Unreadable {
                         part: self.key,
@@ -221,7 +192,7 @@ impl Spool {
                 }
                 BlockReadFailure::BadBlock(block) => {
                     if first {
-                        tracing::error!(path = %self.cache.parts.shown(&self.tmp).display(), part = ?self.key, block, "a part being written failed its checksum on reading back: its readers get their bytes from the store");
+                        tracing::error!(path = %self.cache.parts.dir.shown(&self.tmp).display(), part = ?self.key, block, "a part being written failed its checksum on reading back: its readers get their bytes from the store");
                     }
                     CacheError::Corrupt {
                         part: self.key,
@@ -259,33 +230,33 @@ impl Spool {
         let name = self.name.to_string();
         let placed = (|| {
             self.file.write_all_at(&encoded, 0)?;
-            cache.parts.rename(&self.tmp, &name)?;
-            cache.parts.open_for_reading(&name)
+            cache.parts.dir.rename(&self.tmp, &name)?;
+            cache.parts.dir.open_for_reading(&name)
         })();
-        cache.reached(InsertMoment::Written);
-        let mut inner = cache.inner.lock();
+        cache.parts.reached(InsertMoment::Written);
+        let mut books = cache.books.lock();
         let file = match placed {
             Ok(file) => cache.open_files.opened(PathBuf::from(&name), file),
             Err(error) => {
-                let _ = cache.parts.remove(&self.tmp);
-                let _ = cache.parts.remove(&name);
-                inner.policy.cancel(reservation);
-                drop(inner);
-                cache.disk_failed(&error);
-                cache.refused_for_disk.fetch_add(1, Ordering::Relaxed);
+                let _ = cache.parts.dir.remove(&self.tmp);
+                let _ = cache.parts.dir.remove(&name);
+                books.policy.cancel(reservation);
+                drop(books);
+                cache.disk.failed(&error);
+                Metrics::add(&cache.counters.cache_parts_not_cached_for_disk_errors, 1);
                 return false;
             }
         };
-        cache.disk_ok();
-        if inner.policy.contains(self.key) {
+        cache.disk.ok();
+        if books.policy.contains(self.key) {
             // Another download of the same part landed first.
-            cache.delete_files(vec![name]);
-            inner.policy.cancel(reservation);
+            cache.parts.delete(vec![name]);
+            books.policy.cancel(reservation);
             return true;
         }
-        let committed = inner.policy.commit(reservation, self.key, self.group);
+        let committed = books.policy.commit(reservation, self.key, self.group);
         debug_assert!(committed, "checked under the same lock");
-        inner.files.insert(
+        books.files.insert(
             self.key,
             (
                 Arc::new(ResidentFile {
@@ -307,13 +278,13 @@ impl Drop for Spool {
     fn drop(&mut self) {
         if let Some(reservation) = self.state.get_mut().reservation.take() {
             // Deleted before its room is credited, as an evicted file is.
-            let mut inner = self.cache.inner.lock();
-            if let Err(error) = self.cache.parts.remove(&self.tmp) {
+            let mut books = self.cache.books.lock();
+            if let Err(error) = self.cache.parts.dir.remove(&self.tmp) {
                 if error.kind() != io::ErrorKind::NotFound {
-                    tracing::warn!(path = %self.cache.parts.shown(&self.tmp).display(), %error, "could not delete an unfinished part file");
+                    tracing::warn!(path = %self.cache.parts.dir.shown(&self.tmp).display(), %error, "could not delete an unfinished part file");
                 }
             }
-            inner.policy.cancel(reservation);
+            books.policy.cancel(reservation);
         }
     }
 }
@@ -321,7 +292,7 @@ impl Drop for Spool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::{CacheOwner, Recency};
+    use crate::cache::{adopt, CacheOwner, Recency};
     use crate::parts::ObjectId;
     use std::fs;
     use std::path::Path;
@@ -357,7 +328,7 @@ mod tests {
     }
 
     fn files(cache: &DiskCache) -> Vec<PathBuf> {
-        fs::read_dir(cache.parts.shown(""))
+        fs::read_dir(cache.parts.dir.shown(""))
             .unwrap()
             .map(|e| e.unwrap().path())
             .collect()

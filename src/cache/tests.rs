@@ -1,4 +1,5 @@
-use super::test_files::{dir_bytes, flip_bit};
+use super::parts_dir::InsertMoment;
+use super::test_files::{dir_bytes, flip_bit, SmallTmpfs};
 use super::*;
 use crate::parts::spans_touched;
 use crate::parts::ObjectId;
@@ -7,6 +8,7 @@ use part_file::BLOCK_LEN;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::time::Duration;
 
 pub(super) const ORIGIN: PartOrigin = PartOrigin {
     key: "k",
@@ -115,7 +117,7 @@ fn race(
             }
         }
     };
-    *cache.test_hook.lock() = Some(Arc::new(hook));
+    *cache.parts.test_hook.lock() = Some(Arc::new(hook));
     std::thread::scope(|scope| {
         let writer_thread = std::thread::Builder::new()
             .name("writer".into())
@@ -134,7 +136,7 @@ fn race(
         }
         writer_thread.join().unwrap();
     });
-    *cache.test_hook.lock() = None;
+    *cache.parts.test_hook.lock() = None;
     largest.load(Ordering::SeqCst)
 }
 
@@ -206,7 +208,7 @@ fn a_losing_duplicate_is_deleted_before_its_room_is_reused() {
 
 #[test]
 fn a_full_disk_turns_caching_off_once_and_on_again() {
-    let disk = super::test_tmpfs::SmallTmpfs::mount("256k");
+    let disk = SmallTmpfs::mount("256k");
     let mut cache = DiskCache::open(
         &crate::cache_dir_check::prepare(&disk.path()).unwrap(),
         &owner(),
@@ -214,7 +216,7 @@ fn a_full_disk_turns_caching_off_once_and_on_again() {
         None,
     )
     .unwrap();
-    cache.disk_retry_after = Duration::from_millis(200);
+    cache.disk.retry_after = Duration::from_millis(200);
     let cache = Arc::new(cache);
     assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
     let kept = cache.get(key(1), Recency::Use).unwrap();
@@ -247,7 +249,7 @@ fn a_removed_directory_turns_caching_off_and_one_made_in_its_place_is_not_used()
         None,
     )
     .unwrap();
-    cache.disk_retry_after = Duration::from_millis(200);
+    cache.disk.retry_after = Duration::from_millis(200);
     let cache = Arc::new(cache);
     assert!(cache.insert(key(1), None, ORIGIN, &[1; 100]));
     let kept = cache.get(key(1), Recency::Use).unwrap();
@@ -834,14 +836,7 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         source: "s3://another/one".into(),
         ..owner()
     };
-    let refused = DiskCache::open(
-        &crate::cache_dir_check::prepare(dir.path()).unwrap(),
-        &other,
-        1 << 20,
-        None,
-    )
-    .err()
-    .unwrap();
+    let refused = open_cache(dir.path(), &other).err().unwrap();
     assert!(
         refused
             .to_string()
@@ -852,25 +847,13 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         reset: true,
         ..other
     };
-    let cache = DiskCache::open(
-        &crate::cache_dir_check::prepare(dir.path()).unwrap(),
-        &reset,
-        1 << 20,
-        None,
-    )
-    .unwrap();
+    let cache = open_cache(dir.path(), &reset).unwrap();
     assert_eq!(fs::read_dir(cache.parts_dir()).unwrap().count(), 0);
     drop(cache);
 
     let old = tempfile::tempdir().unwrap();
     fs::create_dir_all(old.path().join("scdlfs-v1/parts")).unwrap();
-    DiskCache::open(
-        &crate::cache_dir_check::prepare(old.path()).unwrap(),
-        &owner(),
-        1 << 20,
-        None,
-    )
-    .unwrap();
+    open_cache(old.path(), &owner()).unwrap();
     assert!(
         !old.path().join("scdlfs-v1").exists(),
         "the first layout, emptied at every mount by its versions, is removed unasked"
@@ -888,14 +871,7 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         record("s3://another/one"),
     )
     .unwrap();
-    let refused = DiskCache::open(
-        &crate::cache_dir_check::prepare(second.path()).unwrap(),
-        &owner(),
-        1 << 20,
-        None,
-    )
-    .err()
-    .unwrap();
+    let refused = open_cache(second.path(), &owner()).err().unwrap();
     assert!(
         refused.to_string().contains("(scdlfs-cache-v2)"),
         "another source's cache of the second layout is refused: {refused}"
@@ -905,13 +881,7 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         record(&owner().source),
     )
     .unwrap();
-    DiskCache::open(
-        &crate::cache_dir_check::prepare(second.path()).unwrap(),
-        &owner(),
-        1 << 20,
-        None,
-    )
-    .unwrap();
+    open_cache(second.path(), &owner()).unwrap();
     assert!(
         !second.path().join("scdlfs-cache-v2").exists(),
         "the source's own cache of the second layout is removed unasked"
@@ -919,14 +889,7 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
 
     let newer = tempfile::tempdir().unwrap();
     fs::create_dir_all(newer.path().join("scdlfs-cache-v9/parts")).unwrap();
-    let refused = DiskCache::open(
-        &crate::cache_dir_check::prepare(newer.path()).unwrap(),
-        &owner(),
-        1 << 20,
-        None,
-    )
-    .err()
-    .unwrap();
+    let refused = open_cache(newer.path(), &owner()).err().unwrap();
     assert!(
         refused
             .to_string()
@@ -937,13 +900,7 @@ fn a_cache_of_another_source_or_version_is_refused_unless_reset() {
         reset: true,
         ..owner()
     };
-    DiskCache::open(
-        &crate::cache_dir_check::prepare(newer.path()).unwrap(),
-        &reset,
-        1 << 20,
-        None,
-    )
-    .unwrap();
+    open_cache(newer.path(), &reset).unwrap();
     assert!(!newer.path().join("scdlfs-cache-v9").exists());
 }
 

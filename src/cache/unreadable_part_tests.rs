@@ -89,7 +89,7 @@ fn a_read_after_advice_newer_than_its_clock_reads() {
     let dir = tempfile::tempdir().unwrap();
     let (cache, data, _) = cache_with_one_part(dir.path());
     let pinned = cache.get(key(1), Recency::Use).unwrap();
-    let later = cache.opened.elapsed().as_millis() as u64 + 60_000;
+    let later = cache.read_advice.opened.elapsed().as_millis() as u64 + 60_000;
     pinned.file.advised_at_ms.store(later, Ordering::Relaxed);
     let mut buf = vec![0u8; 100];
     pinned.read_exact_at(&mut buf, 5).unwrap();

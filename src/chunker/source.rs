@@ -23,7 +23,7 @@ use object_store::{GetOptions, GetRange, GetResult, ObjectMeta, ObjectStore, Obj
 use scdl_format::chunking::GLOBAL_ENTRIES;
 use scdl_format::header::MAX_HEADER_BYTES;
 use scdl_format::layout::HEADER_FILE;
-use scdl_format::{ArrayKind, Backend, ChunkGeometry, Dtype, Header};
+use scdl_format::{ArrayInfo, ArrayKind, Backend, ChunkGeometry, Dtype, Header};
 
 use super::{relative_key, ChunkError};
 
@@ -66,134 +66,25 @@ impl MonolithicSource {
         prefix: ObjectPath,
         chunk_rows: u32,
     ) -> Result<MonolithicSource, ChunkError> {
-        let listing: Vec<_> = store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|source| ChunkError::store(&prefix, source))?;
-        let relative = |location: &ObjectPath| relative_key(location, &prefix);
-        let size_of = |name: &str| {
-            listing
-                .iter()
-                .find(|m| relative(&m.location).as_deref() == Some(name))
-                .map(|m| m.size)
-        };
-
-        let header_location = prefix.clone().join(HEADER_FILE);
-        let header_size = size_of(HEADER_FILE)
-            .ok_or_else(|| ChunkError::NotAnArchive(format!("{header_location} is missing")))?;
-        if header_size > MAX_HEADER_BYTES {
-            return Err(ChunkError::NotAnArchive(format!(
-                "{header_location} holds {header_size} bytes, far more than an SCDL header"
-            )));
-        }
-        let header_e_tag = pinned_e_tag(store.as_ref(), &listing, &header_location).await?;
-        let header_bytes = get_pinned(store.as_ref(), &header_location, &header_e_tag, None)
-            .await?
-            .bytes()
-            .await
-            .map_err(|source| ChunkError::store(&header_location, source))?
-            .to_vec();
-        if header_bytes.len() as u64 != header_size {
-            return Err(ChunkError::SourceChanged(format!(
-                "{header_location} was listed with {header_size} bytes and read with {}",
-                header_bytes.len()
-            )));
-        }
-        let header = Header::decode(&header_bytes).map_err(|source| ChunkError::Header {
-            location: header_location.to_string(),
-            source,
-        })?;
-        match header.backend {
-            Backend::Monolithic => {}
-            Backend::Chunked => {
-                return Err(ChunkError::NotAnArchive(format!(
-                    "{header_location} describes a chunked archive already"
-                )))
-            }
-        }
+        let listed = Listed::of(store.as_ref(), prefix).await?;
+        let (header, header_bytes, header_e_tag) = read_header(store.as_ref(), &listed).await?;
+        let header_location = listed.prefix.clone().join(HEADER_FILE);
         let infos = header.csr_arrays().map_err(|source| ChunkError::Header {
             location: header_location.to_string(),
             source,
         })?;
-
-        let mut arrays = Vec::with_capacity(3);
-        for (kind, info) in ArrayKind::ALL.into_iter().zip(infos) {
-            let location = prefix.clone().join(kind.file_name());
-            let width = info.dtype.size().ok_or_else(|| {
-                ChunkError::Inconsistent(format!(
-                    "{header_location}: {} has no fixed element size",
-                    kind.header_name()
-                ))
-            })?;
-            let expected = info.length.checked_mul(width).ok_or_else(|| {
-                ChunkError::Inconsistent(format!(
-                    "{header_location}: {} length {} overflows",
-                    kind.header_name(),
-                    info.length
-                ))
-            })?;
-            let actual = size_of(kind.file_name())
-                .ok_or_else(|| ChunkError::NotAnArchive(format!("{location} is missing")))?;
-            if actual != expected {
-                return Err(ChunkError::Inconsistent(format!(
-                    "{location} holds {actual} bytes; the header says {} elements of {} = {expected} bytes",
-                    info.length, info.dtype
-                )));
-            }
-            arrays.push(SourceArray {
-                location,
-                dtype: info.dtype,
-                width,
-                bytes: actual,
-            });
-        }
-        let arrays: [SourceArray; 3] = arrays.try_into().expect("three CSR arrays");
-        if !arrays[ArrayKind::RowPtr.index()].dtype.is_unsigned_int() {
-            return Err(ChunkError::Inconsistent(format!(
-                "{header_location}: row offsets of type {} are not unsigned integers",
-                arrays[ArrayKind::RowPtr.index()].dtype
-            )));
-        }
-        let values = infos[ArrayKind::Data.index()].length;
-        if infos[ArrayKind::ColPtr.index()].length != values {
-            return Err(ChunkError::Inconsistent(format!(
-                "{header_location}: {} values but {} column ids",
-                values,
-                infos[ArrayKind::ColPtr.index()].length
-            )));
-        }
-        let rows = infos[ArrayKind::RowPtr.index()]
-            .length
-            .checked_sub(1)
-            .ok_or_else(|| {
-                ChunkError::Inconsistent(format!("{header_location}: ROWPTR is empty"))
-            })?;
-        let geometry = ChunkGeometry::new(rows, chunk_rows as u64)
-            .ok_or_else(|| ChunkError::Usage("--chunk-rows must be positive".into()))?;
-        if geometry.num_chunks() > u32::MAX as u64 {
-            return Err(ChunkError::Usage(format!(
-                "{rows} rows in chunks of {chunk_rows} make more chunks than a header can count"
-            )));
-        }
-
-        let globals: Vec<(String, u64)> = listing
-            .iter()
-            .filter_map(|meta| {
-                let name = relative(&meta.location)?;
-                let top = name.split('/').next()?;
-                GLOBAL_ENTRIES.contains(&top).then_some((name, meta.size))
-            })
-            .collect();
-        let mut e_tags = BTreeMap::from([(HEADER_FILE.to_owned(), header_e_tag)]);
+        let arrays = sized_arrays(&listed, &header_location, infos)?;
+        let (values, geometry) = counted_rows(&header_location, &arrays, infos, chunk_rows)?;
+        let globals = listed.globals();
         let read_later = arrays.iter().map(|array| array.location.clone()).chain(
             globals
                 .iter()
-                .map(|(name, _)| location_below(&prefix, name)),
+                .map(|(name, _)| location_below(&listed.prefix, name)),
         );
+        let mut e_tags = BTreeMap::from([(HEADER_FILE.to_owned(), header_e_tag)]);
         for location in read_later {
-            let e_tag = pinned_e_tag(store.as_ref(), &listing, &location).await?;
-            e_tags.insert(relative(&location).unwrap_or_default(), e_tag);
+            let e_tag = pinned_e_tag(store.as_ref(), &listed.objects, &location).await?;
+            e_tags.insert(listed.relative(&location).unwrap_or_default(), e_tag);
         }
         let mut source = MonolithicSource {
             store,
@@ -204,7 +95,7 @@ impl MonolithicSource {
             boundaries: Vec::new(),
             globals,
             e_tags,
-            prefix,
+            prefix: listed.prefix,
         };
         source.boundaries = source.check_row_offsets(values).await?;
         Ok(source)
@@ -308,6 +199,170 @@ impl MonolithicSource {
         }
         Ok(bytes.to_vec())
     }
+}
+
+/// The source's objects as listed once under its prefix: their sizes and ETags are
+/// what the job is of.
+struct Listed {
+    prefix: ObjectPath,
+    objects: Vec<ObjectMeta>,
+}
+
+impl Listed {
+    async fn of(store: &dyn ObjectStore, prefix: ObjectPath) -> Result<Listed, ChunkError> {
+        let objects = store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|source| ChunkError::store(&prefix, source))?;
+        Ok(Listed { prefix, objects })
+    }
+
+    fn relative(&self, location: &ObjectPath) -> Option<String> {
+        relative_key(location, &self.prefix)
+    }
+
+    /// The listed size of `name`, below the prefix.
+    fn size_of(&self, name: &str) -> Option<u64> {
+        self.objects
+            .iter()
+            .find(|m| self.relative(&m.location).as_deref() == Some(name))
+            .map(|m| m.size)
+    }
+
+    /// The global entries (`version.json`, features...) as (path below the archive, size).
+    fn globals(&self) -> Vec<(String, u64)> {
+        self.objects
+            .iter()
+            .filter_map(|meta| {
+                let name = self.relative(&meta.location)?;
+                let top = name.split('/').next()?;
+                GLOBAL_ENTRIES.contains(&top).then_some((name, meta.size))
+            })
+            .collect()
+    }
+}
+
+/// The source's header, read pinned to its listed ETag: present, of a header's size,
+/// read whole, and monolithic. Returns it with its bytes and its ETag.
+async fn read_header(
+    store: &dyn ObjectStore,
+    listed: &Listed,
+) -> Result<(Header, Vec<u8>, String), ChunkError> {
+    let header_location = listed.prefix.clone().join(HEADER_FILE);
+    let header_size = listed
+        .size_of(HEADER_FILE)
+        .ok_or_else(|| ChunkError::NotAnArchive(format!("{header_location} is missing")))?;
+    if header_size > MAX_HEADER_BYTES {
+        return Err(ChunkError::NotAnArchive(format!(
+            "{header_location} holds {header_size} bytes, far more than an SCDL header"
+        )));
+    }
+    let header_e_tag = pinned_e_tag(store, &listed.objects, &header_location).await?;
+    let header_bytes = get_pinned(store, &header_location, &header_e_tag, None)
+        .await?
+        .bytes()
+        .await
+        .map_err(|source| ChunkError::store(&header_location, source))?
+        .to_vec();
+    if header_bytes.len() as u64 != header_size {
+        return Err(ChunkError::SourceChanged(format!(
+            "{header_location} was listed with {header_size} bytes and read with {}",
+            header_bytes.len()
+        )));
+    }
+    let header = Header::decode(&header_bytes).map_err(|source| ChunkError::Header {
+        location: header_location.to_string(),
+        source,
+    })?;
+    match header.backend {
+        Backend::Monolithic => {}
+        Backend::Chunked => {
+            return Err(ChunkError::NotAnArchive(format!(
+                "{header_location} describes a chunked archive already"
+            )))
+        }
+    }
+    Ok((header, header_bytes, header_e_tag))
+}
+
+/// The three CSR arrays the header describes (`infos`), each listed with the size its
+/// element count and type make.
+fn sized_arrays(
+    listed: &Listed,
+    header_location: &ObjectPath,
+    infos: [&ArrayInfo; 3],
+) -> Result<[SourceArray; 3], ChunkError> {
+    let mut arrays = Vec::with_capacity(3);
+    for (kind, info) in ArrayKind::ALL.into_iter().zip(infos) {
+        let location = listed.prefix.clone().join(kind.file_name());
+        let width = info.dtype.size().ok_or_else(|| {
+            ChunkError::Inconsistent(format!(
+                "{header_location}: {} has no fixed element size",
+                kind.header_name()
+            ))
+        })?;
+        let expected = info.length.checked_mul(width).ok_or_else(|| {
+            ChunkError::Inconsistent(format!(
+                "{header_location}: {} length {} overflows",
+                kind.header_name(),
+                info.length
+            ))
+        })?;
+        let actual = listed
+            .size_of(kind.file_name())
+            .ok_or_else(|| ChunkError::NotAnArchive(format!("{location} is missing")))?;
+        if actual != expected {
+            return Err(ChunkError::Inconsistent(format!(
+                "{location} holds {actual} bytes; the header says {} elements of {} = {expected} bytes",
+                info.length, info.dtype
+            )));
+        }
+        arrays.push(SourceArray {
+            location,
+            dtype: info.dtype,
+            width,
+            bytes: actual,
+        });
+    }
+    Ok(arrays.try_into().expect("three CSR arrays"))
+}
+
+/// The value count and the chunk geometry of rows in chunks of `chunk_rows`, once the
+/// arrays agree: row offsets of an unsigned type, one column id per value, at least the
+/// one row offset of no rows, and no more chunks than a header can count.
+fn counted_rows(
+    header_location: &ObjectPath,
+    arrays: &[SourceArray; 3],
+    infos: [&ArrayInfo; 3],
+    chunk_rows: u32,
+) -> Result<(u64, ChunkGeometry), ChunkError> {
+    if !arrays[ArrayKind::RowPtr.index()].dtype.is_unsigned_int() {
+        return Err(ChunkError::Inconsistent(format!(
+            "{header_location}: row offsets of type {} are not unsigned integers",
+            arrays[ArrayKind::RowPtr.index()].dtype
+        )));
+    }
+    let values = infos[ArrayKind::Data.index()].length;
+    if infos[ArrayKind::ColPtr.index()].length != values {
+        return Err(ChunkError::Inconsistent(format!(
+            "{header_location}: {} values but {} column ids",
+            values,
+            infos[ArrayKind::ColPtr.index()].length
+        )));
+    }
+    let rows = infos[ArrayKind::RowPtr.index()]
+        .length
+        .checked_sub(1)
+        .ok_or_else(|| ChunkError::Inconsistent(format!("{header_location}: ROWPTR is empty")))?;
+    let geometry = ChunkGeometry::new(rows, chunk_rows as u64)
+        .ok_or_else(|| ChunkError::Usage("--chunk-rows must be positive".into()))?;
+    if geometry.num_chunks() > u32::MAX as u64 {
+        return Err(ChunkError::Usage(format!(
+            "{rows} rows in chunks of {chunk_rows} make more chunks than a header can count"
+        )));
+    }
+    Ok((values, geometry))
 }
 
 fn location_below(prefix: &ObjectPath, relative: &str) -> ObjectPath {

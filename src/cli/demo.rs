@@ -23,6 +23,7 @@ use scdl_sampler::{
 
 use crate::catalog::DirMode;
 use crate::mount::{Mount, MountSettings};
+use crate::status::Status;
 use crate::synthetic::SyntheticDataset;
 use crate::units::format_size;
 
@@ -46,12 +47,12 @@ const DATASET: &str = "demo_dataset";
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     super::logging::init(&super::logging::LogSettings::stderr("warn"))?;
-    let temp;
-    let workdir = match &args.workdir {
-        Some(dir) => dir.clone(),
+    let (_temp, workdir) = match &args.workdir {
+        Some(dir) => (None, dir.clone()),
         None => {
-            temp = tempfile::tempdir().map_err(anyhow::Error::msg)?;
-            temp.path().to_owned()
+            let temp = tempfile::tempdir().map_err(anyhow::Error::msg)?;
+            let path = temp.path().to_owned();
+            (Some(temp), path)
         }
     };
     let (bucket, mountpoint, cache_dir) = (
@@ -62,7 +63,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     for dir in [&bucket, &mountpoint, &cache_dir] {
         std::fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
     }
-
     let spec = SyntheticDataset {
         rows: args.rows,
         genes: 20_000,
@@ -70,10 +70,32 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         mean_values: 300,
         seed: 2026,
     };
-    let started = Instant::now();
-    spec.write_chunked(&bucket.join(DATASET))
+    let dataset_bytes = write_dataset(&spec, &bucket.join(DATASET))?;
+
+    let part_size = 1 << 20;
+    let cache_bytes = (dataset_bytes * 2 / 5).max(16 * part_size);
+    let store = Arc::new(LocalFileSystem::new_with_prefix(&bucket).map_err(anyhow::Error::msg)?);
+    let settings = settings(&bucket, &cache_dir, cache_bytes, part_size);
+    let mount = Mount::start(store, ObjectPath::default(), &mountpoint, &settings)
         .map_err(anyhow::Error::msg)?;
-    let dataset_bytes = crate::synthetic::stored_bytes(&bucket.join(DATASET));
+    println!(
+        "mounted {} at {} with a {} cache (less than the dataset)",
+        settings.fs_name,
+        mountpoint.display(),
+        format_size(cache_bytes)
+    );
+    let outcome = read_epoch(&mountpoint.join(DATASET), &spec, args.chunks_per_window);
+    let status = mount.status();
+    mount.unmount().context("unmount")?;
+    print_figures(&outcome?, &status);
+    Ok(())
+}
+
+/// Writes `spec` as a chunked dataset at `dir`; its bytes.
+fn write_dataset(spec: &SyntheticDataset, dir: &Path) -> anyhow::Result<u64> {
+    let started = Instant::now();
+    spec.write_chunked(dir).map_err(anyhow::Error::msg)?;
+    let dataset_bytes = crate::synthetic::stored_bytes(dir);
     println!(
         "wrote a chunked dataset: {} rows, {} values, {} in {} chunks ({:.1} s)",
         spec.rows,
@@ -82,15 +104,17 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         spec.rows.div_ceil(spec.chunk_rows as u64),
         started.elapsed().as_secs_f64()
     );
+    Ok(dataset_bytes)
+}
 
-    let part_size = 1 << 20;
-    let cache_bytes = (dataset_bytes * 2 / 5).max(16 * part_size);
-    let store = Arc::new(LocalFileSystem::new_with_prefix(&bucket).map_err(anyhow::Error::msg)?);
-    let settings = MountSettings {
+/// The demo's mount of the folder `bucket`, with a cache of `cache_bytes` in
+/// `cache_dir`.
+fn settings(bucket: &Path, cache_dir: &Path, cache_bytes: u64, part_size: u64) -> MountSettings {
+    MountSettings {
         fs_name: format!("file://{}", bucket.display()),
         endpoint: None,
         view: DirMode::Discover,
-        cache_dir: cache_dir.clone(),
+        cache_dir: cache_dir.to_owned(),
         cache_reset: false,
         cache_bytes,
         max_cached_chunks: None,
@@ -104,24 +128,15 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         read_timeout: crate::store::NetworkBounds::default().read_timeout,
         fetch_memory: 64 * part_size,
         read_ahead: None,
-        cache_read_around: super::mount_cmd::default_read_around(&cache_dir),
+        cache_read_around: super::mount_cmd::default_read_around(cache_dir),
         metadata_ttl: None,
         users: Arc::new(crate::users::Users::unwatched()),
         keys_in_order: false,
-    };
-    let mount = Mount::start(store, ObjectPath::default(), &mountpoint, &settings)
-        .map_err(anyhow::Error::msg)?;
-    println!(
-        "mounted {} at {} with a {} cache (less than the dataset)",
-        settings.fs_name,
-        mountpoint.display(),
-        format_size(cache_bytes)
-    );
-    let outcome = read_epoch(&mountpoint.join(DATASET), &spec, args.chunks_per_window);
-    let status = mount.status();
-    mount.unmount().context("unmount")?;
-    let epoch = outcome?;
+    }
+}
 
+/// The epoch's figures and the mount's, as the demo prints them.
+fn print_figures(epoch: &Epoch, status: &Status) {
     let c = &status.counters;
     println!(
         "read one epoch in shuffled chunk-window order: {} rows in {:.2} s = {:.0} rows/s, {}/s; first row after {:.1} ms",
@@ -150,7 +165,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         status.cache.evicted_parts,
         status.cache.parts_not_cached_for_lack_of_room
     );
-    Ok(())
 }
 
 struct Epoch {

@@ -110,6 +110,8 @@ pub struct StoreArgs {
     pub requester_pays: bool,
     /// S3: path-style URLs (https://s3.REGION.amazonaws.com/BUCKET/KEY); always on with
     /// --endpoint-url.
+    // The doc comment is the flag's --help text, where a bare URL reads right.
+    #[allow(rustdoc::bare_urls)]
     #[arg(long, help_heading = "Object store")]
     pub force_path_style: bool,
     /// S3: the account ID that must own the bucket. Not supported yet: the mount
@@ -262,6 +264,8 @@ pub struct MountArgs {
     /// the flag of that name (underscores read as dashes); mount(8)'s own (ro, nodev,
     /// nofail, _netdev, x-systemd.*, ...) are ignored. Every flag can also be given as
     /// an SCDLFS_<FLAG> environment variable, as shown.
+    // The doc comment is the flag's --help text, where <FLAG> is a placeholder.
+    #[allow(rustdoc::invalid_html_tags)]
     #[arg(
         short = 'o',
         long = "options",

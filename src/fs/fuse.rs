@@ -27,7 +27,7 @@ use futures::FutureExt;
 use tokio::runtime::Handle;
 
 use super::errno::errno;
-use super::read_around::PageCache;
+use super::page_cache::PageCache;
 use super::{FsCore, BLOCK_SIZE};
 use crate::error::{FsError, FsResult};
 

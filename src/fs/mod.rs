@@ -28,6 +28,7 @@ pub(crate) mod announce;
 pub mod errno;
 pub(crate) mod fuse;
 pub(crate) mod handles;
+pub mod page_cache;
 pub(crate) mod planned_pages;
 pub mod read_ahead;
 pub mod read_around;

@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use scdl_format::ArrayKind;
 
-use super::read_around::{pages_of, slices, Given, PageCache, PUSH_SLICE};
+use super::page_cache::{pages_of, slices, Given, PageCache, PUSH_SLICE};
 use crate::catalog::tree::FileNode;
 use crate::catalog::{FileContent, FlatDataset, Node, NodeKind};
 use crate::metrics::Metrics;

@@ -13,13 +13,15 @@
 //! downloads, never waits, and never counts as a use of the parts for the eviction
 //! order ([`Recency::Keep`](crate::cache::Recency)).
 //!
-//! A push sends only the pages the kernel was not given already ([`GivenPages`]): the
-//! daemon marks the pages of every read it is asked for and of every push, and a read
-//! of a marked page shows the kernel dropped it, which clears its window's marks. The
-//! marks are sparse, kept only for blocks of pages that reads touched and at most
-//! [`MAX_MARKED_BLOCKS`] of them: file sizes come from listings, which are not trusted. So a
-//! cold epoch, whose reader read most of a window while its parts arrived, pushes only
-//! the rest, and a warm one after the page cache was dropped pushes each window whole.
+//! A push sends only the pages the kernel was not given already
+//! ([`GivenPages`](super::page_cache::GivenPages)): the daemon marks the pages of every
+//! read it is asked for and of every push, and a read of a marked page shows the kernel
+//! dropped it, which clears its window's marks. The marks are sparse, kept only for
+//! blocks of pages that reads touched and at most
+//! [`MAX_MARKED_BLOCKS`](super::page_cache::MAX_MARKED_BLOCKS) of them: file sizes come
+//! from listings, which are not trusted. So a cold epoch, whose reader read most of a
+//! window while its parts arrived, pushes only the rest, and a warm one after the page
+//! cache was dropped pushes each window whole.
 //!
 //! Windows are aligned to their size, so that the reads of one window offer it once.
 //! Pushes run on [`PUSHERS`] threads of their own, never in a FUSE thread (a store
@@ -30,14 +32,14 @@
 //! touched page by page over a long epoch, and read the pages the kernel had too. A
 //! read offered while every pusher is busy is just a read.
 
-use std::collections::{BTreeMap, HashSet};
-use std::io;
+use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use super::page_cache::{pages_of, slices, Given, PageCache, PUSH_SLICE};
 use super::planned_pages::PlannedPusher;
 use crate::catalog::{FileContent, Node, NodeKind};
 use crate::metrics::Metrics;
@@ -49,16 +51,6 @@ pub const PUSHERS: usize = 2;
 
 /// The largest window.
 pub const MAX_WINDOW: u64 = 16 << 20;
-
-/// Bytes a pusher reads and stores at once: its buffer. A store of 1 MiB costs the
-/// kernel one write of the FUSE device, against the 128 KiB reads it saves eight of.
-pub const PUSH_SLICE: u64 = 1 << 20;
-
-/// Where pushed bytes go: the mount's page cache in the kernel, or a test's record.
-pub trait PageCache: Send + Sync {
-    /// Stores `bytes` as the contents of file `ino` from `offset` on.
-    fn store(&self, ino: u64, offset: u64, bytes: &[u8]) -> io::Result<()>;
-}
 
 /// The window, aligned to `window` bytes, that holds every byte of `read`, clipped to
 /// the file's `file_size` bytes.
@@ -77,124 +69,6 @@ struct Push {
     ino: u64,
     node: Arc<Node>,
     around: Range<u64>,
-}
-
-/// Pages per block of marks: one block's bits cover 2 MiB of a file of 4 KiB pages.
-const BLOCK_PAGES: u64 = 512;
-
-const BLOCK_WORDS: usize = (BLOCK_PAGES / 64) as usize;
-
-/// The most blocks of marks kept, over all files: about 8 MiB of marks, covering
-/// 128 GiB of files of 4 KiB pages. Sizes come from listings, which the daemon does not
-/// trust, so marks are kept only for the blocks reads touched, and at most these; past
-/// them the lowest blocks are forgotten (a sequential reader's oldest). Forgetting is
-/// always safe: a forgotten page is pushed again, and the kernel ignores pages it holds.
-pub const MAX_MARKED_BLOCKS: usize = 1 << 16;
-
-/// The pages of the mount's files the kernel was given (asked for by a read, or
-/// pushed) and has not been seen to drop: one bit per page, in blocks of
-/// [`BLOCK_PAGES`] kept only where a bit is set, at most [`MAX_MARKED_BLOCKS`] of
-/// them. A dense bitmap per file grew to the offset of the last read: a listed 1 PiB
-/// object and one read near its end took 32 GiB.
-#[derive(Debug, Default)]
-pub(super) struct GivenPages {
-    /// (inode, block) → the bits of the block's pages.
-    blocks: BTreeMap<(u64, u64), [u64; BLOCK_WORDS]>,
-}
-
-/// `pages` cut at block boundaries: (block, the pages' offsets within it).
-fn by_block(pages: Range<u64>) -> impl Iterator<Item = (u64, Range<u64>)> {
-    let first = pages.start / BLOCK_PAGES;
-    let last = pages.end.div_ceil(BLOCK_PAGES);
-    (first..last).filter_map(move |block| {
-        let base = block * BLOCK_PAGES;
-        let within = pages.start.max(base) - base..pages.end.min(base + BLOCK_PAGES) - base;
-        (!within.is_empty()).then_some((block, within))
-    })
-}
-
-fn bit(page_in_block: u64) -> (usize, u64) {
-    ((page_in_block / 64) as usize, 1 << (page_in_block % 64))
-}
-
-impl GivenPages {
-    fn is_given(&self, ino: u64, page: u64) -> bool {
-        let (word, mask) = bit(page % BLOCK_PAGES);
-        self.blocks
-            .get(&(ino, page / BLOCK_PAGES))
-            .is_some_and(|bits| bits[word] & mask != 0)
-    }
-
-    fn any_given(&self, ino: u64, pages: Range<u64>) -> bool {
-        by_block(pages).any(|(block, within)| {
-            self.blocks.get(&(ino, block)).is_some_and(|bits| {
-                within.into_iter().any(|page| {
-                    let (word, mask) = bit(page);
-                    bits[word] & mask != 0
-                })
-            })
-        })
-    }
-
-    pub(super) fn give(&mut self, ino: u64, pages: Range<u64>) {
-        for (block, within) in by_block(pages) {
-            if !self.blocks.contains_key(&(ino, block)) && self.blocks.len() >= MAX_MARKED_BLOCKS {
-                self.blocks.pop_first();
-            }
-            let bits = self.blocks.entry((ino, block)).or_default();
-            for page in within {
-                let (word, mask) = bit(page);
-                bits[word] |= mask;
-            }
-        }
-    }
-
-    fn forget(&mut self, ino: u64, pages: Range<u64>) {
-        for (block, within) in by_block(pages) {
-            let Some(bits) = self.blocks.get_mut(&(ino, block)) else {
-                continue;
-            };
-            for page in within {
-                let (word, mask) = bit(page);
-                bits[word] &= !mask;
-            }
-            if bits.iter().all(|&word| word == 0) {
-                self.blocks.remove(&(ino, block));
-            }
-        }
-    }
-
-    /// The runs of pages within `pages` of file `ino` not given, in order.
-    pub(super) fn missing(&self, ino: u64, pages: Range<u64>) -> Vec<Range<u64>> {
-        let mut runs: Vec<Range<u64>> = Vec::new();
-        for page in pages {
-            if self.is_given(ino, page) {
-                continue;
-            }
-            match runs.last_mut() {
-                Some(run) if run.end == page => run.end += 1,
-                _ => runs.push(page..page + 1),
-            }
-        }
-        runs
-    }
-
-    #[cfg(test)]
-    fn blocks(&self) -> usize {
-        self.blocks.len()
-    }
-}
-
-/// The pages holding bytes `bytes`, of `page` bytes each.
-pub(super) fn pages_of(bytes: &Range<u64>, page: u64) -> Range<u64> {
-    bytes.start / page..bytes.end.div_ceil(page)
-}
-
-/// What the kernel holds of the mount's files, as far as the daemon knows, shared by
-/// the reads that mark it and the pushers.
-#[derive(Default)]
-pub(super) struct Given {
-    pub(super) pages: Mutex<GivenPages>,
 }
 
 pub struct ReadAround {
@@ -415,18 +289,10 @@ impl Pusher {
     }
 }
 
-/// `bytes` cut into consecutive ranges of at most `slice` bytes.
-pub(super) fn slices(bytes: Range<u64>, slice: u64) -> impl Iterator<Item = Range<u64>> {
-    (bytes.start..bytes.end)
-        .step_by(slice as usize)
-        .map(move |start| start..(start + slice).min(bytes.end))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::collections::BTreeSet;
 
     #[test]
     fn a_read_takes_the_aligned_window_it_falls_in() {
@@ -436,104 +302,7 @@ mod tests {
         assert_eq!(window_around(&(9500..9800), 1000, 9800), 9000..9800);
     }
 
-    /// What `GivenPages` should say: a plain set of (inode, page).
-    fn runs_missing_from(
-        set: &BTreeSet<(u64, u64)>,
-        ino: u64,
-        pages: Range<u64>,
-    ) -> Vec<Range<u64>> {
-        let mut runs: Vec<Range<u64>> = Vec::new();
-        for page in pages.filter(|page| !set.contains(&(ino, *page))) {
-            match runs.last_mut() {
-                Some(run) if run.end == page => run.end = page + 1,
-                _ => runs.push(page..page + 1),
-            }
-        }
-        runs
-    }
-
-    /// Pages near the start of a file, across a block edge, and near the end of a
-    /// file of a petabyte (2^38 pages of 4 KiB).
-    fn a_page() -> impl Strategy<Value = u64> {
-        prop_oneof![
-            0u64..300,
-            BLOCK_PAGES - 100..BLOCK_PAGES + 100,
-            (1u64 << 38) - 300..1 << 38,
-        ]
-    }
-
-    #[test]
-    fn marks_near_the_end_of_a_petabyte_file_take_one_block() {
-        let mut given = GivenPages::default();
-        let last = (1u64 << 50) / 4096 - 1;
-        given.give(7, last - 3..last + 1);
-        assert!(given.any_given(7, last..last + 1));
-        assert_eq!(given.blocks(), 1);
-    }
-
-    #[test]
-    fn marks_beyond_the_bound_forget_the_lowest_blocks() {
-        let mut given = GivenPages::default();
-        let blocks = MAX_MARKED_BLOCKS as u64 + 10;
-        for block in 0..blocks {
-            given.give(1, block * BLOCK_PAGES..block * BLOCK_PAGES + 1);
-        }
-        assert_eq!(given.blocks(), MAX_MARKED_BLOCKS);
-        assert!(!given.any_given(1, 0..1), "the lowest block is forgotten");
-        let newest = (blocks - 1) * BLOCK_PAGES;
-        assert!(given.any_given(1, newest..newest + 1));
-    }
-
     proptest! {
-        #[test]
-        fn given_pages_are_the_set_of_pages_given_and_not_forgotten(
-            changes in proptest::collection::vec((any::<bool>(), 0u64..3, a_page(), 0u64..1200), 0..40),
-            asked in (0u64..3, a_page(), 0u64..1200),
-        ) {
-            let mut given = GivenPages::default();
-            let mut model = BTreeSet::new();
-            for (give, ino, start, len) in changes {
-                let pages = start..start + len;
-                if give {
-                    given.give(ino, pages.clone());
-                    model.extend(pages.map(|page| (ino, page)));
-                } else {
-                    given.forget(ino, pages.clone());
-                    for page in pages {
-                        model.remove(&(ino, page));
-                    }
-                }
-            }
-            let (ino, start, len) = asked;
-            let asked = start..start + len;
-            prop_assert_eq!(given.missing(ino, asked.clone()), runs_missing_from(&model, ino, asked.clone()));
-            prop_assert_eq!(given.any_given(ino, asked.clone()), asked.clone().any(|p| model.contains(&(ino, p))));
-            // Only blocks holding a given page are kept.
-            let touched: BTreeSet<_> = model.iter().map(|&(ino, page)| (ino, page / BLOCK_PAGES)).collect();
-            prop_assert_eq!(given.blocks(), touched.len());
-        }
-
-        #[test]
-        fn slices_cover_the_bytes_in_order_each_whole_but_the_last(
-            start in 0u64..1 << 40,
-            len in 0u64..1 << 24,
-            slice in 1u64..1 << 22,
-        ) {
-            let slices: Vec<_> = slices(start..start + len, slice).collect();
-            let mut at = start;
-            for (n, s) in slices.iter().enumerate() {
-                prop_assert_eq!(s.start, at);
-                prop_assert!(s.end > s.start);
-                if n + 1 < slices.len() {
-                    prop_assert_eq!(s.end - s.start, slice);
-                } else {
-                    prop_assert!(s.end - s.start <= slice);
-                }
-                at = s.end;
-            }
-            prop_assert_eq!(at, start + len);
-        }
-
         #[test]
         fn the_window_covers_the_read_and_stays_in_the_file(
             file_size in 1u64..1 << 40,

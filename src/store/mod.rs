@@ -42,7 +42,7 @@ use object_store::http::HttpBuilder;
 use object_store::list::PaginatedListStore;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use object_store::ObjectStore;
+use object_store::{ClientOptions, ObjectStore};
 use paged_listings::PagedListings;
 
 pub use bounds::NetworkBounds;
@@ -215,90 +215,24 @@ impl Source {
         &self,
         settings: &ClientSettings,
     ) -> Result<(Arc<dyn ObjectStore>, ObjectPath), SourceError> {
-        let retry = settings.bounds.retry_config();
-        let client_options = || {
-            let mut options = settings.bounds.client_options();
-            if settings
-                .endpoint_url
-                .as_deref()
-                .is_some_and(|e| e.starts_with("http://"))
-            {
-                options = options.with_allow_http(true);
-            }
-            options
-        };
         match self {
-            Source::S3 { bucket, prefix } => {
-                if settings.expected_bucket_owner.is_some() {
-                    return Err(SourceError::ExpectedBucketOwner);
-                }
-                let profile = settings.profile.as_deref();
-                let region = s3_region(bucket, settings, &client_options()).await;
-                let mut builder = AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket)
-                    .with_region(&region)
-                    .with_request_payer(settings.requester_pays)
-                    .with_client_options(client_options())
-                    .with_retry(retry);
-                if let Some(endpoint) = &settings.endpoint_url {
-                    // Custom endpoints (MinIO, Ceph, test servers) expect path-style URLs.
-                    builder = builder
-                        .with_endpoint(endpoint)
-                        .with_virtual_hosted_style_request(false);
-                } else if settings.force_path_style {
-                    builder = builder.with_virtual_hosted_style_request(false);
-                }
-                if settings.no_sign_request {
-                    builder = builder.with_skip_signature(true);
-                } else if !aws::keys_in_environment(profile) {
-                    let chain = aws::credential_chain(profile, &region).await;
-                    builder = builder.with_credentials(Arc::new(aws::SdkCredentials::new(chain)));
-                }
-                Ok((
-                    asking_again_when_short(listed_a_page_at_a_time(builder.build()?)),
-                    ObjectPath::from(prefix.as_str()),
-                ))
-            }
-            Source::Gcs { bucket, prefix } => {
-                let mut options = client_options();
-                if let Some(project) = &settings.billing_project {
-                    // Requester-pays buckets bill the project this header names; GCS
-                    // authenticates with a bearer token, so an added header needs no
-                    // signature.
-                    let value = HeaderValue::from_str(project)
-                        .map_err(|_| SourceError::BillingProject(project.clone()))?;
-                    let mut headers = HeaderMap::new();
-                    headers.insert("x-goog-user-project", value);
-                    options = options.with_default_headers(headers);
-                }
-                let mut builder = GoogleCloudStorageBuilder::from_env()
-                    .with_bucket_name(bucket)
-                    .with_client_options(options)
-                    .with_retry(retry);
-                if let Some(endpoint) = &settings.endpoint_url {
-                    // An emulator or a private endpoint instead of storage.googleapis.com.
-                    builder = builder.with_config(GoogleConfigKey::BaseUrl, endpoint);
-                }
-                if let Some(key_file) = &settings.key_file {
-                    builder = builder.with_service_account_path(key_file.to_string_lossy());
-                }
-                if settings.no_sign_request {
-                    builder = builder.with_skip_signature(true);
-                }
-                Ok((
-                    asking_again_when_short(listed_a_page_at_a_time(builder.build()?)),
-                    ObjectPath::from(prefix.as_str()),
-                ))
-            }
+            Source::S3 { bucket, prefix } => Ok((
+                open_s3(bucket, settings).await?,
+                ObjectPath::from(prefix.as_str()),
+            )),
+            Source::Gcs { bucket, prefix } => Ok((
+                open_gcs(bucket, settings)?,
+                ObjectPath::from(prefix.as_str()),
+            )),
             Source::Http { origin, prefix } => {
-                let mut options = client_options();
+                let mut options = client_options(settings);
                 if origin.starts_with("http://") {
                     options = options.with_allow_http(true);
                 }
                 let store = HttpBuilder::new()
                     .with_url(origin)
                     .with_client_options(options)
-                    .with_retry(retry)
+                    .with_retry(settings.bounds.retry_config())
                     .build()?;
                 let prefix =
                     ObjectPath::from_url_path(prefix).map_err(object_store::Error::from)?;
@@ -316,6 +250,88 @@ impl Source {
             }
         }
     }
+}
+
+/// The HTTP client's options of every store: the bounds' timeouts, and plain HTTP
+/// allowed for an `http://` endpoint.
+fn client_options(settings: &ClientSettings) -> ClientOptions {
+    let mut options = settings.bounds.client_options();
+    if settings
+        .endpoint_url
+        .as_deref()
+        .is_some_and(|e| e.starts_with("http://"))
+    {
+        options = options.with_allow_http(true);
+    }
+    options
+}
+
+/// The client of S3 bucket `bucket`: its region, addressing and credentials as the
+/// settings and the AWS SDK's chain give them.
+async fn open_s3(
+    bucket: &str,
+    settings: &ClientSettings,
+) -> Result<Arc<dyn ObjectStore>, SourceError> {
+    if settings.expected_bucket_owner.is_some() {
+        return Err(SourceError::ExpectedBucketOwner);
+    }
+    let profile = settings.profile.as_deref();
+    let region = s3_region(bucket, settings, &client_options(settings)).await;
+    let mut builder = AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_region(&region)
+        .with_request_payer(settings.requester_pays)
+        .with_client_options(client_options(settings))
+        .with_retry(settings.bounds.retry_config());
+    if let Some(endpoint) = &settings.endpoint_url {
+        // Custom endpoints (MinIO, Ceph, test servers) expect path-style URLs.
+        builder = builder
+            .with_endpoint(endpoint)
+            .with_virtual_hosted_style_request(false);
+    } else if settings.force_path_style {
+        builder = builder.with_virtual_hosted_style_request(false);
+    }
+    if settings.no_sign_request {
+        builder = builder.with_skip_signature(true);
+    } else if !aws::keys_in_environment(profile) {
+        let chain = aws::credential_chain(profile, &region).await;
+        builder = builder.with_credentials(Arc::new(aws::SdkCredentials::new(chain)));
+    }
+    Ok(asking_again_when_short(listed_a_page_at_a_time(
+        builder.build()?,
+    )))
+}
+
+/// The client of GCS bucket `bucket`, billing `--billing-project` if given.
+fn open_gcs(bucket: &str, settings: &ClientSettings) -> Result<Arc<dyn ObjectStore>, SourceError> {
+    let mut options = client_options(settings);
+    if let Some(project) = &settings.billing_project {
+        // Requester-pays buckets bill the project this header names; GCS
+        // authenticates with a bearer token, so an added header needs no
+        // signature.
+        let value = HeaderValue::from_str(project)
+            .map_err(|_| SourceError::BillingProject(project.clone()))?;
+        let mut headers = HeaderMap::new();
+        headers.insert("x-goog-user-project", value);
+        options = options.with_default_headers(headers);
+    }
+    let mut builder = GoogleCloudStorageBuilder::from_env()
+        .with_bucket_name(bucket)
+        .with_client_options(options)
+        .with_retry(settings.bounds.retry_config());
+    if let Some(endpoint) = &settings.endpoint_url {
+        // An emulator or a private endpoint instead of storage.googleapis.com.
+        builder = builder.with_config(GoogleConfigKey::BaseUrl, endpoint);
+    }
+    if let Some(key_file) = &settings.key_file {
+        builder = builder.with_service_account_path(key_file.to_string_lossy());
+    }
+    if settings.no_sign_request {
+        builder = builder.with_skip_signature(true);
+    }
+    Ok(asking_again_when_short(listed_a_page_at_a_time(
+        builder.build()?,
+    )))
 }
 
 /// A store that lists a page at a time, its delimited listings walked by
@@ -340,11 +356,7 @@ fn asking_again_when_short(store: impl ObjectStore) -> Arc<dyn ObjectStore> {
 
 /// The region of an S3 bucket: `--region`, the SDK's configured region, the bucket's
 /// own (asked from AWS; never with a custom endpoint), else [`aws::DEFAULT_REGION`].
-async fn s3_region(
-    bucket: &str,
-    settings: &ClientSettings,
-    options: &object_store::ClientOptions,
-) -> String {
+async fn s3_region(bucket: &str, settings: &ClientSettings, options: &ClientOptions) -> String {
     if let Some(region) = &settings.region {
         return region.clone();
     }

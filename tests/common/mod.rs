@@ -12,7 +12,6 @@ pub mod proxy;
 pub mod s3;
 pub mod servers;
 pub mod sigv4;
-pub mod tmpfs;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;

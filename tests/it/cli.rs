@@ -482,7 +482,7 @@ fn a_mount_left_by_a_killed_daemon_is_named_and_cleaned_up() {
 fn a_cache_budget_its_filesystem_cannot_hold_is_refused_saying_what_fits() {
     let setup = Setup::new();
     let mut cleanup = Cleanup::unmounting(setup.mnt());
-    let small = common::tmpfs::SmallTmpfs::mount("4m");
+    let small = scdlfs::cache::test_files::SmallTmpfs::mount("4m");
     let cache = small.path().join("cache");
     let (src, mnt) = (setup.src(), setup.mnt());
     let mount = |extra: &[&str], cleanup: &mut Cleanup| {

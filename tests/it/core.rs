@@ -19,7 +19,7 @@ use scdl_format::hint::HINT_FILE;
 use scdl_format::layout::CHUNKED_DIR;
 use scdl_format::ArrayKind;
 use scdlfs::error::FsError;
-use scdlfs::fs::read_around::PageCache;
+use scdlfs::fs::page_cache::PageCache;
 use scdlfs::fs::FsCore;
 use scdlfs::mount::{assemble, MountSettings};
 use scdlfs::status::Observer;

@@ -6,8 +6,8 @@ use crate::common;
 
 use std::collections::BTreeMap;
 
-use common::tmpfs::SmallTmpfs;
 use common::*;
+use scdlfs::cache::test_files::SmallTmpfs;
 
 fn read_all(mount: &TestMount, want: &BTreeMap<String, Vec<u8>>) {
     for (name, bytes) in want {

@@ -458,11 +458,7 @@ fn no_modules_import_each_other_in_a_circle() {
 
 /// Circles among the files of one folder that its root (which declares them) is not
 /// part of, named file by file, that are known and why they stay.
-const FOLDER_CIRCLES_KEPT: &[(&str, &str)] = &[(
-    "fs/planned_pages.rs",
-    "fs/read_around.rs makes the planned pusher, which pushes through its page cache; \
-     the two part once the read-around's own rework (CPU per byte) has landed",
-)];
+const FOLDER_CIRCLES_KEPT: &[(&str, &str)] = &[];
 
 #[test]
 fn no_files_of_a_folder_import_each_other_in_a_circle() {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use scdlfs::fs::read_around::PageCache;
+use scdlfs::fs::page_cache::PageCache;
 use scdlfs::fs::FsCore;
 use scdlfs::mount::assemble;
 use scdlfs::synthetic::SyntheticDataset;
