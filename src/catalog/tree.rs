@@ -352,12 +352,20 @@ impl Tree {
             objects.insert(name, info.clone());
             entries.push((name.to_owned(), file_of_object(info)));
         }
-        for dir in &listed.common_prefixes {
-            if let Some(name) = dir.filename() {
-                entries.push((name.to_owned(), Pending::Dir(dir.clone(), mode, None)));
+        let dirs = |entries: &mut Vec<(String, Pending)>, flat: bool| {
+            for dir in &listed.common_prefixes {
+                // A flat view shows no chunk directory: no entry is made for them (an
+                // atlas has 24,415).
+                let name = dir
+                    .filename()
+                    .filter(|name| !(flat && parse_chunk_dir_name(name).is_some()));
+                if let Some(name) = name {
+                    entries.push((name.to_owned(), Pending::Dir(dir.clone(), mode, None)));
+                }
             }
-        }
+        };
         let Some(header) = header else {
+            dirs(&mut entries, false);
             return Ok(entries);
         };
         let has_chunk_dirs = listed
@@ -376,9 +384,14 @@ impl Tree {
                 content: FileContent::Bytes(bytes),
             });
         }
+        let flat = matches!(
+            (&dataset, mode),
+            (Some(Dataset::Chunked(_)), DirMode::Discover)
+        );
+        dirs(&mut entries, flat);
         Ok(match (dataset, mode) {
             (Some(Dataset::Chunked(dataset)), DirMode::Discover) => {
-                flat_entries(prefix, dataset, entries, listed.clone())
+                flat_entries(prefix, dataset, entries, listed)
             }
             (Some(dataset), _) => {
                 entries.push((HINT_FILE.to_owned(), hint_file(dataset)));
