@@ -195,9 +195,9 @@ impl Tree {
             if let Some(current) = dir.current_listing() {
                 return Ok(current);
             }
-            in_flight
-                .get_or_insert_with(|| self.spawn_listing(node.clone()))
-                .clone()
+            let in_flight =
+                in_flight.get_or_insert_with(|| Box::new(self.spawn_listing(node.clone())));
+            InFlight::clone(in_flight)
         };
         let started = Instant::now();
         loop {
@@ -277,7 +277,6 @@ impl Tree {
                 tracing::warn!(directory = %dir.prefix, %error, "cannot list the directory again; keeping its listing for another --metadata-ttl");
                 Ok(Listing {
                     entries: previous.entries.clone(),
-                    by_name: previous.by_name.clone(),
                     expires: self.expiry(),
                 })
             }
@@ -298,7 +297,6 @@ impl Tree {
         let mut nodes = self.nodes.write();
         let mut listing = Listing {
             entries: Vec::with_capacity(entries.len()),
-            by_name: HashMap::with_capacity(entries.len()),
             expires: self.expiry(),
         };
         for (name, pending) in entries {
@@ -316,7 +314,6 @@ impl Tree {
                 nodes.push(Arc::new(Node { ino, parent, kind }));
                 ino
             });
-            listing.by_name.insert(name.clone(), ino);
             listing.entries.push((name, ino));
         }
         listing
@@ -326,7 +323,7 @@ impl Tree {
     /// before the directory's first use, while that listing is current).
     async fn list_store(&self, dir: &DirNode) -> FsResult<Vec<(String, Pending)>> {
         let (prefix, mode) = (&dir.prefix, dir.mode);
-        let prelisted = dir.prelisted.lock().take();
+        let prelisted = dir.prelisted.lock().take().map(|prelisted| *prelisted);
         let (listed, manifest) = match prelisted.filter(|p| self.is_current(p.at)) {
             Some(prelisted) => (prelisted, Manifested::IfShown),
             None => match self.list_level(dir).await? {
