@@ -21,9 +21,10 @@
 //! - [`object`], [`cache`], [`users`]: an object as pinned, and the one pinned GET;
 //!   parts on local disk under a byte budget; the processes a mount lives for.
 //! - [`error`]: the error type, its payloads neutral (no layer's own types).
-//! - [`store`], [`parts`], [`planner_wake`], [`metrics`]: the object client for S3,
-//!   GCS, HTTP and local folders; part ids and geometry; the bell the layers below ring
-//!   for the prefetcher; the mount's counters and timings.
+//! - [`store`], [`parts`], [`etag`], [`planner_wake`], [`metrics`]: the object client
+//!   for S3, GCS, HTTP and local folders; part ids and geometry; an ETag as pinned;
+//!   the bell the layers below ring for the prefetcher; the mount's counters and
+//!   timings.
 //!
 //! Beside the stack, importing nothing of it (any layer may use them): [`chunker`] is
 //! `scdlfs chunk`, which writes chunked datasets into any store; [`synthetic`] makes
@@ -42,6 +43,7 @@ pub mod catalog;
 pub mod chunker;
 pub mod cli;
 pub mod error;
+pub mod etag;
 pub(crate) mod fetch;
 pub mod fs;
 pub mod metrics;

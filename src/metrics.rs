@@ -95,6 +95,8 @@ metrics! {
         planned_bytes,
         /// Bytes of those requests stored into the kernel's page cache for the readers' memory maps.
         planned_bytes_pushed,
+        /// Bytes of row-offset objects (`row_ptr.npy`) in the store's answers to GETs, whatever asked for them (a part, an edge, a plan's exact rows, a chunk's check): the range each answer says it sends, counted as it begins. Over an epoch, set against the dataset's row offsets, it shows how often they were fetched again.
+        row_offset_bytes_fetched,
         /// Requests a reader sent for its own bytes because the part file its part's download writes could not give them back (our disk failed).
         spool_failure_reads,
         /// Part downloads that failed after retries.

@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use object_store::path::Path as ObjectPath;
 use object_store::{GetResult, ListResult, ObjectStore};
+use scdl_format::ArrayKind;
 
 use crate::cache::{CacheOwner, DiskCache};
 use crate::catalog::{DirMode, ListingTimes, ObjectRegistry, Tree, LISTING_DEADLINES};
@@ -325,7 +326,9 @@ fn listing_times(settings: &MountSettings) -> ListingTimes {
 /// downloads alike) into [`Metrics::store_get_seconds`]: the time until the store
 /// answered, failures included, since a slow refusal is latency a reader waits too.
 /// A GET given up before its answer (a read's deadline, a race its reader's other
-/// request won) has no latency to count and is left out.
+/// request won) has no latency to count and is left out. It also counts the bytes of
+/// row offsets the answers bring ([`Metrics::row_offset_bytes_fetched`]): every GET of
+/// a `row_ptr.npy` passes here, whichever part of the daemon sent it.
 struct TimeStoreGets(Arc<Metrics>);
 
 impl std::fmt::Debug for TimeStoreGets {
@@ -338,9 +341,16 @@ impl std::fmt::Debug for TimeStoreGets {
 #[async_trait]
 impl StoreHook for TimeStoreGets {
     async fn get(&self, request: GetRequest<'_>) -> object_store::Result<GetResult> {
+        // A HEAD (a GET of no body, as object_store asks it) brings no bytes.
+        let row_offsets = !request.options.head
+            && request.location.filename() == Some(ArrayKind::RowPtr.file_name());
         let started = Instant::now();
         let answer = request.send().await;
         self.0.store_get_seconds.record(started.elapsed());
+        if let (true, Ok(answer)) = (row_offsets, &answer) {
+            let bytes = answer.range.end - answer.range.start;
+            Metrics::add(&self.0.row_offset_bytes_fetched, bytes);
+        }
         answer
     }
 }

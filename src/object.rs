@@ -7,8 +7,8 @@
 //! bucket fails loudly ([`FsError::ObjectChanged`]) instead of splicing new bytes into
 //! old ones. Both the catalog (headers) and the fetcher (parts) read through it.
 //!
-//! This module is part of the bottom layer: it imports only [`crate::parts`] and
-//! [`crate::error`], and every layer above may use it.
+//! This module is part of the bottom layer: it imports only [`crate::parts`],
+//! [`crate::etag`] and [`crate::error`], and every layer above may use it.
 
 use std::ops::Range;
 use std::time::SystemTime;
@@ -17,6 +17,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetRange, GetResult, ObjectMeta, ObjectStore};
 
 use crate::error::{FsError, FsResult};
+pub use crate::etag::{canonical_etag, Etag};
 use crate::parts::{GroupId, ObjectId};
 
 /// One object of the store, as pinned by this mount.
@@ -25,7 +26,7 @@ pub struct ObjectInfo {
     pub id: ObjectId,
     pub key: ObjectPath,
     pub size: u64,
-    pub etag: Option<String>,
+    pub etag: Option<Etag>,
     pub mtime: SystemTime,
     /// The SCDL chunk this object is an array of, if any: its parts are cached and
     /// evicted with the chunk's other arrays.
@@ -41,18 +42,6 @@ impl ObjectInfo {
                 (Some(pinned), Some(listed)) => pinned == listed,
                 _ => self.mtime == mtime,
             }
-    }
-}
-
-/// An ETag in its HTTP header form, quoted (`"abc"` or `W/"abc"`), whatever form the
-/// store listed it in: GCS's JSON listing and some WebDAV servers (WsgiDAV) give it
-/// bare, while their GET answers quote it. Pinned ETags are sent as `If-Match` and
-/// compared with the ETag of each answer, so both sides must be in the same form.
-pub fn canonical_etag(tag: &str) -> String {
-    if tag.starts_with('"') || tag.starts_with("W/\"") {
-        tag.to_owned()
-    } else {
-        format!("\"{tag}\"")
     }
 }
 
@@ -72,7 +61,7 @@ pub async fn pinned_get(
     let key = object.key.as_ref();
     let options = GetOptions {
         range: range.map(GetRange::Bounded),
-        if_match: object.etag.clone(),
+        if_match: object.etag.as_deref().map(str::to_owned),
         ..Default::default()
     };
     let changed = || FsError::ObjectChanged {
@@ -131,17 +120,6 @@ mod tests {
     use object_store::{ObjectStoreExt, PutPayload};
 
     use super::*;
-
-    #[test]
-    fn etags_take_their_quoted_header_form() {
-        assert_eq!(canonical_etag("\"abc\""), "\"abc\"");
-        assert_eq!(canonical_etag("W/\"abc\""), "W/\"abc\"");
-        assert_eq!(
-            canonical_etag("pD9KxgjJ00wUA68b6YuF7w=="),
-            "\"pD9KxgjJ00wUA68b6YuF7w==\""
-        );
-        assert_eq!(canonical_etag("1-2-3"), "\"1-2-3\"");
-    }
 
     async fn pinned(store: &InMemory, key: &str) -> ObjectInfo {
         let meta = store.head(&ObjectPath::from(key)).await.unwrap();

@@ -15,10 +15,11 @@ Each run, on fresh mounts of the bucket with empty caches:
      modules imported before the clock starts): `SingleCellMemMapDataset` opened, then the
      middle row read;
   4. ATLAS_RANKS processes (bench/atlas/rank.py) take each of SAMPLER_ORDERS in turn, all
-     ranks together: the sampler built with len(), state_dict() and its first 10,000
-     indices and the resident memory that took, then ATLAS_READ_ROWS of those rows read
-     and checked as a fresh sampler of the same seed yields them; the daemon's peak RSS and
-     the bytes and requests it fetched.
+     ranks together (a process per rank and order): the sampler built with len(),
+     state_dict() and its first 10,000 indices and the resident memory that took, then
+     ATLAS_READ_ROWS of those rows read and checked as a fresh sampler of the same seed
+     yields them; the daemon's peak RSS and the bytes and requests it fetched; per order,
+     the row offsets it fetched against the distinct row-offset bytes the endpoint served.
 Run alone (`--systems atlas`), it replaces its section of docs/benchmarks.md and keeps its
 results beside the page; --quick runs it on 10^7 rows with 2 ranks and checks what the
 steps returned, not how fast."""
@@ -148,29 +149,43 @@ def first_row(dataset_dir):
     return json.loads(out.stdout)
 
 
-def ranks(args, dataset_dir, proc, mnt, run_i):
-    """ATLAS_RANKS rank processes through every sampler order; their results, and the
-    daemon's peak RSS and what it fetched meanwhile."""
+def row_offsets_served(endpoint):
+    """What the endpoint served of row_ptr.npy objects since its last reset: bytes in all,
+    distinct bytes, objects."""
+    with urllib.request.urlopen(endpoint + "/__stats", timeout=30) as answer:
+        return json.load(answer)["row_ptr"]
+
+
+def ranks(args, dataset_dir, proc, mnt, run_i, endpoint):
+    """ATLAS_RANKS rank processes through every sampler order, one order at a time; their
+    results, the daemon's peak RSS and what it fetched meanwhile, and per order the row
+    offsets fetched (the daemon's row_offset_bytes_fetched) against the distinct row-offset
+    bytes the endpoint served: how often a chunk's row offsets were fetched again."""
     world = QUICK_ATLAS_RANKS if args.quick else ATLAS_RANKS
     rows = QUICK_ATLAS_READ_ROWS if args.quick else ATLAS_READ_ROWS
-    barrier = fresh_dir(os.path.join(args.work, "atlas-barrier"))
     counters = scdlfs_status(mnt)["counters"]
-    children = [subprocess.Popen([python(), os.path.join(ATLAS_DIR, "rank.py"), dataset_dir, str(rank),
-                                  str(world), str(rows), barrier, json.dumps(SAMPLER_ORDERS)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for rank in range(world)]
-    results = []
-    for rank, child in enumerate(children):
-        out, err = child.communicate()
-        if child.returncode != 0:
-            raise RuntimeError("atlas rank %d of %d exited with %d: %s" % (rank, world, child.returncode,
-                                                                           err.strip()[-2000:]))
-        results += [json.loads(line) for line in out.splitlines()]
+    results, row_offsets = [], []
+    for order in SAMPLER_ORDERS:
+        barrier = fresh_dir(os.path.join(args.work, "atlas-barrier"))
+        urllib.request.urlopen(endpoint + "/__row_ptr_reset", timeout=30).close()
+        before = scdlfs_status(mnt)["counters"].get("row_offset_bytes_fetched", 0)
+        children = [subprocess.Popen([python(), os.path.join(ATLAS_DIR, "rank.py"), dataset_dir, str(rank),
+                                      str(world), str(rows), barrier, json.dumps([order])],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    for rank in range(world)]
+        for rank, child in enumerate(children):
+            out, err = child.communicate()
+            if child.returncode != 0:
+                raise RuntimeError("atlas rank %d of %d exited with %d: %s" % (rank, world, child.returncode,
+                                                                               err.strip()[-2000:]))
+            results += [json.loads(line) for line in out.splitlines()]
+        fetched = scdlfs_status(mnt)["counters"].get("row_offset_bytes_fetched", 0) - before
+        row_offsets.append(dict(order=order[0], fetched_bytes=fetched, **row_offsets_served(endpoint)))
     after = scdlfs_status(mnt)
     fetched = {k: after["counters"][k] - counters[k] for k in (
         "bytes_fetched", "parts_fetched", "direct_reads", "edges_fetched", "planned_requests")}
     return dict(world=world, rows_per_rank=rows, orders=results, daemon_peak_rss_mib=peak_rss_kib(proc.pid) / 1024,
-                fetched=fetched, run=run_i)
+                fetched=fetched, row_offsets=row_offsets, run=run_i)
 
 
 def run_atlas(args):
@@ -193,7 +208,7 @@ def run_atlas(args):
             proc = mount(args, endpoint, mnt, cache, run_i, "manifest")
             r["ls_manifest"] = first_ls(endpoint, mnt, name, proc, pages)
             r["first_row"] = first_row(os.path.join(mnt, name))
-            r["ranks"] = ranks(args, os.path.join(mnt, name), proc, mnt, run_i)
+            r["ranks"] = ranks(args, os.path.join(mnt, name), proc, mnt, run_i, endpoint)
             unmount(mnt)
             stop(proc)
             log("atlas run %d: first ls %.2f s listed (%d pages), %.2f s with the manifest (%d pages); first row "
@@ -281,6 +296,22 @@ def atlas_section(saved, results_path):
           med([r["ranks"]["daemon_peak_rss_mib"] for r in runs]), med([f["bytes_fetched"] for f in fetched]) / 1e6,
           med([f["planned_requests"] for f in fetched]), med([f["parts_fetched"] for f in fetched]),
           med([f["direct_reads"] for f in fetched])))
+    if all("row_offsets" in r["ranks"] for r in runs):
+        w("")
+        w("Row offsets, each order (the ranks run one order at a time): *fetched* is the daemon's "
+          "`row_offset_bytes_fetched` (the `row_ptr.npy` bytes its GETs were answered with), *distinct* the bytes of "
+          "`row_ptr.npy` objects the endpoint served at least once; their ratio is how often a chunk's row offsets "
+          "were fetched, over the steps the ranks planned and read (not a whole epoch; issue 40's target for random "
+          "blocks is 1.05 or less).")
+        w("")
+        w("| order | chunks' row offsets served | fetched MB | distinct MB | fetched ÷ distinct |")
+        w("| --- | ---: | ---: | ---: | ---: |")
+        for label, _, _ in SAMPLER_ORDERS:
+            of = [next(o for o in r["ranks"]["row_offsets"] if o["order"] == label) for r in runs]
+            w("| %s | %d | %.1f | %.1f | %.3f |" % (
+                label, med([o["objects"] for o in of]), med([o["fetched_bytes"] for o in of]) / 1e6,
+                med([o["distinct_bytes"] for o in of]) / 1e6,
+                med([o["fetched_bytes"] / max(o["distinct_bytes"], 1) for o in of])))
     w("")
     w("Raw results of this section: `%s`." % os.path.relpath(results_path, REPO))
     w(ATLAS_END)

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::part_file::{HeaderError, PartHeader};
+use crate::etag::Etag;
 use crate::parts::{span, GroupId, ObjectId};
 
 /// The cache layout this daemon reads: the part-file format (version
@@ -226,7 +227,7 @@ fn read_up_to(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
 pub struct ListedObject {
     pub id: ObjectId,
     pub key: String,
-    pub etag: Option<String>,
+    pub etag: Option<Etag>,
     pub size: u64,
     pub group: Option<GroupId>,
 }
@@ -270,7 +271,7 @@ mod tests {
         ListedObject {
             id: ObjectId(3),
             key: "ds/chunk_00001/data.npy".into(),
-            etag: etag.map(str::to_owned),
+            etag: etag.map(Etag::from),
             size,
             group: Some(GroupId(1)),
         }

@@ -15,14 +15,87 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use object_store::path::Path as ObjectPath;
 use scdl_format::flat::{check_chunk_row_offsets, ChunkSizes, FlatLayout};
-use scdl_format::layout::chunk_dir_name;
+use scdl_format::layout::{chunk_dir_name, parse_chunk_dir_name};
 use scdl_format::{ArrayKind, ChunkGeometry, Header, HeaderError};
 
 use crate::error::FsError;
 use crate::object::ObjectInfo;
+use crate::parts::ObjectId;
 
 /// The three array objects of one chunk, in [`ArrayKind::ALL`] order.
 pub type ChunkObjects = [Arc<ObjectInfo>; 3];
+
+/// The objects in a chunked dataset's chunk directories, by chunk: what a listing of
+/// the dataset (or its manifest) shows there, before it is checked. Found by chunk
+/// number and array kind, not by a key of their own: the objects' keys are all it
+/// holds of names (a map by relative key held a third copy of each, 8 MB at 10^5
+/// objects, while the dataset was discovered).
+#[derive(Clone, Default)]
+pub struct ChunkDirs {
+    chunks: HashMap<u32, ChunkDir>,
+}
+
+#[derive(Clone, Default)]
+struct ChunkDir {
+    arrays: [Option<Arc<ObjectInfo>>; 3],
+    /// Anything else under the chunk's directory (`chunk_00003/notes.txt`).
+    others: Vec<Arc<ObjectInfo>>,
+}
+
+impl ChunkDirs {
+    /// Room for the chunks of `objects` objects (three a chunk).
+    pub fn with_capacity(objects: usize) -> ChunkDirs {
+        ChunkDirs {
+            chunks: HashMap::with_capacity(objects / 3 + 1),
+        }
+    }
+
+    /// How many chunk directories hold an object.
+    pub fn len(&self) -> usize {
+        self.chunks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    /// Takes `object`, at key `relative` to the dataset's prefix, if it lies in a chunk
+    /// directory (`chunk_00003/...`); anything else is not kept.
+    pub fn insert(&mut self, relative: &str, object: Arc<ObjectInfo>) {
+        let Some((dir, rest)) = relative.split_once('/') else {
+            return;
+        };
+        let Some(chunk) = parse_chunk_dir_name(dir) else {
+            return;
+        };
+        let at = self.chunks.entry(chunk).or_default();
+        match ArrayKind::from_file_name(rest) {
+            Some(kind) => at.arrays[kind.index()] = Some(object),
+            None => at.others.push(object),
+        }
+    }
+
+    /// Array `kind` of chunk `chunk`, if listed.
+    pub fn array(&self, chunk: u32, kind: ArrayKind) -> Option<&Arc<ObjectInfo>> {
+        self.chunks.get(&chunk)?.arrays[kind.index()].as_ref()
+    }
+
+    /// Every object held, in no order.
+    pub fn ids(&self) -> impl Iterator<Item = ObjectId> + '_ {
+        self.chunks.values().flat_map(|dir| {
+            let arrays = dir.arrays.iter().flatten();
+            arrays.chain(&dir.others).map(|object| object.id)
+        })
+    }
+
+    /// An object of the lowest-numbered chunk from `chunks` on, if any is held.
+    pub fn beyond(&self, chunks: u32) -> Option<&Arc<ObjectInfo>> {
+        let (_, dir) = (self.chunks.iter())
+            .filter(|(&chunk, _)| chunk >= chunks)
+            .min_by_key(|(&chunk, _)| chunk)?;
+        dir.arrays.iter().flatten().chain(&dir.others).next()
+    }
+}
 
 /// A chunked dataset presented as a monolithic archive.
 pub struct FlatDataset {
@@ -41,8 +114,10 @@ pub struct FlatDataset {
     row_ptr_checks_started: Vec<AtomicBool>,
 }
 
-/// Whether a chunk's row offsets passed their check ([`crate::row_offset_check`]).
-pub type RowOffsetsVerdict = Result<(), RowOffsetsRejected>;
+/// Whether a chunk's row offsets passed their check ([`crate::row_offset_check`]). A
+/// dataset holds one per chunk: the rejection, which no valid chunk has, is boxed, so
+/// that the verdict is a word, not the 64 bytes of the rejection.
+pub type RowOffsetsVerdict = Result<(), Box<RowOffsetsRejected>>;
 
 /// A chunk's `row_ptr.npy` breaks the format's rules: its reads fail.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -58,6 +133,12 @@ impl From<RowOffsetsRejected> for FsError {
             key: rejected.key,
             source: rejected.source,
         }
+    }
+}
+
+impl From<Box<RowOffsetsRejected>> for FsError {
+    fn from(rejected: Box<RowOffsetsRejected>) -> FsError {
+        FsError::from(*rejected)
     }
 }
 
@@ -132,13 +213,15 @@ fn checked_chunk(
     chunk: u64,
     rows: std::ops::Range<u64>,
     widths: [u64; 3],
-    objects: &HashMap<String, Arc<ObjectInfo>>,
+    objects: &ChunkDirs,
 ) -> Result<(ChunkObjects, u64), InconsistentDataset> {
     use InconsistentDataset as E;
-    let dir = chunk_dir_name(chunk as u32);
     let arrays = ArrayKind::ALL.map(|kind| {
-        let key = format!("{dir}/{}", kind.file_name());
-        objects.get(&key).cloned().ok_or(key)
+        let missing = || format!("{}/{}", chunk_dir_name(chunk as u32), kind.file_name());
+        objects
+            .array(chunk as u32, kind)
+            .cloned()
+            .ok_or_else(missing)
     });
     let [d, r, c] = arrays;
     let arrays = [
@@ -177,13 +260,13 @@ fn checked_chunk(
 }
 
 impl FlatDataset {
-    /// Checks a chunked dataset from its header and the objects listed under its prefix
-    /// (keys relative to the prefix). The error names the object and the mismatch.
+    /// Checks a chunked dataset from its header and the objects listed in its chunk
+    /// directories. The error names the object and the mismatch.
     pub fn validate(
         prefix: ObjectPath,
         header: Header,
         header_mtime: SystemTime,
-        objects: &HashMap<String, Arc<ObjectInfo>>,
+        objects: &ChunkDirs,
     ) -> Result<FlatDataset, InconsistentDataset> {
         use InconsistentDataset as E;
         let chunked = header.chunked.ok_or(E::NotChunked)?;
@@ -225,9 +308,10 @@ impl FlatDataset {
                 bytes: row_offset_bytes,
             });
         }
-        // No capacity from the header: a corrupt chunk count must not allocate.
-        let mut chunks = Vec::new();
-        let mut sizes = Vec::new();
+        // No capacity from the header alone: a corrupt chunk count must not allocate.
+        let capacity = geometry.num_chunks().min(objects.len() as u64) as usize;
+        let mut chunks = Vec::with_capacity(capacity);
+        let mut sizes = Vec::with_capacity(capacity);
         let mut mtime = header_mtime;
         let mut total_nnz = 0u64;
         for chunk in 0..geometry.num_chunks() {
@@ -245,10 +329,9 @@ impl FlatDataset {
             });
             chunks.push(arrays);
         }
-        let extra = chunk_dir_name(chunked.num_chunks);
-        if let Some(key) = objects.keys().find(|k| k.starts_with(&format!("{extra}/"))) {
+        if let Some(extra) = objects.beyond(chunked.num_chunks) {
             return Err(E::ExtraChunk {
-                key: key.clone(),
+                key: extra.key.to_string(),
                 declared: chunked.num_chunks,
             });
         }
@@ -298,10 +381,66 @@ impl FlatDataset {
     pub fn verify_row_ptr(&self, chunk: usize, bytes: &[u8]) -> RowOffsetsVerdict {
         let nnz = self.layout.chunk_sizes(chunk).nnz;
         check_chunk_row_offsets(bytes, self.layout.row_dtype(), nnz).map_err(|source| {
-            RowOffsetsRejected {
+            Box::new(RowOffsetsRejected {
                 key: self.array(chunk, ArrayKind::RowPtr).key.to_string(),
                 source,
-            }
+            })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(id: u64, key: &str) -> Arc<ObjectInfo> {
+        Arc::new(ObjectInfo {
+            id: ObjectId(id),
+            key: ObjectPath::from(key),
+            size: 0,
+            etag: None,
+            mtime: SystemTime::UNIX_EPOCH,
+            group: None,
+        })
+    }
+
+    /// A chunk directory's arrays are found by chunk and kind, anything else in it is
+    /// held as one of its objects, and what lies outside the chunk directories (or in a
+    /// directory whose name is not a chunk's) is not held.
+    #[test]
+    fn chunk_dirs_hold_what_lies_in_chunk_directories() {
+        let keys = [
+            "chunk_00000/data.npy",
+            "chunk_00000/row_ptr.npy",
+            "chunk_00001/col_ptr.npy",
+            "chunk_00001/notes.txt",
+            "chunk_00001/deeper/data.npy",
+            "chunk_00007/data.npy",
+            "chunk_1/data.npy",
+            "metadata.json",
+            "features/data.npy",
+        ];
+        let mut dirs = ChunkDirs::with_capacity(keys.len());
+        for (id, key) in keys.iter().enumerate() {
+            dirs.insert(key, object(id as u64, &format!("ds/{key}")));
+        }
+        assert_eq!(dirs.len(), 3);
+        let id = |chunk, kind| dirs.array(chunk, kind).map(|o| o.id.0);
+        assert_eq!(id(0, ArrayKind::Data), Some(0));
+        assert_eq!(id(0, ArrayKind::RowPtr), Some(1));
+        assert_eq!(id(0, ArrayKind::ColPtr), None);
+        assert_eq!(id(1, ArrayKind::ColPtr), Some(2));
+        assert_eq!(id(1, ArrayKind::Data), None);
+        assert_eq!(id(7, ArrayKind::Data), Some(5));
+        assert_eq!(id(2, ArrayKind::Data), None);
+        let mut ids: Vec<u64> = dirs.ids().map(|id| id.0).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [0, 1, 2, 3, 4, 5]);
+        assert_eq!(
+            dirs.beyond(2).map(|o| o.key.to_string()).as_deref(),
+            Some("ds/chunk_00007/data.npy")
+        );
+        assert_eq!(dirs.beyond(1).map(|o| o.id.0), Some(2));
+        assert!(dirs.beyond(8).is_none());
     }
 }

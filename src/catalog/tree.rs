@@ -195,9 +195,9 @@ impl Tree {
             if let Some(current) = dir.current_listing() {
                 return Ok(current);
             }
-            in_flight
-                .get_or_insert_with(|| self.spawn_listing(node.clone()))
-                .clone()
+            let in_flight =
+                in_flight.get_or_insert_with(|| Box::new(self.spawn_listing(node.clone())));
+            InFlight::clone(in_flight)
         };
         let started = Instant::now();
         loop {
@@ -277,7 +277,6 @@ impl Tree {
                 tracing::warn!(directory = %dir.prefix, %error, "cannot list the directory again; keeping its listing for another --metadata-ttl");
                 Ok(Listing {
                     entries: previous.entries.clone(),
-                    by_name: previous.by_name.clone(),
                     expires: self.expiry(),
                 })
             }
@@ -298,7 +297,6 @@ impl Tree {
         let mut nodes = self.nodes.write();
         let mut listing = Listing {
             entries: Vec::with_capacity(entries.len()),
-            by_name: HashMap::with_capacity(entries.len()),
             expires: self.expiry(),
         };
         for (name, pending) in entries {
@@ -316,7 +314,6 @@ impl Tree {
                 nodes.push(Arc::new(Node { ino, parent, kind }));
                 ino
             });
-            listing.by_name.insert(name.clone(), ino);
             listing.entries.push((name, ino));
         }
         listing
@@ -326,7 +323,7 @@ impl Tree {
     /// before the directory's first use, while that listing is current).
     async fn list_store(&self, dir: &DirNode) -> FsResult<Vec<(String, Pending)>> {
         let (prefix, mode) = (&dir.prefix, dir.mode);
-        let prelisted = dir.prelisted.lock().take();
+        let prelisted = dir.prelisted.lock().take().map(|prelisted| *prelisted);
         let (listed, manifest) = match prelisted.filter(|p| self.is_current(p.at)) {
             Some(prelisted) => (prelisted, Manifested::IfShown),
             None => match self.list_level(dir).await? {
@@ -352,12 +349,20 @@ impl Tree {
             objects.insert(name, info.clone());
             entries.push((name.to_owned(), file_of_object(info)));
         }
-        for dir in &listed.common_prefixes {
-            if let Some(name) = dir.filename() {
-                entries.push((name.to_owned(), Pending::Dir(dir.clone(), mode, None)));
+        let dirs = |entries: &mut Vec<(String, Pending)>, flat: bool| {
+            for dir in &listed.common_prefixes {
+                // A flat view shows no chunk directory: no entry is made for them (an
+                // atlas has 24,415).
+                let name = dir
+                    .filename()
+                    .filter(|name| !(flat && parse_chunk_dir_name(name).is_some()));
+                if let Some(name) = name {
+                    entries.push((name.to_owned(), Pending::Dir(dir.clone(), mode, None)));
+                }
             }
-        }
+        };
         let Some(header) = header else {
+            dirs(&mut entries, false);
             return Ok(entries);
         };
         let has_chunk_dirs = listed
@@ -376,9 +381,14 @@ impl Tree {
                 content: FileContent::Bytes(bytes),
             });
         }
+        let flat = matches!(
+            (&dataset, mode),
+            (Some(Dataset::Chunked(_)), DirMode::Discover)
+        );
+        dirs(&mut entries, flat);
         Ok(match (dataset, mode) {
             (Some(Dataset::Chunked(dataset)), DirMode::Discover) => {
-                flat_entries(prefix, dataset, entries, listed.clone())
+                flat_entries(prefix, dataset, entries, listed)
             }
             (Some(dataset), _) => {
                 entries.push((HINT_FILE.to_owned(), hint_file(dataset)));

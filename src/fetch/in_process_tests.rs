@@ -59,7 +59,7 @@ async fn bench_with_cache<S: ObjectStore>(
         id: ObjectId(0),
         key,
         size: OBJECT_LEN,
-        etag: put.e_tag,
+        etag: put.e_tag.map(Into::into),
         mtime: SystemTime::UNIX_EPOCH,
         group: None,
     });
@@ -598,7 +598,7 @@ async fn big_object_bench<H: StoreHook>(
         id: ObjectId(0),
         key,
         size: data.len() as u64,
-        etag: put.e_tag,
+        etag: put.e_tag.map(Into::into),
         mtime: SystemTime::UNIX_EPOCH,
         group: None,
     });

@@ -99,6 +99,23 @@ fn chunk_window_hints_keep_the_reader_off_the_network() {
     );
 }
 
+/// The row offsets of a dataset: an epoch of random blocks with a cache that holds
+/// the dataset fetches each chunk's once (`row_offset_bytes_fetched`, every GET of a
+/// `row_ptr.npy` counted by the store's hook, whatever part of the daemon asked).
+#[test]
+fn an_epoch_of_blocks_fetches_each_chunks_row_offsets_once() {
+    let spec = dataset();
+    let chunks = spec.rows.div_ceil(spec.chunk_rows as u64);
+    let row_offset_bytes = (spec.rows + chunks) * 4;
+    let epoch = run_epoch(block_order(), true, 64 << 20, 64 << 10);
+    let fetched = epoch.at_end.row_offset_bytes_fetched;
+    eprintln!("blocks: {fetched} bytes of row offsets fetched, the dataset has {row_offset_bytes}");
+    assert!(
+        fetched >= row_offset_bytes && fetched * 20 <= row_offset_bytes * 21,
+        "{fetched} bytes of row offsets fetched for {row_offset_bytes}"
+    );
+}
+
 #[test]
 fn row_range_hints_prefetch_block_order() {
     let (_src, setup) = setup(10 << 20, 64 << 10);

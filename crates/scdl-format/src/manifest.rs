@@ -122,7 +122,86 @@ impl Manifest {
 
     /// A manifest from its bytes, checked line by line.
     pub fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
-        let text = std::str::from_utf8(bytes).map_err(|_| ManifestError::NotAManifest)?;
+        let read = ManifestBytes::parse(bytes)?;
+        Ok(Manifest {
+            rows: read.rows,
+            chunk_rows: read.chunk_rows,
+            chunks: read.chunks,
+            objects: read.objects().map(|o| o.to_owned()).collect(),
+        })
+    }
+
+    /// Whether the manifest describes the dataset `header` (a chunked one): the same
+    /// rows, rows per chunk and chunks. A manifest left from another chunking of the
+    /// same prefix disagrees, and is not used.
+    pub fn agrees_with(&self, header: &Header) -> Result<(), ManifestError> {
+        agrees_with([self.rows, self.chunk_rows, self.chunks], header)
+    }
+}
+
+/// Whether `[rows, chunk_rows, chunks]` are those of the dataset `header`.
+fn agrees_with([rows, chunk_rows, chunks]: [u64; 3], header: &Header) -> Result<(), ManifestError> {
+    let shape = |rows: u64, chunk_rows: u64, chunks: u64| {
+        format!("{rows} rows in {chunks} chunks of {chunk_rows}")
+    };
+    let manifest = shape(rows, chunk_rows, chunks);
+    let header = match &header.chunked {
+        Some(info) => shape(
+            info.total_rows,
+            info.chunk_size as u64,
+            info.num_chunks as u64,
+        ),
+        None => "a monolithic archive".to_owned(),
+    };
+    if manifest == header {
+        Ok(())
+    } else {
+        Err(ManifestError::Disagrees { manifest, header })
+    }
+}
+
+/// One object of a manifest as its bytes hold it ([`ManifestBytes::objects`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ManifestEntry<'a> {
+    /// The key relative to the dataset's prefix.
+    pub key: &'a str,
+    pub size: u64,
+    pub mtime_ns: u64,
+    /// The ETag as written, quoted; `None` for `-`.
+    pub etag: Option<&'a str>,
+}
+
+impl ManifestEntry<'_> {
+    pub fn to_owned(&self) -> ManifestObject {
+        ManifestObject {
+            key: self.key.to_owned(),
+            size: self.size,
+            mtime_ns: self.mtime_ns,
+            etag: self.etag.map(str::to_owned),
+        }
+    }
+}
+
+/// A manifest checked whole, whose objects are read from its bytes each time they are
+/// asked for ([`ManifestBytes::objects`]) instead of copied out: a reader that makes
+/// each object into something of its own (a mount's catalog, 10^5 objects of an atlas)
+/// holds the manifest's bytes while it does, not a second copy of every key and ETag
+/// besides them. [`Manifest::decode`] is this, copied out.
+pub struct ManifestBytes<B> {
+    bytes: B,
+    pub rows: u64,
+    pub chunk_rows: u64,
+    pub chunks: u64,
+    /// How many objects it lists.
+    pub len: usize,
+    /// Where the first `object` line starts.
+    objects_at: usize,
+}
+
+impl<B: AsRef<[u8]>> ManifestBytes<B> {
+    /// The manifest of `bytes`, checked line by line as [`Manifest::decode`] does.
+    pub fn parse(bytes: B) -> Result<ManifestBytes<B>, ManifestError> {
+        let text = std::str::from_utf8(bytes.as_ref()).map_err(|_| ManifestError::NotAManifest)?;
         let mut lines = text.split_terminator('\n').enumerate();
         let (_, first) = lines.next().ok_or(ManifestError::NotAManifest)?;
         let version = first
@@ -132,8 +211,10 @@ impl Manifest {
         if version != MANIFEST_VERSION.to_string() {
             return Err(ManifestError::UnknownVersion(version.to_owned()));
         }
+        let mut at = first.len() + 1;
         let mut field = |name: &str| -> Result<u64, ManifestError> {
             let (index, line) = lines.next().ok_or(ManifestError::CutShort { found: 0 })?;
+            at += line.len() + 1;
             let bad = |reason: String| ManifestError::BadLine {
                 line: index + 1,
                 reason,
@@ -147,7 +228,8 @@ impl Manifest {
         let rows = field("rows")?;
         let chunk_rows = field("chunk-rows")?;
         let chunks = field("chunks")?;
-        let mut objects = Vec::new();
+        let objects_at = at.min(text.len());
+        let mut found = 0usize;
         for (index, line) in lines {
             let bad = |reason: &str| ManifestError::BadLine {
                 line: index + 1,
@@ -155,11 +237,8 @@ impl Manifest {
             };
             if let Some(count) = line.strip_prefix("end ") {
                 let said = number(count).ok_or_else(|| bad("end: not a number"))?;
-                if said != objects.len() as u64 {
-                    return Err(ManifestError::WrongCount {
-                        said,
-                        found: objects.len(),
-                    });
+                if said != found as u64 {
+                    return Err(ManifestError::WrongCount { said, found });
                 }
                 if index + 1 != text.split_terminator('\n').count() {
                     return Err(ManifestError::BadLine {
@@ -167,59 +246,56 @@ impl Manifest {
                         reason: "a line after the end line".into(),
                     });
                 }
-                return Ok(Manifest {
+                return Ok(ManifestBytes {
+                    bytes,
                     rows,
                     chunk_rows,
                     chunks,
-                    objects,
+                    len: found,
+                    objects_at,
                 });
             }
-            let fields = line
-                .strip_prefix("object ")
-                .ok_or_else(|| bad("expected `object` or `end`"))?;
-            let mut parts = fields.splitn(4, ' ');
-            let mut next = || parts.next().filter(|p| !p.is_empty());
-            let size = next().and_then(number).ok_or_else(|| bad("bad size"))?;
-            let mtime_ns = next().and_then(number).ok_or_else(|| bad("bad time"))?;
-            let etag = next().ok_or_else(|| bad("no ETag"))?;
-            let key = next().ok_or_else(|| bad("no key"))?;
-            if key.contains('\r') {
-                return Err(bad("a key with a line break"));
-            }
-            objects.push(ManifestObject {
-                key: key.to_owned(),
-                size,
-                mtime_ns,
-                etag: (etag != "-").then(|| etag.to_owned()),
-            });
+            object_line(line).map_err(bad)?;
+            found += 1;
         }
-        Err(ManifestError::CutShort {
-            found: objects.len(),
-        })
+        Err(ManifestError::CutShort { found })
     }
 
-    /// Whether the manifest describes the dataset `header` (a chunked one): the same
-    /// rows, rows per chunk and chunks. A manifest left from another chunking of the
-    /// same prefix disagrees, and is not used.
-    pub fn agrees_with(&self, header: &Header) -> Result<(), ManifestError> {
-        let shape = |rows: u64, chunk_rows: u64, chunks: u64| {
-            format!("{rows} rows in {chunks} chunks of {chunk_rows}")
-        };
-        let manifest = shape(self.rows, self.chunk_rows, self.chunks);
-        let header = match &header.chunked {
-            Some(info) => shape(
-                info.total_rows,
-                info.chunk_size as u64,
-                info.num_chunks as u64,
-            ),
-            None => "a monolithic archive".to_owned(),
-        };
-        if manifest == header {
-            Ok(())
-        } else {
-            Err(ManifestError::Disagrees { manifest, header })
-        }
+    /// The objects it lists, in its order.
+    pub fn objects(&self) -> impl Iterator<Item = ManifestEntry<'_>> + '_ {
+        let text = std::str::from_utf8(self.bytes.as_ref()).expect("checked by parse");
+        text[self.objects_at..]
+            .split_terminator('\n')
+            .take(self.len)
+            .map(|line| object_line(line).expect("checked by parse"))
     }
+
+    /// Whether the manifest describes the dataset `header` ([`Manifest::agrees_with`]).
+    pub fn agrees_with(&self, header: &Header) -> Result<(), ManifestError> {
+        agrees_with([self.rows, self.chunk_rows, self.chunks], header)
+    }
+}
+
+/// An `object` line's fields, or what is wrong with it.
+fn object_line(line: &str) -> Result<ManifestEntry<'_>, &'static str> {
+    let fields = line
+        .strip_prefix("object ")
+        .ok_or("expected `object` or `end`")?;
+    let mut parts = fields.splitn(4, ' ');
+    let mut next = || parts.next().filter(|p| !p.is_empty());
+    let size = next().and_then(number).ok_or("bad size")?;
+    let mtime_ns = next().and_then(number).ok_or("bad time")?;
+    let etag = next().ok_or("no ETag")?;
+    let key = next().ok_or("no key")?;
+    if key.contains('\r') {
+        return Err("a key with a line break");
+    }
+    Ok(ManifestEntry {
+        key,
+        size,
+        mtime_ns,
+        etag: (etag != "-").then_some(etag),
+    })
 }
 
 /// A decimal number as the manifest writes it: digits only, no sign, no leading zero.
@@ -270,6 +346,32 @@ mod tests {
                       end 2\n";
         assert_eq!(sample().encode().unwrap(), golden);
         assert_eq!(Manifest::decode(golden.as_bytes()).unwrap(), sample());
+    }
+
+    proptest::proptest! {
+        /// Read from its bytes, a manifest lists what was written, in order, and
+        /// nothing more; an empty one too.
+        #[test]
+        fn a_manifest_read_from_its_bytes_lists_what_was_written(
+            objects in proptest::collection::vec(
+                ("[a-z_/ .0-9]{1,30}", 0u64..u64::MAX, 0u64..u64::MAX,
+                 proptest::option::of("\"[0-9a-f]{0,40}\"")),
+                0..20,
+            ),
+        ) {
+            let objects: Vec<ManifestObject> = objects
+                .into_iter()
+                .map(|(key, size, mtime_ns, etag)| ManifestObject { key, size, mtime_ns, etag })
+                .collect();
+            let manifest = Manifest { rows: 7, chunk_rows: 3, chunks: 3, objects };
+            let bytes = manifest.encode().unwrap();
+            let read = ManifestBytes::parse(bytes.as_bytes()).unwrap();
+            proptest::prop_assert_eq!((read.rows, read.chunk_rows, read.chunks), (7, 3, 3));
+            proptest::prop_assert_eq!(read.len, manifest.objects.len());
+            let listed: Vec<ManifestObject> = read.objects().map(|o| o.to_owned()).collect();
+            proptest::prop_assert_eq!(&listed, &manifest.objects);
+            proptest::prop_assert_eq!(Manifest::decode(bytes.as_bytes()).unwrap(), manifest);
+        }
     }
 
     #[test]

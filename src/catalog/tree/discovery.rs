@@ -8,21 +8,20 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectMeta, ObjectStore};
+use object_store::ObjectStore;
 use scdl_format::header::MAX_HEADER_BYTES;
-use scdl_format::layout::parse_chunk_dir_name;
 use scdl_format::manifest::MANIFEST_FILE;
 use scdl_format::{ArrayKind, Backend, Header};
 use tokio::time::Instant;
 
-use super::manifest::Opened;
+use super::manifest::{mtime_of, object_key, DatasetObjects, Opened};
 use super::{non_empty, too_long_a_listing, Tree, MAX_LISTED_ENTRIES};
-use crate::catalog::chunked::FlatDataset;
+use crate::catalog::chunked::{ChunkDirs, FlatDataset};
 use crate::catalog::dataset::Dataset;
 use crate::catalog::monolithic::{MonolithicDataset, DEFAULT_VIRTUAL_CHUNK_ROWS};
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
-use crate::object::{pinned_get, ObjectInfo};
+use crate::object::{canonical_etag, pinned_get, ObjectInfo};
 use crate::parts::ObjectId;
 use crate::store::listing_progress::ListingProgress;
 
@@ -55,9 +54,6 @@ impl KnownDataset {
     }
 }
 
-/// A chunked dataset's objects, by key relative to its prefix.
-type ChunkObjects = HashMap<String, Arc<ObjectInfo>>;
-
 /// Whether a dataset's directory has a manifest ([`super::manifest`]), which then says
 /// what its objects are instead of a recursive listing.
 pub(super) enum Manifested {
@@ -75,7 +71,7 @@ struct Discovery {
     /// Whether its header is chunked.
     chunked: bool,
     /// A chunked dataset's objects, if they could be listed.
-    chunk_objects: Option<ChunkObjects>,
+    chunk_objects: Option<ChunkDirs>,
     /// The header as read, if it could be.
     header_bytes: Option<Bytes>,
 }
@@ -86,19 +82,10 @@ struct Discovery {
 fn sources_of(
     header: &ObjectInfo,
     objects: &HashMap<&str, Arc<ObjectInfo>>,
-    chunk_objects: Option<&ChunkObjects>,
+    chunk_objects: Option<&ChunkDirs>,
 ) -> Vec<ObjectId> {
     let mut ids: Vec<ObjectId> = match chunk_objects {
-        Some(listed) => listed
-            .iter()
-            .filter(|(key, _)| {
-                key.split('/')
-                    .next()
-                    .and_then(parse_chunk_dir_name)
-                    .is_some()
-            })
-            .map(|(_, object)| object.id)
-            .collect(),
+        Some(listed) => listed.ids().collect(),
         None => ArrayKind::ALL
             .iter()
             .filter_map(|kind| objects.get(kind.file_name()))
@@ -147,7 +134,8 @@ impl Tree {
         let (manifest_objects, header_bytes) = match opened {
             Some(opened) => {
                 let bytes = opened.header_bytes_of(header);
-                let objects = (opened.objects).map(|listed| self.chunk_objects_of(prefix, &listed));
+                let objects =
+                    (opened.objects).map(|objects| self.chunk_objects_of(prefix, objects));
                 (Some(objects), bytes)
             }
             None => (None, None),
@@ -196,8 +184,8 @@ impl Tree {
         known.insert(found).found(header)
     }
 
-    /// The objects under a chunked dataset's prefix, by key relative to it.
-    async fn list_chunk_objects(&self, prefix: &ObjectPath) -> FsResult<ChunkObjects> {
+    /// The objects under a chunked dataset's prefix, by chunk.
+    async fn list_chunk_objects(&self, prefix: &ObjectPath) -> FsResult<ChunkDirs> {
         let mut pages = self.store.list(non_empty(prefix));
         let mut listed = Vec::new();
         while let Some(meta) = pages
@@ -211,23 +199,44 @@ impl Tree {
             ListingProgress::advanced();
             listed.push(meta);
         }
-        Ok(self.chunk_objects_of(prefix, &listed))
+        Ok(self.chunk_objects_of(prefix, DatasetObjects::Listed(listed)))
     }
 
-    /// The objects `listed` (listed under `prefix`, or named by its manifest),
-    /// registered, by key relative to `prefix`.
-    fn chunk_objects_of(&self, prefix: &ObjectPath, listed: &[ObjectMeta]) -> ChunkObjects {
-        listed
-            .iter()
-            .filter_map(|meta| {
-                let relative = meta.location.prefix_match(prefix)?;
-                let relative = relative
-                    .map(|p| p.as_ref().to_owned())
-                    .collect::<Vec<_>>()
-                    .join("/");
-                Some((relative, self.registry.register(meta)))
-            })
-            .collect()
+    /// The `objects` under `prefix` (listed, or named by its manifest), registered, by
+    /// chunk. Each object's key is made once, the one the catalog keeps; a listing's
+    /// entries are dropped as they are registered, and a manifest's are read from its
+    /// bytes, which go once all are registered.
+    fn chunk_objects_of(&self, prefix: &ObjectPath, objects: DatasetObjects) -> ChunkDirs {
+        let count = match &objects {
+            DatasetObjects::Listed(listed) => listed.len(),
+            DatasetObjects::Manifest(manifest) => manifest.len,
+        };
+        let mut chunks = ChunkDirs::with_capacity(count);
+        match objects {
+            DatasetObjects::Listed(listed) => {
+                for meta in listed {
+                    let Some(relative) = relative_key(prefix, &meta.location) else {
+                        continue;
+                    };
+                    let relative = relative.to_owned();
+                    let etag = meta.e_tag.as_deref().map(canonical_etag);
+                    let mtime = meta.last_modified.into();
+                    let info =
+                        (self.registry).register_version(meta.location, meta.size, etag, mtime);
+                    chunks.insert(&relative, info);
+                }
+            }
+            DatasetObjects::Manifest(manifest) => {
+                for object in manifest.objects() {
+                    let key = object_key(prefix, object.key);
+                    let etag = object.etag.map(canonical_etag);
+                    let info =
+                        (self.registry).register_version(key, object.size, etag, mtime_of(&object));
+                    chunks.insert(object.key, info);
+                }
+            }
+        }
+        chunks
     }
 
     /// The dataset at `prefix`: a flat dataset if its header is chunked and its objects
@@ -243,7 +252,7 @@ impl Tree {
         prefix: &ObjectPath,
         header: &Arc<ObjectInfo>,
         objects: &HashMap<&str, Arc<ObjectInfo>>,
-        chunk_objects: Option<FsResult<ChunkObjects>>,
+        chunk_objects: Option<FsResult<ChunkDirs>>,
         header_bytes: Option<Bytes>,
         has_chunk_dirs: bool,
     ) -> Discovery {
@@ -389,5 +398,29 @@ impl Tree {
             });
         }
         Ok(bytes.freeze())
+    }
+}
+
+/// The part of `key` under `prefix` (`chunk_00003/data.npy` of `ds/chunk_00003/data.npy`
+/// under `ds`), if it lies under it.
+fn relative_key<'k>(prefix: &ObjectPath, key: &'k ObjectPath) -> Option<&'k str> {
+    match prefix.as_ref() {
+        "" => Some(key.as_ref()),
+        prefix => key.as_ref().strip_prefix(prefix)?.strip_prefix('/'),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_relative_to_a_prefix_it_lies_under() {
+        let key = ObjectPath::from("a/ds/chunk_00001/data.npy");
+        let relative = |prefix: &str| relative_key(&ObjectPath::from(prefix), &key);
+        assert_eq!(relative("a/ds"), Some("chunk_00001/data.npy"));
+        assert_eq!(relative(""), Some("a/ds/chunk_00001/data.npy"));
+        assert_eq!(relative("a/d"), None);
+        assert_eq!(relative("b"), None);
     }
 }

@@ -22,11 +22,11 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use futures::TryStreamExt;
-use object_store::path::Path as ObjectPath;
+use object_store::path::{Path as ObjectPath, PathPart};
 use object_store::{GetResult, ObjectMeta, ObjectStore, ObjectStoreExt};
 use scdl_format::header::MAX_HEADER_BYTES;
 use scdl_format::layout::{parse_chunk_dir_name, HEADER_FILE};
-use scdl_format::manifest::{Manifest, MANIFEST_FILE, MAX_MANIFEST_BYTES};
+use scdl_format::manifest::{ManifestBytes, ManifestEntry, MANIFEST_FILE, MAX_MANIFEST_BYTES};
 use scdl_format::Header;
 use tokio::time::Instant;
 
@@ -44,10 +44,18 @@ pub(super) struct Opened {
     /// Every object of the dataset but the header (and the manifest it was read from),
     /// or why they could not be listed: the dataset is then shown as stored, not listed
     /// again.
-    pub(super) objects: FsResult<Vec<ObjectMeta>>,
+    pub(super) objects: FsResult<DatasetObjects>,
     /// The header's bytes, as read, and the version they are of.
     header_bytes: Bytes,
     header_meta: ObjectMeta,
+}
+
+/// A dataset's objects as listed, or as its manifest lists them: read from the
+/// manifest's bytes as they are registered, never copied out whole (an atlas's manifest
+/// of 73,000 objects, copied out into the listing's form, held 17 MB beside its 7).
+pub(super) enum DatasetObjects {
+    Listed(Vec<ObjectMeta>),
+    Manifest(ManifestBytes<Bytes>),
 }
 
 impl Opened {
@@ -81,7 +89,10 @@ impl Tree {
         tokio::pin!(listing, probe);
         tokio::select! {
             opened = &mut probe => match opened {
-                Some(Opened { level: Some(ref level), .. }) => Ok((level.clone(), opened)),
+                Some(mut opened) if opened.level.is_some() => {
+                    let level = opened.level.take().expect("just seen");
+                    Ok((level, Some(opened)))
+                }
                 opened => Ok((listing.await?, opened)),
             },
             listed = &mut listing => {
@@ -124,11 +135,16 @@ impl Tree {
                 objects.retain(|meta| meta.location != header_key);
                 objects
             });
-        let level =
-            (objects.as_ref().ok()).map(|objects| level_of(prefix, objects, [header_meta.clone()]));
+        let level = (objects.as_ref().ok()).map(|objects| {
+            let mut level = Level::new(prefix, [header_meta.clone()]);
+            for meta in objects {
+                level.add(meta.location.prefix_match(prefix), || meta.clone());
+            }
+            level.done()
+        });
         Some(Opened {
             level,
-            objects,
+            objects: objects.map(DatasetObjects::Listed),
             header_bytes,
             header_meta,
         })
@@ -155,7 +171,10 @@ impl Tree {
 
     /// The manifest at `prefix` as read, with its metadata, if there is one that
     /// decodes; logged if there is one that cannot be read or decoded.
-    async fn read_manifest(&self, prefix: &ObjectPath) -> Option<(ObjectMeta, Manifest)> {
+    async fn read_manifest(
+        &self,
+        prefix: &ObjectPath,
+    ) -> Option<(ObjectMeta, ManifestBytes<Bytes>)> {
         let key = prefix.clone().join(MANIFEST_FILE);
         let (meta, bytes) = match self.whole(&key, MAX_MANIFEST_BYTES).await {
             Ok(read) => read,
@@ -165,7 +184,7 @@ impl Tree {
                 return None;
             }
         };
-        match Manifest::decode(&bytes) {
+        match ManifestBytes::parse(bytes) {
             Ok(manifest) => Some((meta, manifest)),
             Err(error) => {
                 tracing::warn!(manifest = %key, %error, "not using the manifest; listing the dataset instead");
@@ -188,7 +207,7 @@ impl Tree {
     fn opened_from(
         &self,
         prefix: &ObjectPath,
-        (manifest_meta, manifest): (ObjectMeta, Manifest),
+        (manifest_meta, manifest): (ObjectMeta, ManifestBytes<Bytes>),
         (header_meta, header_bytes): (ObjectMeta, Bytes),
         probe: Option<ObjectMeta>,
     ) -> Option<Opened> {
@@ -200,28 +219,21 @@ impl Tree {
             tracing::warn!(manifest = %manifest_meta.location, %reason, "not using the manifest; listing the dataset instead");
             return None;
         }
-        let objects: Vec<ObjectMeta> = manifest
-            .objects
-            .into_iter()
-            .map(|object| ObjectMeta {
-                location: object
-                    .key
-                    .split('/')
-                    .fold(prefix.clone(), |path, part| path.join(part)),
-                last_modified: (UNIX_EPOCH + Duration::from_nanos(object.mtime_ns)).into(),
+        let mut level = Level::new(prefix, [header_meta.clone(), manifest_meta]);
+        for object in manifest.objects() {
+            let within = object.key.split('/').map(PathPart::from);
+            level.add(Some(within), || ObjectMeta {
+                location: object_key(prefix, object.key),
+                last_modified: mtime_of(&object).into(),
                 size: object.size,
-                e_tag: object.etag,
+                e_tag: object.etag.map(str::to_owned),
                 version: None,
-            })
-            .collect();
-        tracing::info!(dataset = %prefix, objects = objects.len(), "opened from its manifest; its objects are not listed");
+            });
+        }
+        tracing::info!(dataset = %prefix, objects = manifest.len, "opened from its manifest; its objects are not listed");
         Some(Opened {
-            level: Some(level_of(
-                prefix,
-                &objects,
-                [header_meta.clone(), manifest_meta],
-            )),
-            objects: Ok(objects),
+            level: Some(level.done()),
+            objects: Ok(DatasetObjects::Manifest(manifest)),
             header_bytes,
             header_meta,
         })
@@ -280,12 +292,12 @@ const PROBED_OBJECT: &str = "chunk_00000/row_ptr.npy";
 /// chunked into a local folder and copied into a bucket has a manifest of the folder's
 /// ETags, none of which the bucket's objects carry, and every read of them would be
 /// refused as a changed object.
-fn same_version(manifest: &Manifest, probe: Option<&ObjectMeta>) -> Result<(), String> {
-    let listed = manifest.objects.iter().find(|o| o.key == PROBED_OBJECT);
+fn same_version(manifest: &ManifestBytes<Bytes>, probe: Option<&ObjectMeta>) -> Result<(), String> {
+    let listed = manifest.objects().find(|o| o.key == PROBED_OBJECT);
     match (listed, probe) {
         (Some(listed), Some(stored))
             if listed.size == stored.size
-                && listed.etag.as_deref().map(canonical_etag)
+                && listed.etag.map(canonical_etag)
                     == stored.e_tag.as_deref().map(canonical_etag) =>
         {
             Ok(())
@@ -305,39 +317,90 @@ fn shows(listed: &Prelisted, name: &str) -> bool {
         .any(|meta| meta.location.filename() == Some(name))
 }
 
-/// The directory `prefix` as a delimited listing shows it: the `objects` directly in
-/// it and `more` (the header and the manifest), and one subdirectory for each first
-/// part of a deeper key, in key order.
-fn level_of<const N: usize>(
-    prefix: &ObjectPath,
-    objects: &[ObjectMeta],
-    more: [ObjectMeta; N],
-) -> Prelisted {
-    let mut level = Prelisted {
-        at: Instant::now(),
-        common_prefixes: Vec::new(),
-        objects: more.into(),
+/// The key of a manifest's object at `relative` under `prefix`: each part of it a
+/// part of the key, as [`ObjectPath::join`] makes it. A part of plain characters
+/// is as written, which a key of the chunked layout is made of, so the key is
+/// written out in one allocation, the one the catalog keeps.
+pub(super) fn object_key(prefix: &ObjectPath, relative: &str) -> ObjectPath {
+    let plain = |part: &str| {
+        !part.is_empty()
+            && part != "."
+            && part != ".."
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
     };
-    for meta in objects {
-        let Some(mut parts) = meta.location.prefix_match(prefix) else {
-            continue;
+    if relative.split('/').all(plain) {
+        let key = match prefix.as_ref() {
+            "" => relative.to_owned(),
+            prefix => format!("{prefix}/{relative}"),
+        };
+        if let Ok(key) = ObjectPath::parse(key) {
+            return key;
+        }
+    }
+    (relative.split('/')).fold(prefix.clone(), |path, part| path.join(part))
+}
+
+/// When a manifest says its object was last modified.
+pub(super) fn mtime_of(object: &ManifestEntry<'_>) -> std::time::SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(object.mtime_ns)
+}
+
+/// The directory `prefix` as a delimited listing shows it, made from the keys under
+/// it: the objects directly in it, and one subdirectory for each first part of a
+/// deeper key, in key order.
+struct Level<'a> {
+    prefix: &'a ObjectPath,
+    level: Prelisted,
+}
+
+impl<'a> Level<'a> {
+    /// Holding `more` objects (the header and the manifest) to begin with.
+    fn new<const N: usize>(prefix: &'a ObjectPath, more: [ObjectMeta; N]) -> Level<'a> {
+        Level {
+            prefix,
+            level: Prelisted {
+                at: Instant::now(),
+                common_prefixes: Vec::new(),
+                objects: more.into(),
+            },
+        }
+    }
+
+    /// Adds the object whose key has the parts `within` the prefix (`None`: not under
+    /// it): the object itself (`meta`) if it lies directly in the directory, else the
+    /// subdirectory of its first part, unless that was the last one added (keys come in
+    /// order, so a subdirectory's keys come together: no name is made for each key).
+    fn add<'p>(
+        &mut self,
+        within: Option<impl Iterator<Item = PathPart<'p>>>,
+        meta: impl FnOnce() -> ObjectMeta,
+    ) {
+        let Some(mut parts) = within else {
+            return;
         };
         let first = parts.next();
         match (first, parts.next()) {
-            (Some(_), None) => level.objects.push(meta.clone()),
+            (Some(_), None) => self.level.objects.push(meta()),
             (Some(dir), Some(_)) => {
-                let dir = prefix.clone().join(dir.as_ref());
-                if level.common_prefixes.last() != Some(&dir) {
-                    level.common_prefixes.push(dir);
+                let last = self.level.common_prefixes.last();
+                if last.and_then(|last| last.filename()) != Some(dir.as_ref()) {
+                    let dir = self.prefix.clone().join(dir.as_ref());
+                    self.level.common_prefixes.push(dir);
                 }
             }
             (None, _) => {}
         }
     }
-    level.common_prefixes.sort();
-    level.common_prefixes.dedup();
-    level.objects.sort_by(|a, b| a.location.cmp(&b.location));
-    level
+
+    fn done(mut self) -> Prelisted {
+        let level = &mut self.level;
+        level.common_prefixes.sort();
+        level.common_prefixes.dedup();
+        level.objects.sort_by(|a, b| a.location.cmp(&b.location));
+        self.level
+    }
 }
 
 #[cfg(test)]
@@ -364,11 +427,18 @@ mod tests {
             "ds/var_features/labels.npy",
         ]
         .map(meta);
-        let level = level_of(
-            &ObjectPath::from("ds"),
-            &objects,
+        let prefix = ObjectPath::from("ds");
+        let mut level = Level::new(
+            &prefix,
             [meta("ds/header.sch"), meta("ds/.scdlfs-manifest")],
         );
+        for object in &objects {
+            level.add(object.location.prefix_match(&prefix), || object.clone());
+        }
+        level.add(meta("other/x").location.prefix_match(&prefix), || {
+            meta("other/x")
+        });
+        let level = level.done();
         let names = |paths: Vec<&ObjectPath>| -> Vec<String> {
             paths.into_iter().map(|p| p.to_string()).collect()
         };
@@ -380,5 +450,27 @@ mod tests {
             names(level.objects.iter().map(|m| &m.location).collect()),
             ["ds/.scdlfs-manifest", "ds/header.sch", "ds/metadata.json"]
         );
+    }
+
+    proptest::proptest! {
+        /// A manifest's key is the one joining its parts makes, written out at once or
+        /// not.
+        #[test]
+        fn a_manifest_key_is_its_parts_joined(
+            prefix in "([a-z0-9_.-]{1,6}(/[a-z%. ]{1,4}){0,2})?",
+            relative in "[a-zA-Z0-9_./%~ -]{1,20}",
+        ) {
+            let prefix = ObjectPath::from(prefix.as_str());
+            let joined = (relative.split('/')).fold(prefix.clone(), |path, part| path.join(part));
+            proptest::prop_assert_eq!(object_key(&prefix, &relative), joined);
+        }
+    }
+
+    #[test]
+    fn a_chunk_array_key_is_written_out_at_once() {
+        let key = object_key(&ObjectPath::from("atlas/ds"), "chunk_00012/row_ptr.npy");
+        assert_eq!(key.as_ref(), "atlas/ds/chunk_00012/row_ptr.npy");
+        let key = object_key(&ObjectPath::from(""), "chunk_00012/row_ptr.npy");
+        assert_eq!(key.as_ref(), "chunk_00012/row_ptr.npy");
     }
 }

@@ -1,7 +1,6 @@
 //! The tree's node types: directories with their listing, files with what their bytes
 //! are ([`FileContent`]). Nodes never change; a relisting makes new ones.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -50,13 +49,15 @@ pub struct DirNode {
     pub(super) prefix: ObjectPath,
     pub(super) mode: DirMode,
     /// A listing of the directory's prefix made before its first use, taken as its
-    /// first listing while current instead of asking the store again.
-    pub(super) prelisted: Mutex<Option<Prelisted>>,
+    /// first listing while current instead of asking the store again. Boxed, as
+    /// `in_flight` is: a directory that has neither costs a word for each (an atlas's
+    /// `.chunked/` holds 24,415 directories).
+    pub(super) prelisted: Mutex<Option<Box<Prelisted>>>,
     /// The current listing, once made.
     pub(super) listing: Mutex<Option<Arc<Listing>>>,
     /// The listing of the store under way, if one is: a task of its own, which every
     /// caller joins, so that a caller's deadline ends its wait, not the listing.
-    pub(super) in_flight: Mutex<Option<InFlight>>,
+    pub(super) in_flight: Mutex<Option<Box<InFlight>>>,
 }
 
 /// A listing of a directory under way, shared by everyone waiting for it.
@@ -95,7 +96,7 @@ impl DirNode {
         DirNode {
             prefix,
             mode,
-            prelisted: Mutex::new(prelisted),
+            prelisted: Mutex::new(prelisted.map(Box::new)),
             listing: Mutex::new(None),
             in_flight: Mutex::new(None),
         }
@@ -118,17 +119,20 @@ pub struct Node {
     pub kind: NodeKind,
 }
 
-/// A listed directory: entry names in sorted order, with their inodes.
+/// A listed directory: entry names in sorted order, with their inodes (one name each,
+/// found by a binary search: a map beside them held every name twice).
 pub struct Listing {
     pub entries: Vec<(String, u64)>,
-    pub(super) by_name: HashMap<String, u64>,
     /// When the store is to be listed again; `None`: never (no `--metadata-ttl`).
     pub(super) expires: Option<Instant>,
 }
 
 impl Listing {
     pub fn get(&self, name: &str) -> Option<u64> {
-        self.by_name.get(name).copied()
+        let at = self
+            .entries
+            .binary_search_by(|(entry, _)| entry.as_str().cmp(name));
+        at.ok().map(|at| self.entries[at].1)
     }
 
     fn is_current(&self) -> bool {
@@ -140,5 +144,34 @@ impl Listing {
     pub fn valid_for(&self) -> Option<Duration> {
         self.expires
             .map(|at| at.saturating_duration_since(Instant::now()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A name is found among a listing's sorted entries, and only a listed one.
+    #[test]
+    fn a_listing_finds_its_names() {
+        let names = [
+            ".chunked",
+            "chunk_00000",
+            "chunk_00001",
+            "header.sch",
+            "row_ptr.npy",
+        ];
+        let listing = Listing {
+            entries: (names.iter().enumerate())
+                .map(|(i, name)| (name.to_string(), i as u64 + 2))
+                .collect(),
+            expires: None,
+        };
+        for (i, name) in names.iter().enumerate() {
+            assert_eq!(listing.get(name), Some(i as u64 + 2));
+        }
+        for missing in ["", "chunk_0000", "chunk_00002", "zzz", ".a"] {
+            assert_eq!(listing.get(missing), None);
+        }
     }
 }
