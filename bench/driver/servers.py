@@ -48,6 +48,8 @@ http {{
     keepalive_requests 1000000;
     keepalive_timeout 600s;
     default_type application/octet-stream;
+    # PUTs go to the S3 server whatever their size (an atlas's manifest is megabytes).
+    client_max_body_size 0;
     client_body_temp_path {nginx_dir}/tmp;
     proxy_temp_path {nginx_dir}/tmp;
     server {{
