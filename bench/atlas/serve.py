@@ -4,10 +4,7 @@ are served with ranges, ETags (nginx's) and If-Match (412) from the files (the a
 bench puts nginx in front for them, as a Python server answers few requests a second), and ListObjectsV2 pages
 (delimited or not, continuation tokens, max-keys up to 1000) come from a key list
 computed once, each page answered after a fixed delay, as a real store's take time.
-PUT writes a file. No signature is checked. GET /__stats counts the listing pages answered, by prefix,
-and the bytes of `row_ptr.npy` objects served (GET bodies) since the last GET /__row_ptr_reset: in all,
-and as distinct bytes (each object's ranges served, joined), so that a bench tells how often row
-offsets were fetched again.
+PUT writes a file. No signature is checked. GET /__stats counts the listing pages answered, by prefix.
 
 usage: serve.py ROOT PORT PAGE_DELAY_SECONDS   (ROOT/<bucket>/<key>)
 """
@@ -19,25 +16,9 @@ ROOT, PORT, DELAY = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 LOCK = threading.Lock()
 KEYS = {}  # bucket -> sorted list of keys
 PAGES = {}  # listing pages answered so far, by the prefix listed
-# GET of this path answers {"list_pages": {prefix: pages}, "row_ptr": {...}}: how a bench
-# tells whether a mount listed a dataset (a mount of the bucket lists its root besides), and
-# the row offsets it fetched (row_ptr_stats).
+# GET of this path answers {"list_pages": {prefix: pages}}: how a bench tells whether a
+# mount listed a dataset (a mount of the bucket lists its root besides).
 STATS_PATH = "/__stats"
-# GET of this path forgets the row_ptr.npy ranges served so far.
-ROW_PTR_RESET_PATH = "/__row_ptr_reset"
-ROW_PTR = {}  # key of a row_ptr.npy -> [(start, end)] of the bodies served
-
-
-def row_ptr_stats():
-    """{"served_bytes", "distinct_bytes", "objects"} of the row_ptr.npy bodies served (LOCK held)."""
-    served = distinct = 0
-    for ranges in ROW_PTR.values():
-        served += sum(end - start for start, end in ranges)
-        reach = 0
-        for start, end in sorted(ranges):
-            distinct += max(0, end - max(start, reach))
-            reach = max(reach, end)
-    return dict(served_bytes=served, distinct_bytes=distinct, objects=len(ROW_PTR))
 
 
 def index():
@@ -102,12 +83,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == STATS_PATH:
             with LOCK:
-                body = json.dumps(dict(list_pages=PAGES, row_ptr=row_ptr_stats())).encode()
+                body = json.dumps(dict(list_pages=PAGES)).encode()
             return self.reply(200, body, [("Content-Type", "application/json")])
-        if self.path == ROW_PTR_RESET_PATH:
-            with LOCK:
-                ROW_PTR.clear()
-            return self.reply(200)
         bucket, key, query = self.split()
         if query.get("list-type") == "2":
             return self.list(bucket, query)
@@ -136,9 +113,6 @@ class Handler(BaseHTTPRequestHandler):
             with open(path, "rb") as f:
                 f.seek(start)
                 body = f.read(end - start)
-            if key.endswith("/row_ptr.npy") and end > start:
-                with LOCK:
-                    ROW_PTR.setdefault(key, []).append((start, end))
         self.send_response(status)
         for k, v in headers:
             self.send_header(k, v)

@@ -104,7 +104,7 @@ def start_endpoint(args, root):
                  "the atlas endpoint", stderr=open(os.path.join(args.work, "logs", "atlas-serve.log"), "w"))
     wait_port(port, proc, "the atlas endpoint", timeout=300)
     front = start_nginx(os.path.join(args.work, "nginx-atlas"), root, port,
-                        os.path.join(args.work, "logs", "atlas-nginx.log"))
+                        os.path.join(args.work, "logs", "atlas-nginx.log"), log_row_offsets=True)
     return "http://127.0.0.1:%d" % front, proc
 
 
@@ -149,25 +149,46 @@ def first_row(dataset_dir):
     return json.loads(out.stdout)
 
 
-def row_offsets_served(endpoint):
-    """What the endpoint served of row_ptr.npy objects since its last reset: bytes in all,
-    distinct bytes, objects."""
-    with urllib.request.urlopen(endpoint + "/__stats", timeout=30) as answer:
-        return json.load(answer)["row_ptr"]
+def row_offsets_log(args):
+    """nginx's log of the row_ptr.npy GETs it answered (servers.ROW_OFFSETS_LOG)."""
+    return os.path.join(args.work, "nginx-atlas", "row_offsets.log")
+
+
+def row_offsets_served(log, since):
+    """What the endpoint served of row_ptr.npy objects from byte `since` of its log on:
+    bytes in all, distinct bytes (each object's ranges joined), objects."""
+    ranges = {}
+    with open(log, "rb") as f:
+        f.seek(since)
+        for line in f.read().decode().splitlines():
+            key, asked, status, sent = line.split()
+            start = int(asked.split("=", 1)[1].split("-")[0]) if asked.startswith("bytes=") else 0
+            if status in ("200", "206") and int(sent) > 0:
+                ranges.setdefault(key, []).append((start, start + int(sent)))
+    served = distinct = 0
+    for spans in ranges.values():
+        served += sum(end - start for start, end in spans)
+        reach = 0
+        for start, end in sorted(spans):
+            distinct += max(0, end - max(start, reach))
+            reach = max(reach, end)
+    return dict(served_bytes=served, distinct_bytes=distinct, objects=len(ranges))
 
 
 def ranks(args, dataset_dir, proc, mnt, run_i, endpoint):
     """ATLAS_RANKS rank processes through every sampler order, one order at a time; their
     results, the daemon's peak RSS and what it fetched meanwhile, and per order the row
     offsets fetched (the daemon's row_offset_bytes_fetched) against the distinct row-offset
-    bytes the endpoint served: how often a chunk's row offsets were fetched again."""
+    bytes the endpoint served (nginx's log of them): how often a chunk's row offsets were
+    fetched again."""
     world = QUICK_ATLAS_RANKS if args.quick else ATLAS_RANKS
     rows = QUICK_ATLAS_READ_ROWS if args.quick else ATLAS_READ_ROWS
     counters = scdlfs_status(mnt)["counters"]
     results, row_offsets = [], []
     for order in SAMPLER_ORDERS:
         barrier = fresh_dir(os.path.join(args.work, "atlas-barrier"))
-        urllib.request.urlopen(endpoint + "/__row_ptr_reset", timeout=30).close()
+        log = row_offsets_log(args)
+        since = os.path.getsize(log) if os.path.exists(log) else 0
         before = scdlfs_status(mnt)["counters"].get("row_offset_bytes_fetched", 0)
         children = [subprocess.Popen([python(), os.path.join(ATLAS_DIR, "rank.py"), dataset_dir, str(rank),
                                       str(world), str(rows), barrier, json.dumps([order])],
@@ -180,7 +201,7 @@ def ranks(args, dataset_dir, proc, mnt, run_i, endpoint):
                                                                                err.strip()[-2000:]))
             results += [json.loads(line) for line in out.splitlines()]
         fetched = scdlfs_status(mnt)["counters"].get("row_offset_bytes_fetched", 0) - before
-        row_offsets.append(dict(order=order[0], fetched_bytes=fetched, **row_offsets_served(endpoint)))
+        row_offsets.append(dict(order=order[0], fetched_bytes=fetched, **row_offsets_served(log, since)))
     after = scdlfs_status(mnt)
     fetched = {k: after["counters"][k] - counters[k] for k in (
         "bytes_fetched", "parts_fetched", "direct_reads", "edges_fetched", "planned_requests")}

@@ -43,7 +43,7 @@ pid {nginx_dir}/nginx.pid;
 error_log {nginx_dir}/error.log warn;
 events {{ worker_connections 1024; }}
 http {{
-    access_log off;
+    {access_log}
     sendfile on;
     keepalive_requests 1000000;
     keepalive_timeout 600s;
@@ -93,15 +93,26 @@ def start_server(args, datasets):
     return endpoint, None
 
 
-def start_nginx(nginx_dir, root, upstream_port, log_path):
+# The log of row_ptr.npy GETs (`start_nginx(log_row_offsets=True)`): per line the key, the
+# Range header and the status and body bytes of the answer.
+ROW_OFFSETS_LOG = """log_format row_offsets '$uri $http_range $status $body_bytes_sent';
+    map $uri $row_offsets_get {{ ~/row_ptr\\.npy$ 1; default 0; }}
+    access_log {nginx_dir}/row_offsets.log row_offsets if=$row_offsets_get;"""
+
+
+def start_nginx(nginx_dir, root, upstream_port, log_path, log_row_offsets=False):
     """nginx on a free port of 127.0.0.1 serving object GETs and HEADs from the files under
     `root` (`root/<bucket>/<key>`), everything else from the S3 server on `upstream_port`;
-    its configuration, pid and temporary files in `nginx_dir`. Returns its port."""
+    its configuration, pid and temporary files in `nginx_dir`, and with `log_row_offsets`
+    the log of its row_ptr.npy GETs (`ROW_OFFSETS_LOG`, `nginx_dir`/row_offsets.log).
+    Returns its port."""
     port = free_port()
     os.makedirs(os.path.join(nginx_dir, "tmp"), exist_ok=True)
     conf = os.path.join(nginx_dir, "nginx.conf")
+    access_log = ROW_OFFSETS_LOG.format(nginx_dir=nginx_dir) if log_row_offsets else "access_log off;"
     with open(conf, "w") as f:
-        f.write(NGINX_CONF.format(nginx_dir=nginx_dir, root=root, port=port, upstream_port=upstream_port))
+        f.write(NGINX_CONF.format(nginx_dir=nginx_dir, root=root, port=port, upstream_port=upstream_port,
+                                  access_log=access_log))
     proc = spawn(["nginx", "-c", conf], "nginx", stderr=open(log_path, "w"))
     wait_port(port, proc, "nginx")
     return port
