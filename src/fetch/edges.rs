@@ -1,5 +1,5 @@
 //! Edges: the few bytes of a part beyond a chunk's end that the kernel's read-around
-//! asks for, fetched on their own and kept in memory (at most [`EDGES_KEPT`](super::EDGES_KEPT)) instead
+//! asks for, fetched on their own and kept in memory (at most [`EDGES_KEPT`]) instead
 //! of downloading their whole part. An edge takes a download slot, then its memory if
 //! the budget has room now (else it is dropped: it is advice), the order a download
 //! takes them in; and it counts as a download in flight.
