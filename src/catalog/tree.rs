@@ -140,14 +140,16 @@ impl Tree {
         });
         let registry = Arc::new(registry);
         let ranges = RangeLister::new(store.clone(), times.keys_in_order);
+        let opener = ManifestOpener::new(store.clone(), ranges);
         Tree {
             datasets: Datasets::new(
-                store.clone(),
+                store,
                 registry.clone(),
                 metrics.clone(),
                 times.metadata_ttl,
+                opener.clone(),
             ),
-            opener: ManifestOpener::new(store, ranges),
+            opener,
             registry,
             nodes: RwLock::new(vec![root]),
             mount_time: SystemTime::now(),
@@ -376,14 +378,7 @@ impl Tree {
             .any(|dir| dir.filename().and_then(parse_chunk_dir_name).is_some());
         let (dataset, header_bytes) = self
             .datasets
-            .dataset_at(
-                &self.opener,
-                prefix,
-                &header,
-                &objects,
-                has_chunk_dirs,
-                manifest,
-            )
+            .dataset_at(prefix, &header, &objects, has_chunk_dirs, manifest)
             .await;
         if let Some(bytes) = header_bytes {
             let header_entry = entries.iter_mut().find(|(name, _)| name == HEADER_FILE);

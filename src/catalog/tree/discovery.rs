@@ -107,6 +107,8 @@ pub(super) struct Datasets {
     registry: Arc<ObjectRegistry>,
     metrics: Arc<Metrics>,
     metadata_ttl: Option<Duration>,
+    /// Reads a manifest the directory shows.
+    opener: ManifestOpener,
     /// Datasets by prefix, so the flat view and `.chunked/` share one dataset (one
     /// set of plans and checks). Each has its own lock, held while it is discovered or
     /// checked against the store, so both views get the same one.
@@ -119,12 +121,14 @@ impl Datasets {
         registry: Arc<ObjectRegistry>,
         metrics: Arc<Metrics>,
         metadata_ttl: Option<Duration>,
+        opener: ManifestOpener,
     ) -> Datasets {
         Datasets {
             store,
             registry,
             metrics,
             metadata_ttl,
+            opener,
             by_prefix: Mutex::new(HashMap::new()),
         }
     }
@@ -133,10 +137,9 @@ impl Datasets {
     /// and chunk directories if `has_chunk_dirs`, and the header's bytes if discovery
     /// could read them: discovered on first use and kept; with `--metadata-ttl`,
     /// compared with the store once the TTL has passed, and discovered anew if an
-    /// object it read changed. A manifest the directory shows is read with `opener`.
+    /// object it read changed.
     pub(super) async fn dataset_at(
         &self,
-        opener: &ManifestOpener,
         prefix: &ObjectPath,
         header: &Arc<ObjectInfo>,
         objects: &HashMap<&str, Arc<ObjectInfo>>,
@@ -158,7 +161,7 @@ impl Datasets {
         let opened = match manifest {
             Manifested::Read(opened) => Some(*opened),
             Manifested::IfShown if objects.contains_key(MANIFEST_FILE) => {
-                opener.open_manifest(prefix).await
+                self.opener.open_manifest(prefix).await
             }
             Manifested::IfShown | Manifested::No => None,
         };

@@ -74,6 +74,7 @@ impl Opened {
 /// Opens a directory's dataset from its manifest, or from its header and its keys
 /// listed in ranges, while the directory's delimited listing is made: the store, and
 /// the ranges' lister.
+#[derive(Clone)]
 pub(super) struct ManifestOpener {
     store: Arc<dyn ObjectStore>,
     ranges: RangeLister,
