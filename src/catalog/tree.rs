@@ -44,7 +44,7 @@ use bytes::Bytes;
 use futures::FutureExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ListResult, ObjectStore};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use scdl_format::hint::{Announcement, HINT_FILE};
 use scdl_format::layout::{parse_chunk_dir_name, HEADER_FILE};
 use tokio::time::Instant;
@@ -55,26 +55,25 @@ use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
 use crate::object::ObjectInfo;
 use crate::store::listing_progress::ListingProgress;
-use discovery::{KnownDataset, Manifested};
+use discovery::{Datasets, Manifested};
 use flat_entries::flat_entries;
+use manifest::ManifestOpener;
 pub use nodes::{DirMode, DirNode, FileContent, FileNode, Listing, Node, NodeKind};
 use nodes::{InFlight, Prelisted};
+use ranges::RangeLister;
 
 pub struct Tree {
-    store: Arc<dyn ObjectStore>,
-    registry: ObjectRegistry,
-    /// Datasets by prefix, so the flat view and `.chunked/` share one dataset (one
-    /// set of plans and checks). Each has its own lock, held while it is discovered or
-    /// checked against the store, so both views get the same one.
-    datasets: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<KnownDataset>>>>>,
+    registry: Arc<ObjectRegistry>,
+    /// The datasets found, by prefix ([`Datasets`]).
+    datasets: Datasets,
+    /// Opens a directory from its manifest while it is listed ([`ManifestOpener`]).
+    opener: ManifestOpener,
     nodes: RwLock<Vec<Arc<Node>>>,
     mount_time: SystemTime,
     /// How long a listing stands before the store is listed again (`None`: forever).
     metadata_ttl: Option<Duration>,
     /// The longest a listing runs ([`LISTING_DEADLINES`]).
     listing_timeout: Duration,
-    /// Whether the store lists keys in order, so a listing can be cut into key ranges.
-    keys_in_order: bool,
     metrics: Arc<Metrics>,
 }
 
@@ -139,15 +138,23 @@ impl Tree {
             parent: fuser::INodeNo::ROOT.0,
             kind: NodeKind::Dir(DirNode::new(root, mode, root_listing.map(Prelisted::now))),
         });
+        let registry = Arc::new(registry);
+        let ranges = RangeLister::new(store.clone(), times.keys_in_order);
+        let opener = ManifestOpener::new(store.clone(), ranges);
         Tree {
-            store,
+            datasets: Datasets::new(
+                store,
+                registry.clone(),
+                metrics.clone(),
+                times.metadata_ttl,
+                opener.clone(),
+            ),
+            opener,
             registry,
-            datasets: Mutex::new(HashMap::new()),
             nodes: RwLock::new(vec![root]),
             mount_time: SystemTime::now(),
             metadata_ttl: times.metadata_ttl,
             listing_timeout: times.listing_timeout,
-            keys_in_order: times.keys_in_order,
             metrics,
         }
     }
@@ -158,7 +165,7 @@ impl Tree {
     }
 
     fn is_current(&self, checked: Instant) -> bool {
-        self.metadata_ttl.is_none_or(|ttl| checked.elapsed() < ttl)
+        is_current(self.metadata_ttl, checked)
     }
 
     pub fn mount_time(&self) -> SystemTime {
@@ -326,7 +333,7 @@ impl Tree {
         let prelisted = dir.prelisted.lock().take().map(|prelisted| *prelisted);
         let (listed, manifest) = match prelisted.filter(|p| self.is_current(p.at)) {
             Some(prelisted) => (prelisted, Manifested::IfShown),
-            None => match self.list_level(dir).await? {
+            None => match self.opener.list_level(dir).await? {
                 (listed, Some(opened)) => (listed, Manifested::Read(Box::new(opened))),
                 (listed, None) => (listed, Manifested::No),
             },
@@ -370,6 +377,7 @@ impl Tree {
             .iter()
             .any(|dir| dir.filename().and_then(parse_chunk_dir_name).is_some());
         let (dataset, header_bytes) = self
+            .datasets
             .dataset_at(prefix, &header, &objects, has_chunk_dirs, manifest)
             .await;
         if let Some(bytes) = header_bytes {
@@ -412,6 +420,11 @@ pub const LISTING_DEADLINES: u32 = 8;
 pub use crate::store::paged_listings::MAX_LISTED_ENTRIES;
 
 /// The error of a listing of more than [`MAX_LISTED_ENTRIES`] entries, logged.
+/// Whether what was listed or checked at `checked` still stands under `metadata_ttl`.
+fn is_current(metadata_ttl: Option<Duration>, checked: Instant) -> bool {
+    metadata_ttl.is_none_or(|ttl| checked.elapsed() < ttl)
+}
+
 fn too_long_a_listing(prefix: &ObjectPath) -> FsError {
     tracing::error!(directory = %prefix, "the store lists more than {MAX_LISTED_ENTRIES} entries under this prefix; refusing the listing");
     FsError::ListingTooLong {

@@ -57,6 +57,7 @@ fn admission(urgency: &Urgency) -> Admission {
     }
 }
 
+// Not a type of its own: the pipeline is the Fetcher's own work, over its cache, slots, memory, downloads in flight, parts kept in memory and edges.
 impl Fetcher {
     /// Starts downloading the part in the background unless it is cached or on its way,
     /// or the cache could take it only by evicting what a plan needs sooner than it
@@ -221,7 +222,7 @@ impl Fetcher {
         let range = self.part_range(object, index);
         let len = range.end - range.start;
         let key = Self::key(object, index);
-        let held = self.held_edge(key, len);
+        let held = self.edges.held_edge(key, len);
         let fetched = tokio::time::timeout(self.read_timeout, async {
             let mut spooled = self.spool(object, index, admission(urgency)).await;
             if spooled.is_none() && !urgency.is_demand() && self.waits_for_room(object, index) {
@@ -285,7 +286,7 @@ impl Fetcher {
         }
         if self.cache.contains(key) {
             // Its part serves the edge's bytes now: the memory goes back to the budget.
-            self.edges.lock().pop(&key);
+            self.edges.forget(key);
         }
         Ok(Ending::Fetched)
     }
@@ -336,7 +337,7 @@ impl Fetcher {
             if let Some(reservation) = self.memory.try_reserve(len) {
                 return reservation;
             }
-            if self.uncached.lock().pop_lru().is_none() && self.edges.lock().pop_lru().is_none() {
+            if self.uncached.lock().pop_lru().is_none() && !self.edges.drop_oldest() {
                 return self.memory.reserve(len).await;
             }
         }
@@ -346,23 +347,6 @@ impl Fetcher {
         Metrics::add(&self.metrics.fetch_errors, 1);
         tracing::error!(object = %object.key, part = index, %error, "download failed; readers get EIO");
         error
-    }
-
-    /// The edge of the part held in memory ([`Fetcher::prefetch_edge`]), as its offset
-    /// in the part and its bytes, if it is the part's first or last bytes: its part's
-    /// download then asks the store for the rest only. The kernel's read-around across
-    /// a window's chunk edges fetched those bytes of a neighbour chunk; when that chunk's
-    /// own window comes, they would otherwise cross the link a second time.
-    ///
-    /// Only an edge pinned by its ETag: the download's own answer must be too
-    /// ([`Fetcher::receive_from_store`]), or two versions of a rewritten object that
-    /// share a modification time could make one part.
-    fn held_edge(&self, key: PartKey, part_len: u64) -> Option<(u64, Bytes)> {
-        let edges = self.edges.lock();
-        let edge = edges.peek(&key).filter(|edge| edge.joinable)?;
-        let len = edge.bytes.len() as u64;
-        let at_an_end = edge.offset == 0 || edge.offset + len == part_len;
-        (at_an_end && len > 0 && len < part_len).then(|| (edge.offset, edge.bytes.clone()))
     }
 
     /// Receives bytes `range` of the object into `arriving`: those of the `held` edge

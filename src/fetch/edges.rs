@@ -1,16 +1,19 @@
 //! Edges: the few bytes of a part beyond a chunk's end that the kernel's read-around
-//! asks for, fetched on their own and kept in memory (at most [`EDGES_KEPT`](super::EDGES_KEPT)) instead
+//! asks for, fetched on their own and kept in memory (at most [`EDGES_KEPT`]) instead
 //! of downloading their whole part. An edge takes a download slot, then its memory if
 //! the budget has room now (else it is dropped: it is advice), the order a download
 //! takes them in; and it counts as a download in flight.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 
+use super::direct::worth_a_direct_read;
 use super::permits::Urgency;
-use super::Fetcher;
+use super::{Fetcher, PartBytes, EDGES_KEPT};
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
 use crate::object::{pinned_by_etag, pinned_get, ObjectInfo};
@@ -44,65 +47,68 @@ struct LeaveEdgesInFlight {
 
 impl Drop for LeaveEdgesInFlight {
     fn drop(&mut self) {
-        self.fetcher.edges_in_flight.lock().remove(&self.key);
+        self.fetcher.edges.in_flight.lock().remove(&self.key);
     }
 }
 
-impl Fetcher {
-    /// Fetches bytes `range` of the object (within one part) on their own, at prefetch
-    /// priority, and keeps them in memory for reads: the few bytes of a neighbouring
-    /// chunk that the kernel reads around a window's chunk edges, which would otherwise
-    /// cost their whole part, long before (or instead of) that chunk's own window. Not
-    /// if the part is cached or on its way, its edge is held or coming, or the memory
-    /// budget has no room now.
-    pub fn prefetch_edge(self: &Arc<Self>, object: &Arc<ObjectInfo>, range: Range<u64>) {
-        self.fetch_edge(object, range, Urgency::prefetch());
+/// The edges: those held in memory, and those being fetched.
+pub(super) struct Edges {
+    /// Small ranges of parts fetched on their own ([`Fetcher::prefetch_edge`]), by part:
+    /// the bytes from the offset in the part on. Bounded in count ([`EDGES_KEPT`]), and
+    /// each held against the memory budget.
+    pub(super) held: Mutex<lru::LruCache<PartKey, HeldEdge>>,
+    /// The parts whose edge is being fetched.
+    pub(super) in_flight: Mutex<HashMap<PartKey, EdgeInFlight>>,
+}
+
+impl Edges {
+    pub(super) fn new() -> Edges {
+        Edges {
+            held: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(EDGES_KEPT).unwrap(),
+            )),
+            in_flight: Mutex::new(HashMap::new()),
+        }
     }
 
-    /// Fetches bytes `range` of the object (within one part) that a reader will ask for
-    /// at once, as [`Fetcher::prefetch_edge`] does but at demand priority: a prefetch
-    /// would queue behind a plan's.
-    pub fn edge_for_next_read(self: &Arc<Self>, object: &Arc<ObjectInfo>, range: Range<u64>) {
-        self.fetch_edge(object, range, Urgency::demand());
-    }
-
-    /// Starts downloading a part a reader will ask for at once, at demand priority,
-    /// unless it is cached (one on its way is raised to demand).
-    pub fn part_for_next_read(self: &Arc<Self>, object: &Arc<ObjectInfo>, index: u64) {
-        self.start(object, index, Urgency::demand());
-    }
-
-    fn fetch_edge(
-        self: &Arc<Self>,
+    /// Fetches bytes `range` of the object (within one part) on their own, at
+    /// `urgency`, and keeps them in memory for reads (see [`Fetcher::prefetch_edge`]).
+    pub(super) fn fetch(
+        &self,
+        fetcher: &Arc<Fetcher>,
         object: &Arc<ObjectInfo>,
         range: Range<u64>,
         urgency: Arc<Urgency>,
     ) {
-        let index = range.start / self.part_size;
-        let key = Self::key(object, index);
-        let part_start = index * self.part_size;
+        let index = range.start / fetcher.part_size;
+        let key = Fetcher::key(object, index);
+        let part_start = index * fetcher.part_size;
         let within = range.start - part_start..range.end - part_start;
         debug_assert!(
-            range.end <= part_start + self.part_size,
+            range.end <= part_start + fetcher.part_size,
             "an edge within one part"
         );
-        if self.cache.contains(key) || self.in_memory(key, &within).is_some() {
+        if fetcher.cache.contains(key) || fetcher.in_memory(key, &within).is_some() {
             return;
         }
         // A reader's next read of a part on its way waits for the download's body,
         // unless its bytes are far from it: then, as that read would, it asks for them
         // on its own (taking the download's one direct read).
-        let downloading = self.in_flight.lock().get(&key).map(|d| d.arriving.clone());
+        let downloading = fetcher
+            .in_flight
+            .lock()
+            .get(&key)
+            .map(|d| d.arriving.clone());
         if downloading.is_some() && !urgency.is_demand() {
             return;
         }
         let (on_the_wire, watched) = tokio::sync::watch::channel(false);
-        match self.edges_in_flight.lock().entry(key) {
+        match self.in_flight.lock().entry(key) {
             std::collections::hash_map::Entry::Occupied(_) => return,
             std::collections::hash_map::Entry::Vacant(entry) => {
-                let part_len = self.part_range(object, index).end - part_start;
+                let part_len = fetcher.part_range(object, index).end - part_start;
                 if let Some(arriving) = downloading {
-                    if !self.worth_a_direct_read(&arriving, &within, part_len) {
+                    if !worth_a_direct_read(&arriving, &within, part_len) {
                         return;
                     }
                 }
@@ -112,15 +118,15 @@ impl Fetcher {
                 });
             }
         }
-        let slot = self.slot_request(range.clone(), urgency);
-        let (this, object) = (self.clone(), object.clone());
+        let slot = fetcher.slot_request(range.clone(), urgency);
+        let (this, object) = (fetcher.clone(), object.clone());
         // Built here, not in the task: a task dropped before its first poll leaves too.
         let leave = LeaveEdgesInFlight {
-            fetcher: self.clone(),
+            fetcher: fetcher.clone(),
             key,
             on_the_wire,
         };
-        self.runtime.spawn(async move {
+        fetcher.runtime.spawn(async move {
             let _permit = slot.granted().await;
             let len = range.end - range.start;
             // Memory after the slot, as a download takes them: an edge that held memory
@@ -150,7 +156,7 @@ impl Fetcher {
                         bytes: memory.hold(bytes),
                         joinable,
                     };
-                    this.edges.lock().put(key, edge);
+                    this.edges.held.lock().put(key, edge);
                 }
                 // An edge is advice: a reader that needs the bytes fetches their part.
                 Ok(Ok(_)) | Ok(Err(_)) | Err(_) => {
@@ -164,17 +170,61 @@ impl Fetcher {
     /// The end of the edge whose request is on the wire and covers bytes `within` of
     /// the part, if there is one: its bytes come no later than a reader's own request
     /// for them would.
-    pub(super) fn edge_on_the_wire(
+    pub(super) fn on_the_wire(
         &self,
         key: PartKey,
         within: &Range<u64>,
     ) -> Option<tokio::sync::watch::Receiver<bool>> {
-        let edges = self.edges_in_flight.lock();
+        let edges = self.in_flight.lock();
         let edge = edges.get(&key)?;
         let covers = edge.within.start <= within.start && within.end <= edge.within.end;
         // A closed watch: the fetch is over, whatever its entry says; waiting on it
         // would end at once, again and again.
         let fetching = edge.on_the_wire.has_changed().is_ok();
         (covers && fetching && *edge.on_the_wire.borrow()).then(|| edge.on_the_wire.clone())
+    }
+
+    /// The held edge that covers bytes `within` of the part, if there is one.
+    pub(super) fn covering(&self, key: PartKey, within: &Range<u64>) -> Option<PartBytes> {
+        let mut edges = self.held.lock();
+        let edge = edges.get(&key)?;
+        let covers =
+            edge.offset <= within.start && within.end <= edge.offset + edge.bytes.len() as u64;
+        covers.then(|| PartBytes::InMemory {
+            offset: edge.offset,
+            bytes: edge.bytes.clone(),
+        })
+    }
+
+    /// The edge of the part held in memory ([`Fetcher::prefetch_edge`]), as its offset
+    /// in the part and its bytes, if it is the part's first or last bytes: its part's
+    /// download then asks the store for the rest only. The kernel's read-around across
+    /// a window's chunk edges fetched those bytes of a neighbour chunk; when that chunk's
+    /// own window comes, they would otherwise cross the link a second time.
+    ///
+    /// Only an edge pinned by its ETag: the download's own answer must be too
+    /// ([`Fetcher::receive_from_store`]), or two versions of a rewritten object that
+    /// share a modification time could make one part.
+    pub(super) fn held_edge(&self, key: PartKey, part_len: u64) -> Option<(u64, Bytes)> {
+        let edges = self.held.lock();
+        let edge = edges.peek(&key).filter(|edge| edge.joinable)?;
+        let len = edge.bytes.len() as u64;
+        let at_an_end = edge.offset == 0 || edge.offset + len == part_len;
+        (at_an_end && len > 0 && len < part_len).then(|| (edge.offset, edge.bytes.clone()))
+    }
+
+    /// Drops the part's held edge: its part serves its bytes now.
+    pub(super) fn forget(&self, key: PartKey) {
+        self.held.lock().pop(&key);
+    }
+
+    /// Drops the edge held longest; `false` if none is held.
+    pub(super) fn drop_oldest(&self) -> bool {
+        self.held.lock().pop_lru().is_some()
+    }
+
+    /// Edges being fetched or queued.
+    pub(super) fn in_flight_count(&self) -> usize {
+        self.in_flight.lock().len()
     }
 }

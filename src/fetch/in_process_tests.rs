@@ -11,6 +11,7 @@ use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
 use object_store::{GetRange, ObjectStoreExt, PutPayload};
 
+use super::edges::EdgeInFlight;
 use super::*;
 use crate::cache::{EvictionAdvisor, NextUse, Unit};
 use crate::error::FsError;
@@ -727,7 +728,7 @@ async fn a_direct_read_of_a_changed_object_is_refused_not_mixed() {
 /// Waits until no edge is on its way (a bounded poll of the fetcher's own set).
 async fn settle_edges(fetcher: &Fetcher) {
     for _ in 0..500 {
-        if fetcher.edges_in_flight.lock().is_empty() {
+        if fetcher.edges.in_flight.lock().is_empty() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -805,7 +806,7 @@ async fn a_part_download_asks_only_for_the_bytes_its_held_edge_lacks() {
     assert_eq!(metrics.edge_bytes_reused, 200 + 300 + 200);
     assert_eq!(metrics.bytes_fetched, 100 + OBJECT_LEN - 1000);
     assert_eq!(
-        bench.fetcher.edges.lock().len(),
+        bench.fetcher.edges.held.lock().len(),
         0,
         "cached parts no longer hold their edges"
     );
@@ -983,7 +984,7 @@ async fn an_edge_whose_fetch_panics_leaves_no_entry_behind() {
     bench.fetcher.prefetch_edge(&bench.object, 2100..2300);
     settle_edges(&bench.fetcher).await;
     assert!(
-        bench.fetcher.edges_in_flight.lock().is_empty(),
+        bench.fetcher.edges.in_flight.lock().is_empty(),
         "the dead edge's entry stayed"
     );
     let read = tokio::time::timeout(Duration::from_secs(5), read_within(&bench, 2, 150..250)).await;
@@ -1006,7 +1007,7 @@ fn a_reader_does_not_wait_for_an_edge_whose_fetch_is_gone() {
     }));
     let (on_the_wire, watched) = tokio::sync::watch::channel(true);
     drop(on_the_wire);
-    bench.fetcher.edges_in_flight.lock().insert(
+    bench.fetcher.edges.in_flight.lock().insert(
         Fetcher::key(&bench.object, 2),
         EdgeInFlight {
             within: 100..300,
@@ -1099,7 +1100,7 @@ async fn bytes_a_part_file_being_written_cannot_give_are_read_from_the_store() {
 /// Waits until no planned range is on its way.
 async fn settle_planned(fetcher: &Fetcher) {
     for _ in 0..500 {
-        if fetcher.planned.lock().coming_bytes() == 0 {
+        if fetcher.planned.ranges.lock().coming_bytes() == 0 {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -62,11 +62,12 @@ use crate::object::ObjectInfo;
 use crate::parts::{span, spans_touched, GroupId, PartKey};
 use crate::planner_wake::PlannerWake;
 use arriving::Arriving;
-use edges::EdgeInFlight;
+use direct::DirectReads;
+use edges::Edges;
 use memory::MemoryBudget;
 use permits::{Permits, Urgency};
 pub use planned::Planned;
-use planned::PlannedRanges;
+use planned::PlannedFetches;
 
 /// How far ahead of a download's body a reader's bytes may be for the reader to wait
 /// for the body rather than ask for its bytes itself: at a link's share of ~15 MB/s
@@ -155,25 +156,16 @@ pub struct Fetcher {
     /// that follow do not download them again (bounded: one per download slot, and
     /// only while the memory budget has room for another download).
     uncached: Mutex<lru::LruCache<PartKey, Bytes>>,
-    /// Small ranges of parts fetched on their own ([`Fetcher::prefetch_edge`]), by part:
-    /// the bytes from the offset in the part on. Bounded in count ([`EDGES_KEPT`]), and
-    /// each held against the memory budget.
-    edges: Mutex<lru::LruCache<PartKey, edges::HeldEdge>>,
-    /// The parts whose edge is being fetched.
-    edges_in_flight: Mutex<HashMap<PartKey, EdgeInFlight>>,
-    /// The exact bytes of planned rows, held until they are in the page cache
-    /// ([`Fetcher::prefetch_planned`]).
-    planned: Mutex<PlannedRanges>,
-    /// The bound on planned bytes on the wire.
-    planned_in_flight: Arc<tokio::sync::Semaphore>,
-    /// The chunks whose rows the plans fetch exactly: a reader's few bytes of them are
-    /// asked for alone, not with their part ([`Fetcher::read_exactly`]).
-    exact_groups: Mutex<HashSet<GroupId>>,
+    /// Small ranges of parts fetched on their own ([`Fetcher::prefetch_edge`]), held
+    /// or being fetched ([`edges`]).
+    edges: Edges,
+    /// The exact bytes of planned rows ([`Fetcher::prefetch_planned`], [`planned`]).
+    planned: PlannedFetches,
     memory: MemoryBudget,
     in_flight: Mutex<HashMap<PartKey, InFlight>>,
-    /// Readers' requests for their own bytes ([`DIRECT_READ_LEAD`]), at most one per
-    /// download slot; none when all are taken.
-    direct_reads: tokio::sync::Semaphore,
+    /// Readers' requests for their own bytes ([`DIRECT_READ_LEAD`]), and every ranged
+    /// GET of bytes held in memory ([`direct`]).
+    direct: DirectReads,
     metrics: Arc<Metrics>,
     /// Rung after every download's end, once the part is cached and out of the
     /// in-flight map: the prefetcher waits on it for room and for newly local bytes.
@@ -212,7 +204,7 @@ impl Fetcher {
         } = limits;
         let part_size = part_size.max(1);
         Arc::new(Fetcher {
-            store,
+            store: store.clone(),
             cache,
             part_size,
             max_concurrent_requests,
@@ -223,15 +215,15 @@ impl Fetcher {
             uncached: Mutex::new(lru::LruCache::new(
                 std::num::NonZeroUsize::new(max_concurrent_requests.max(1)).unwrap(),
             )),
-            edges: Mutex::new(lru::LruCache::new(
-                std::num::NonZeroUsize::new(EDGES_KEPT).unwrap(),
-            )),
-            edges_in_flight: Mutex::new(HashMap::new()),
-            planned: Mutex::new(PlannedRanges::default()),
-            planned_in_flight: planned::in_flight_bound(),
-            exact_groups: Mutex::new(HashSet::new()),
+            edges: Edges::new(),
+            planned: PlannedFetches::new(),
             in_flight: Mutex::new(HashMap::new()),
-            direct_reads: tokio::sync::Semaphore::new(max_concurrent_requests.max(1)),
+            direct: DirectReads::new(
+                max_concurrent_requests.max(1),
+                store.clone(),
+                read_timeout,
+                metrics.clone(),
+            ),
             metrics,
             planner_wake,
             runtime: tokio::runtime::Handle::current(),
@@ -283,7 +275,7 @@ impl Fetcher {
     /// Downloads and edges under way or queued: what bounds the prefetches a top-up
     /// may leave queued.
     pub fn in_flight_count(&self) -> usize {
-        self.in_flight.lock().len() + self.edges_in_flight.lock().len()
+        self.in_flight.lock().len() + self.edges.in_flight_count()
     }
 
     /// Records that a reader needs the part: counts a prefetch hit if the prefetcher
@@ -303,6 +295,71 @@ impl Fetcher {
     /// Whether the part is being downloaded now.
     pub(crate) fn is_in_flight(&self, key: PartKey) -> bool {
         self.in_flight.lock().contains_key(&key)
+    }
+
+    /// Fetches bytes `range` of the object (within one part) on their own, at prefetch
+    /// priority, and keeps them in memory for reads: the few bytes of a neighbouring
+    /// chunk that the kernel reads around a window's chunk edges, which would otherwise
+    /// cost their whole part, long before (or instead of) that chunk's own window. Not
+    /// if the part is cached or on its way, its edge is held or coming, or the memory
+    /// budget has no room now.
+    pub fn prefetch_edge(self: &Arc<Self>, object: &Arc<ObjectInfo>, range: Range<u64>) {
+        self.edges.fetch(self, object, range, Urgency::prefetch());
+    }
+
+    /// Fetches bytes `range` of the object (within one part) that a reader will ask for
+    /// at once, as [`Fetcher::prefetch_edge`] does but at demand priority: a prefetch
+    /// would queue behind a plan's.
+    pub fn edge_for_next_read(self: &Arc<Self>, object: &Arc<ObjectInfo>, range: Range<u64>) {
+        self.edges.fetch(self, object, range, Urgency::demand());
+    }
+
+    /// Starts downloading a part a reader will ask for at once, at demand priority,
+    /// unless it is cached (one on its way is raised to demand).
+    pub fn part_for_next_read(self: &Arc<Self>, object: &Arc<ObjectInfo>, index: u64) {
+        self.start(object, index, Urgency::demand());
+    }
+
+    /// Fetches bytes `range` of the object (within one part) on their own, at prefetch
+    /// priority, and holds them for reads until [`Fetcher::release_planned`]; `done`
+    /// runs once they are held (only if the request was [`Planned::Started`]). Not if
+    /// the part is cached or downloading, the bytes are held or coming already, or the
+    /// memory budget has no room now.
+    pub fn prefetch_planned(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        range: Range<u64>,
+        done: impl FnOnce() + Send + 'static,
+    ) -> Planned {
+        self.planned.prefetch(self, object, range, done)
+    }
+
+    /// Gives up the planned bytes held of the part within `within`: they are in the
+    /// page cache now. Wakes the prefetcher if a range waits for that room.
+    pub fn release_planned(&self, key: PartKey, within: &Range<u64>) {
+        if self.planned.release(key, within) {
+            self.planner_wake.ring();
+        }
+    }
+
+    /// Whether `len` more planned bytes may be asked for now: a range is asked for
+    /// whole or not at all, so that no piece of it is held waiting for another that
+    /// found no room.
+    pub fn has_planned_room_for(&self, len: u64) -> bool {
+        self.planned.has_room_for(len)
+    }
+
+    /// The plans fetch the rows of chunk `group` exactly: a reader's few bytes of its
+    /// parts (a row the plan does not name, the kernel's read-around of one it does)
+    /// are asked for alone, as its whole part would be evicted before the plans come
+    /// back to it.
+    pub fn read_exactly(&self, group: GroupId) {
+        self.planned.read_exactly(group);
+    }
+
+    /// Planned bytes held in memory now.
+    pub fn planned_bytes_held(&self) -> u64 {
+        self.planned.held_bytes()
     }
 }
 

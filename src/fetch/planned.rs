@@ -19,11 +19,12 @@
 //! ([`PLANNED_BYTES_IN_FLIGHT`], each request weighing at least
 //! [`PLANNED_REQUEST_WEIGHT`]), beside the download slots that whole parts take.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tokio::sync::{watch, Notify, Semaphore};
 
 use super::Fetcher;
@@ -265,11 +266,6 @@ impl PlannedRanges {
     }
 }
 
-/// The bound on planned bytes on the wire.
-pub(super) fn in_flight_bound() -> Arc<Semaphore> {
-    Arc::new(Semaphore::new(PLANNED_BYTES_IN_FLIGHT as usize))
-}
-
 /// What [`Fetcher::prefetch_planned`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Planned {
@@ -283,35 +279,54 @@ pub enum Planned {
     Refused,
 }
 
-impl Fetcher {
-    /// Fetches bytes `range` of the object (within one part) on their own, at prefetch
-    /// priority, and holds them for reads until [`Fetcher::release_planned`]; `done`
-    /// runs once they are held (only if the request was [`Planned::Started`]). Not if
-    /// the part is cached or downloading, the bytes are held or coming already, or the
-    /// memory budget has no room now.
-    pub fn prefetch_planned(
-        self: &Arc<Self>,
+/// A plan's exact ranges: those held or coming, the bound on their bytes on the wire,
+/// and the chunks whose rows the plans fetch exactly.
+pub(super) struct PlannedFetches {
+    /// The exact bytes of planned rows, held until they are in the page cache
+    /// ([`Fetcher::prefetch_planned`]).
+    pub(super) ranges: Mutex<PlannedRanges>,
+    /// The bound on planned bytes on the wire.
+    on_the_wire: Arc<Semaphore>,
+    /// The chunks whose rows the plans fetch exactly: a reader's few bytes of them are
+    /// asked for alone, not with their part ([`Fetcher::read_exactly`]).
+    exact_groups: Mutex<HashSet<GroupId>>,
+}
+
+impl PlannedFetches {
+    pub(super) fn new() -> PlannedFetches {
+        PlannedFetches {
+            ranges: Mutex::new(PlannedRanges::default()),
+            on_the_wire: Arc::new(Semaphore::new(PLANNED_BYTES_IN_FLIGHT as usize)),
+            exact_groups: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Fetches bytes `range` of the object (within one part) on their own, as
+    /// [`Fetcher::prefetch_planned`] says.
+    pub(super) fn prefetch(
+        &self,
+        fetcher: &Arc<Fetcher>,
         object: &Arc<ObjectInfo>,
         range: Range<u64>,
         done: impl FnOnce() + Send + 'static,
     ) -> Planned {
-        let index = range.start / self.part_size;
-        let key = Self::key(object, index);
-        let part_start = index * self.part_size;
+        let index = range.start / fetcher.part_size;
+        let key = Fetcher::key(object, index);
+        let part_start = index * fetcher.part_size;
         debug_assert!(
-            range.end <= part_start + self.part_size,
+            range.end <= part_start + fetcher.part_size,
             "a planned range within one part"
         );
         let within = range.start - part_start..range.end - part_start;
-        if self.cache.contains(key) {
+        if fetcher.cache.contains(key) {
             return Planned::Local;
         }
-        if self.is_in_flight(key) {
+        if fetcher.is_in_flight(key) {
             return Planned::Coming;
         }
         let len = range.end - range.start;
         let memory = {
-            let mut planned = self.planned.lock();
+            let mut planned = self.ranges.lock();
             match planned.covering(key, &within) {
                 Some(Covered::Held { .. } | Covered::Stored) => return Planned::Local,
                 Some(Covered::Coming(_)) => return Planned::Coming,
@@ -320,7 +335,7 @@ impl Fetcher {
             if !planned.has_room_for(len) {
                 return Planned::Refused;
             }
-            let Some(memory) = self.memory.try_reserve(len) else {
+            let Some(memory) = fetcher.memory.try_reserve(len) else {
                 return Planned::Refused;
             };
             let (sender, done) = watch::channel(());
@@ -332,9 +347,9 @@ impl Fetcher {
             // Dropped when the fetch ends, however: readers waiting on it look again.
             (memory, sender, awaited)
         };
-        let (this, object) = (self.clone(), object.clone());
-        let on_the_wire = self.planned_in_flight.clone();
-        self.runtime.spawn(async move {
+        let (this, object) = (fetcher.clone(), object.clone());
+        let on_the_wire = self.on_the_wire.clone();
+        fetcher.runtime.spawn(async move {
             let (memory, _closes_on_end, awaited) = memory;
             let weight = len.clamp(PLANNED_REQUEST_WEIGHT, PLANNED_BYTES_IN_FLIGHT);
             let _wire = tokio::select! {
@@ -346,9 +361,12 @@ impl Fetcher {
                 () = awaited.notified() => None,
             };
             Metrics::add(&this.metrics.planned_requests, 1);
-            let fetched = this.get_range(&object, range, memory).await.ok();
+            let fetched = this.direct.get_range(&object, range, memory).await.ok();
             let arrived = fetched.is_some();
-            this.planned.lock().arrived(key, within.start, len, fetched);
+            this.planned
+                .ranges
+                .lock()
+                .arrived(key, within.start, len, fetched);
             if arrived {
                 Metrics::add(&this.metrics.planned_bytes, len);
                 done();
@@ -357,26 +375,24 @@ impl Fetcher {
         Planned::Started
     }
 
-    /// Gives up the planned bytes held of the part within `within`: they are in the
-    /// page cache now. Wakes the prefetcher if a range waits for that room.
-    pub fn release_planned(&self, key: PartKey, within: &Range<u64>) {
-        if self.planned.lock().release(key, within) {
-            self.planner_wake.ring();
-        }
+    /// Gives up the planned bytes held of the part within `within`; whether a range
+    /// waits for that room ([`PlannedRanges::release`]).
+    pub(super) fn release(&self, key: PartKey, within: &Range<u64>) -> bool {
+        self.ranges.lock().release(key, within)
     }
 
-    /// Whether `len` more planned bytes may be asked for now: a range is asked for
-    /// whole or not at all, so that no piece of it is held waiting for another that
-    /// found no room.
-    pub fn has_planned_room_for(&self, len: u64) -> bool {
-        self.planned.lock().has_room_for(len)
+    /// Whether `len` more planned bytes may be asked for now.
+    pub(super) fn has_room_for(&self, len: u64) -> bool {
+        self.ranges.lock().has_room_for(len)
     }
 
-    /// The plans fetch the rows of chunk `group` exactly: a reader's few bytes of its
-    /// parts (a row the plan does not name, the kernel's read-around of one it does)
-    /// are asked for alone, as its whole part would be evicted before the plans come
-    /// back to it.
-    pub fn read_exactly(&self, group: GroupId) {
+    /// The range of the part that covers `within`, if one is held or coming.
+    pub(super) fn covering(&self, key: PartKey, within: &Range<u64>) -> Option<Covered> {
+        self.ranges.lock().covering(key, within)
+    }
+
+    /// The plans fetch the rows of chunk `group` exactly.
+    pub(super) fn read_exactly(&self, group: GroupId) {
         self.exact_groups.lock().insert(group);
     }
 
@@ -388,8 +404,8 @@ impl Fetcher {
     }
 
     /// Planned bytes held in memory now.
-    pub fn planned_bytes_held(&self) -> u64 {
-        self.planned.lock().held_bytes()
+    pub(super) fn held_bytes(&self) -> u64 {
+        self.ranges.lock().held_bytes()
     }
 }
 

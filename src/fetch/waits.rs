@@ -5,6 +5,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::direct::{is_stray, worth_a_direct_read};
 use super::permits::Urgency;
 use super::planned::Covered;
 use super::{Fetcher, PartBytes};
@@ -14,6 +15,7 @@ use crate::metrics::Metrics;
 use crate::object::ObjectInfo;
 use crate::parts::PartKey;
 
+// Not a type of its own: a reader's wait looks in the cache, the memory, the plans' ranges, the edges and the downloads, and starts one: the Fetcher's whole state.
 impl Fetcher {
     /// The part, waiting (at most `read_timeout`) for a download if it is not cached.
     pub async fn part(
@@ -57,7 +59,7 @@ impl Fetcher {
             if let Some(held) = self.in_memory(key, &within) {
                 return Ok(held);
             }
-            let planned = self.planned.lock().covering(key, &within);
+            let planned = self.planned.covering(key, &within);
             if let Some(Covered::Coming(coming)) = planned {
                 // A plan's exact bytes on their way: asking again would fetch them twice.
                 coming.awaited();
@@ -65,15 +67,15 @@ impl Fetcher {
                 while done.changed().await.is_ok() {}
                 continue;
             }
-            if let Some(mut edge) = self.edge_on_the_wire(key, &within) {
+            if let Some(mut edge) = self.edges.on_the_wire(key, &within) {
                 while edge.changed().await.is_ok() {}
                 // Now in memory, or failed (and no longer in flight): look again.
                 continue;
             }
             let part = self.part_range(object, index);
             let own = part.start + within.start..part.start + within.end;
-            if self.is_stray(key, &within, part.end - part.start)
-                && (self.is_read_exactly(object) || self.waits_for_room(object, index))
+            if is_stray(&within, part.end - part.start, self.is_in_flight(key))
+                && (self.planned.is_read_exactly(object) || self.waits_for_room(object, index))
             {
                 // Bytes of a chunk the plans read later (the kernel's read-around across
                 // a chunk's edge, into a neighbour of another window): its whole part
@@ -81,7 +83,11 @@ impl Fetcher {
                 // rows the plans fetch exactly: its part would be evicted before they
                 // come back to it. A failed or refused read leaves the reader to the
                 // download, as for any reader.
-                if let Some(Ok(bytes)) = self.direct_read(object, own.clone()).await {
+                if let Some(Ok(bytes)) = self
+                    .direct
+                    .direct_read(&self.memory, object, own.clone())
+                    .await
+                {
                     Metrics::add(&self.metrics.stray_reads, 1);
                     return Ok(PartBytes::InMemory {
                         offset: within.start,
@@ -96,7 +102,10 @@ impl Fetcher {
             if arriving.spool_failed_a_read() {
                 // Our disk failed under the download: the reader's bytes come from the
                 // store, however far the download is.
-                let bytes = self.read_from_store(object, own).await?;
+                let bytes = self
+                    .direct
+                    .read_from_store(&self.memory, object, own)
+                    .await?;
                 Metrics::add(&self.metrics.spool_failure_reads, 1);
                 return Ok(PartBytes::InMemory {
                     offset: within.start,
@@ -113,13 +122,13 @@ impl Fetcher {
                     read = arriving.read(within.clone()) => read,
                 }
             };
-            if !self.worth_a_direct_read(&arriving, &within, part.end - part.start) {
+            if !worth_a_direct_read(&arriving, &within, part.end - part.start) {
                 return streamed.await;
             }
             tokio::select! {
                 read = streamed => return read,
                 // A failed or refused direct read leaves the reader to the download.
-                Some(Ok(bytes)) = self.direct_read(object, own) => {
+                Some(Ok(bytes)) = self.direct.direct_read(&self.memory, object, own) => {
                     return Ok(PartBytes::InMemory { offset: within.start, bytes });
                 }
             }
@@ -132,17 +141,10 @@ impl Fetcher {
         if let Some(bytes) = self.uncached.lock().get(&key) {
             return Some(PartBytes::whole(bytes.clone()));
         }
-        let planned = self.planned.lock().covering(key, within);
+        let planned = self.planned.covering(key, within);
         if let Some(Covered::Held { offset, bytes }) = planned {
             return Some(PartBytes::InMemory { offset, bytes });
         }
-        let mut edges = self.edges.lock();
-        let edge = edges.get(&key)?;
-        let covers =
-            edge.offset <= within.start && within.end <= edge.offset + edge.bytes.len() as u64;
-        covers.then(|| PartBytes::InMemory {
-            offset: edge.offset,
-            bytes: edge.bytes.clone(),
-        })
+        self.edges.covering(key, within)
     }
 }

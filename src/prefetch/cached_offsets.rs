@@ -5,15 +5,37 @@ use std::sync::Arc;
 
 use scdl_format::ArrayKind;
 
-use super::row_offsets::{self};
-use super::Prefetcher;
-use crate::cache::Recency;
+use super::row_offsets::{self, KeptRowOffsets};
+use crate::cache::{DiskCache, Recency};
 use crate::catalog::FlatDataset;
 use crate::fetch::Fetcher;
 use crate::object::ObjectInfo;
 use crate::row_offset_check::RowOffsetCheck;
 
-impl Prefetcher {
+/// Reads row offsets from the cache: the fetcher (for the part geometry), the cache,
+/// the row-offset check, and the chunks' offsets kept for the plans' steps of rows.
+pub(super) struct CachedOffsets {
+    fetcher: Arc<Fetcher>,
+    cache: Arc<DiskCache>,
+    row_offset_check: Arc<RowOffsetCheck>,
+    /// Chunks' row offsets, for the plans' steps of rows.
+    kept: KeptRowOffsets,
+}
+
+impl CachedOffsets {
+    pub(super) fn new(
+        fetcher: Arc<Fetcher>,
+        cache: Arc<DiskCache>,
+        row_offset_check: Arc<RowOffsetCheck>,
+    ) -> CachedOffsets {
+        CachedOffsets {
+            fetcher,
+            cache,
+            row_offset_check,
+            kept: KeptRowOffsets::default(),
+        }
+    }
+
     /// Entry `index` of a row-offset array of type `dtype`, if its part is cached.
     pub(super) fn cached_entry(
         &self,
@@ -54,7 +76,7 @@ impl Prefetcher {
             return Some(entry(rows.start)?..entry(rows.end)?);
         }
         let offsets = self
-            .row_offsets
+            .kept
             .get_or_load(row_ptr.id, || self.cached_row_offsets(row_ptr, dtype))?;
         Some(*offsets.get(rows.start as usize)?..*offsets.get(rows.end as usize)?)
     }

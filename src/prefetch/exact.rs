@@ -18,7 +18,7 @@
 //! plan names. Stored into the page cache before the reader comes ([`PlannedPages`]),
 //! the rows' pages are found there and the kernel asks for nothing. The same holds for
 //! the pages of the row offsets that bound each row, which a reader's map faults on
-//! first ([`Prefetcher::row_offset_pages`]).
+//! first ([`ExactRows::row_offset_pages`]).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,7 +27,7 @@ use std::sync::Arc;
 use scdl_format::flat::FlatPiece;
 use scdl_format::ArrayKind;
 
-use super::Prefetcher;
+use crate::cache::DiskCache;
 use crate::catalog::FlatDataset;
 use crate::fetch::{Fetcher, Planned};
 use crate::object::ObjectInfo;
@@ -87,7 +87,35 @@ pub(super) struct Issued {
     pub(super) parts: Vec<PartKey>,
 }
 
-impl Prefetcher {
+/// Fetches a plan's rows exactly: the fetcher and the cache, the cache's budget (which
+/// says whose rows are fetched so), and where the rows go once they have arrived.
+pub(super) struct ExactRows {
+    fetcher: Arc<Fetcher>,
+    cache: Arc<DiskCache>,
+    /// The disk cache's budget ([`EXACT_ROWS_VALUES_PER_CACHE`]).
+    cache_bytes: u64,
+    /// Where a plan's exact rows go once they have arrived.
+    planned_pages: std::sync::OnceLock<Arc<dyn PlannedPages>>,
+}
+
+impl ExactRows {
+    pub(super) fn new(fetcher: Arc<Fetcher>, cache: Arc<DiskCache>, cache_bytes: u64) -> ExactRows {
+        ExactRows {
+            fetcher,
+            cache,
+            cache_bytes,
+            planned_pages: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Sends a plan's exact rows to `pages` as they arrive (once: the mount's page
+    /// cache); until then they are served by reads alone.
+    pub(super) fn connect_planned_pages(&self, pages: Arc<dyn PlannedPages>) {
+        if self.planned_pages.set(pages).is_err() {
+            tracing::warn!("the planned pages are connected already");
+        }
+    }
+
     /// Whether bytes `within` of the object (within one part) are most of their part,
     /// which is then fetched whole.
     fn most_of_its_part(&self, object: &ObjectInfo, within: &Range<u64>) -> bool {
@@ -102,7 +130,7 @@ impl Prefetcher {
     pub(super) fn fetches_rows_exactly(&self, dataset: &FlatDataset) -> bool {
         let values =
             dataset.layout.file_len(ArrayKind::Data) + dataset.layout.file_len(ArrayKind::ColPtr);
-        values > EXACT_ROWS_VALUES_PER_CACHE.saturating_mul(self.config.cache_bytes)
+        values > EXACT_ROWS_VALUES_PER_CACHE.saturating_mul(self.cache_bytes)
     }
 
     /// The exact ranges of a row range's values in one chunk (`values`: element

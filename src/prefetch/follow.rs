@@ -21,6 +21,7 @@ use crate::view::{plan_read, Piece, ReadPlan};
 /// The page the kernel reads memory-mapped files in.
 const PAGE: u64 = 4096;
 
+// Not a type of its own: following a read moves the plans (under their lock), the scatter detector, the ranks and the fetcher's requests, the Prefetcher's whole state.
 impl Prefetcher {
     /// Called for every read served: moves plan positions, and reads ahead for a
     /// hint-less sequential reader (`window`: the read-ahead state of its handle).

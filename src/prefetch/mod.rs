@@ -57,8 +57,9 @@ use advice::Advice;
 use budget::{
     HintBudget, MAX_HANDLE_WORK, MAX_USER_WORK, PLAN_STARTS_PER_SECOND, PLAN_START_BURST,
 };
+use cached_offsets::CachedOffsets;
+use exact::ExactRows;
 use plan::{Plan, PlanMark, Room, MAX_PLANNED_ENTRIES};
-use row_offsets::KeptRowOffsets;
 use scatter::ScatterDetector;
 use top_up::{StepReads, TopUpCursor};
 
@@ -141,7 +142,6 @@ pub struct PlanStatus {
 pub struct Prefetcher {
     fetcher: Arc<Fetcher>,
     cache: Arc<DiskCache>,
-    row_offset_check: Arc<RowOffsetCheck>,
     metrics: Arc<Metrics>,
     config: PrefetchConfig,
     plans: Mutex<HashMap<u64, ActivePlan>>,
@@ -156,8 +156,8 @@ pub struct Prefetcher {
     wake: PlannerWake,
     /// Which flat chunks hint-less readers take at scattered places.
     scatter: Mutex<ScatterDetector>,
-    /// Chunks' row offsets, for the plans' steps of rows.
-    row_offsets: KeptRowOffsets,
+    /// Row offsets read from the cache ([`cached_offsets`]).
+    offsets: CachedOffsets,
     /// What each user's hint writers may still do.
     budget: HintBudget,
     /// The plans changed since [`Advice::ranks`] was computed: [`drive`] computes them
@@ -165,8 +165,8 @@ pub struct Prefetcher {
     ranks_stale: AtomicBool,
     /// Top-up passes run one at a time: each takes the plans' cursors and puts them back.
     top_up_pass: Mutex<()>,
-    /// Where a plan's exact rows go once they have arrived ([`exact`]).
-    planned_pages: std::sync::OnceLock<Arc<dyn PlannedPages>>,
+    /// A plan's rows fetched exactly ([`exact`]).
+    exact: ExactRows,
     #[cfg(any(test, feature = "test-support"))]
     counters: probe::PassCounters,
 }
@@ -182,9 +182,10 @@ impl Prefetcher {
         config: PrefetchConfig,
     ) -> Arc<Prefetcher> {
         let prefetcher = Arc::new(Prefetcher {
+            offsets: CachedOffsets::new(fetcher.clone(), cache.clone(), row_offset_check),
+            exact: ExactRows::new(fetcher.clone(), cache.clone(), config.cache_bytes),
             fetcher,
             cache,
-            row_offset_check,
             metrics,
             config,
             plans: Mutex::new(HashMap::new()),
@@ -193,11 +194,9 @@ impl Prefetcher {
             chunk_of_group: Mutex::new(HashMap::new()),
             wake: wake.clone(),
             scatter: Mutex::new(ScatterDetector::new(config.kernel_read_ahead)),
-            row_offsets: KeptRowOffsets::default(),
             budget: HintBudget::default(),
             ranks_stale: AtomicBool::new(false),
             top_up_pass: Mutex::new(()),
-            planned_pages: std::sync::OnceLock::new(),
             #[cfg(any(test, feature = "test-support"))]
             counters: Default::default(),
         });
@@ -208,9 +207,7 @@ impl Prefetcher {
     /// Sends a plan's exact rows to `pages` as they arrive (once: the mount's page
     /// cache); until then they are served by reads alone.
     pub fn connect_planned_pages(&self, pages: Arc<dyn PlannedPages>) {
-        if self.planned_pages.set(pages).is_err() {
-            tracing::warn!("the planned pages are connected already");
-        }
+        self.exact.connect_planned_pages(pages);
     }
 
     /// What the tests see and drive of this prefetcher.

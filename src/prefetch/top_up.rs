@@ -216,6 +216,7 @@ struct ItemIssued {
     turn_taken: bool,
 }
 
+// Not a type of its own: a pass takes every plan's cursor and issues through the fetcher, the exact rows and the cached offsets, the Prefetcher's whole state; its own state is PassState, Walk and TopUpCursor.
 impl Prefetcher {
     /// Issues prefetches for every plan's next steps, within the bounds, and records
     /// the parts of each step it resolved for matching reads to steps.
@@ -459,7 +460,7 @@ impl Prefetcher {
                     issued.all = false;
                     break;
                 }
-                let exact = self.issue_exact(dataset, range);
+                let exact = self.exact.issue_exact(dataset, range);
                 issued.parts.extend(exact.parts);
                 if ahead {
                     issued.bytes += exact.bytes;
@@ -545,7 +546,7 @@ impl Prefetcher {
     fn lookahead_of(&self, dataset: &Dataset) -> usize {
         let lookahead = self.config.lookahead_steps;
         match dataset {
-            Dataset::Chunked(flat) if self.fetches_rows_exactly(flat) => {
+            Dataset::Chunked(flat) if self.exact.fetches_rows_exactly(flat) => {
                 lookahead.max(EXACT_LOOKAHEAD_STEPS)
             }
             _ => lookahead,
@@ -658,13 +659,13 @@ impl Prefetcher {
         let chunk_rows = dataset.layout.chunk_rows(chunk);
         let in_chunk = rows.start.max(chunk_rows.start)..rows.end.min(chunk_rows.end);
         let local = in_chunk.start - chunk_rows.start..in_chunk.end - chunk_rows.start;
-        let Some(values) = self.cached_value_range(dataset, chunk, local) else {
+        let Some(values) = self.offsets.cached_value_range(dataset, chunk, local) else {
             reads.complete = false;
             return reads;
         };
-        if self.fetches_rows_exactly(dataset) {
-            reads.exact = self.exact_ranges(dataset, chunk, &values);
-            let (pages, chunks) = self.row_offset_pages(dataset, &in_chunk);
+        if self.exact.fetches_rows_exactly(dataset) {
+            reads.exact = self.exact.exact_ranges(dataset, chunk, &values);
+            let (pages, chunks) = self.exact.row_offset_pages(dataset, &in_chunk);
             // The pages may reach into a neighbour (a row at a chunk's end, or chunks not
             // a whole number of pages): its offsets are fetched whole and checked before
             // the pages can be served.
@@ -672,7 +673,7 @@ impl Prefetcher {
             for other in chunks.into_iter().filter(|&c| c != chunk) {
                 let row_ptr = dataset.array(other, ArrayKind::RowPtr);
                 reads.ranges.push((row_ptr.clone(), 0..row_ptr.size));
-                checked &= self.row_offsets_checked(dataset, other);
+                checked &= self.offsets.row_offsets_checked(dataset, other);
             }
             if checked {
                 reads.exact.push(pages);
@@ -706,7 +707,7 @@ impl Prefetcher {
             ..StepReads::default()
         };
         let row_ptr = dataset.array(ArrayKind::RowPtr);
-        let entry = |row: u64| self.cached_entry(row_ptr, dataset.dtypes[1], row);
+        let entry = |row: u64| self.offsets.cached_entry(row_ptr, dataset.dtypes[1], row);
         let values = dataset.value_range(rows, entry);
         reads.complete = values.is_some();
         self.monolithic_row_reads(dataset, rows, values.and_then(Result::ok), &mut reads);

@@ -4,21 +4,24 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
+use parking_lot::Mutex;
 use scdl_format::header::MAX_HEADER_BYTES;
 use scdl_format::manifest::MANIFEST_FILE;
 use scdl_format::{ArrayKind, Backend, Header};
 use tokio::time::Instant;
 
-use super::manifest::{mtime_of, object_key, DatasetObjects, Opened};
-use super::{non_empty, too_long_a_listing, Tree, MAX_LISTED_ENTRIES};
+use super::manifest::{mtime_of, object_key, DatasetObjects, ManifestOpener, Opened};
+use super::{is_current, non_empty, too_long_a_listing, MAX_LISTED_ENTRIES};
 use crate::catalog::chunked::{ChunkDirs, FlatDataset};
 use crate::catalog::dataset::Dataset;
 use crate::catalog::monolithic::{MonolithicDataset, DEFAULT_VIRTUAL_CHUNK_ROWS};
+use crate::catalog::objects::ObjectRegistry;
 use crate::error::{FsError, FsResult};
 use crate::metrics::Metrics;
 use crate::object::{canonical_etag, pinned_get, ObjectInfo};
@@ -97,7 +100,39 @@ fn sources_of(
     ids
 }
 
-impl Tree {
+/// The datasets found, by prefix, each discovered on first use and compared with the
+/// store again once `metadata_ttl` has passed.
+pub(super) struct Datasets {
+    store: Arc<dyn ObjectStore>,
+    registry: Arc<ObjectRegistry>,
+    metrics: Arc<Metrics>,
+    metadata_ttl: Option<Duration>,
+    /// Reads a manifest the directory shows.
+    opener: ManifestOpener,
+    /// Datasets by prefix, so the flat view and `.chunked/` share one dataset (one
+    /// set of plans and checks). Each has its own lock, held while it is discovered or
+    /// checked against the store, so both views get the same one.
+    by_prefix: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<KnownDataset>>>>>,
+}
+
+impl Datasets {
+    pub(super) fn new(
+        store: Arc<dyn ObjectStore>,
+        registry: Arc<ObjectRegistry>,
+        metrics: Arc<Metrics>,
+        metadata_ttl: Option<Duration>,
+        opener: ManifestOpener,
+    ) -> Datasets {
+        Datasets {
+            store,
+            registry,
+            metrics,
+            metadata_ttl,
+            opener,
+            by_prefix: Mutex::new(HashMap::new()),
+        }
+    }
+
     /// The dataset at `prefix`, whose directory lists `header` and `objects` (by name)
     /// and chunk directories if `has_chunk_dirs`, and the header's bytes if discovery
     /// could read them: discovered on first use and kept; with `--metadata-ttl`,
@@ -112,21 +147,21 @@ impl Tree {
         manifest: Manifested,
     ) -> (Option<Dataset>, Option<Bytes>) {
         let slot = self
-            .datasets
+            .by_prefix
             .lock()
             .entry(prefix.as_ref().to_owned())
             .or_default()
             .clone();
         let mut known = slot.lock().await;
         if let Some(known) = known.as_ref() {
-            if self.is_current(known.checked) {
+            if is_current(self.metadata_ttl, known.checked) {
                 return known.found(header);
             }
         }
         let opened = match manifest {
             Manifested::Read(opened) => Some(*opened),
             Manifested::IfShown if objects.contains_key(MANIFEST_FILE) => {
-                self.open_manifest(prefix).await
+                self.opener.open_manifest(prefix).await
             }
             Manifested::IfShown | Manifested::No => None,
         };

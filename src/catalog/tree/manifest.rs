@@ -5,7 +5,7 @@
 //! chunks takes 25 delimited pages and then 74 recursive ones, one after the other.
 //!
 //! A directory that is not listed yet is asked for its manifest and its header while
-//! its delimited listing starts ([`Tree::list_level`]): the first to answer with
+//! its delimited listing starts ([`ManifestOpener::list_level`]): the first to answer with
 //! something usable wins. A directory without a chunked header costs two GETs answered
 //! 404 (or a monolithic header's) beside its listing, and no wait; a chunk directory is
 //! not asked. A listing made first that shows a manifest has it read too (or, for a
@@ -18,6 +18,7 @@
 //! objects keep the ETags the manifest (or the ranges) list: every GET of them sends
 //! `If-Match`, so an object changed since is refused (EIO), never mixed.
 
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
@@ -31,7 +32,8 @@ use scdl_format::Header;
 use tokio::time::Instant;
 
 use super::nodes::{DirNode, Prelisted};
-use super::{non_empty, Tree};
+use super::non_empty;
+use super::ranges::RangeLister;
 use crate::error::{FsError, FsResult};
 use crate::object::{canonical_etag, ObjectInfo};
 
@@ -69,9 +71,22 @@ impl Opened {
     }
 }
 
-impl Tree {
+/// Opens a directory's dataset from its manifest, or from its header and its keys
+/// listed in ranges, while the directory's delimited listing is made: the store, and
+/// the ranges' lister.
+#[derive(Clone)]
+pub(super) struct ManifestOpener {
+    store: Arc<dyn ObjectStore>,
+    ranges: RangeLister,
+}
+
+impl ManifestOpener {
+    pub(super) fn new(store: Arc<dyn ObjectStore>, ranges: RangeLister) -> ManifestOpener {
+        ManifestOpener { store, ranges }
+    }
+
     /// The directory's delimited listing, or its dataset opened directly if that
-    /// answers first ([`Tree::open_directly`]), with what was opened.
+    /// answers first ([`ManifestOpener::open_directly`]), with what was opened.
     pub(super) async fn list_level(&self, dir: &DirNode) -> FsResult<(Prelisted, Option<Opened>)> {
         let prefix = &dir.prefix;
         let listing = async {
@@ -110,7 +125,7 @@ impl Tree {
 
     /// The dataset at `prefix` opened without listing its directory, if its header is
     /// a chunked one: from its manifest if it has one that can be used, else from a
-    /// listing of its objects in key ranges at once ([`Tree::list_in_ranges`]).
+    /// listing of its objects in key ranges at once ([`RangeLister::list_in_ranges`]).
     /// `None` for a directory without a header (or with another kind), which is listed.
     async fn open_directly(&self, prefix: &ObjectPath) -> Option<Opened> {
         let header_key = prefix.clone().join(HEADER_FILE);
@@ -129,6 +144,7 @@ impl Tree {
         }
         let (header_meta, header_bytes) = header;
         let objects = self
+            .ranges
             .list_in_ranges(prefix, chunks)
             .await
             .map(|mut objects| {

@@ -10,13 +10,14 @@
 //! lists in its directories' order, in one range.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::ObjectMeta;
+use object_store::{ObjectMeta, ObjectStore};
 use scdl_format::layout::chunk_dir_name;
 
-use super::{too_long_a_listing, Tree, MAX_LISTED_ENTRIES};
+use super::{too_long_a_listing, MAX_LISTED_ENTRIES};
 use crate::error::{FsError, FsResult};
 use crate::store::listing_progress::ListingProgress;
 
@@ -29,7 +30,22 @@ pub const LISTING_RANGES: u64 = 16;
 /// `chunk_10000` and `chunk_10001`.
 const MOST_ORDERED_CHUNKS: u64 = 100_000;
 
-impl Tree {
+/// Lists a dataset's keys in ranges at once: the store, and whether it lists keys in
+/// key order (S3, GCS), so that they can be cut into ranges.
+#[derive(Clone)]
+pub(super) struct RangeLister {
+    store: Arc<dyn ObjectStore>,
+    keys_in_order: bool,
+}
+
+impl RangeLister {
+    pub(super) fn new(store: Arc<dyn ObjectStore>, keys_in_order: bool) -> RangeLister {
+        RangeLister {
+            store,
+            keys_in_order,
+        }
+    }
+
     /// Every object under `prefix`, a chunked dataset of `chunks` chunks, listed in
     /// ranges at once: in one range from a store that lists in another order than the
     /// keys' (a local folder), or for a dataset with more chunks than sort by name.
@@ -96,15 +112,10 @@ impl Tree {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use object_store::memory::InMemory;
-    use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+    use object_store::{ObjectStoreExt, PutPayload};
 
     use super::*;
-    use crate::catalog::tree::{DirMode, ListingTimes};
-    use crate::catalog::ObjectRegistry;
-    use crate::metrics::Metrics;
 
     #[tokio::test]
     async fn ranges_list_every_key_once_in_order() {
@@ -130,21 +141,8 @@ mod tests {
             .put(&ObjectPath::from("dt/other"), PutPayload::from_static(b"x"))
             .await
             .unwrap();
-        let metrics = Arc::new(Metrics::default());
-        let tree = Tree::new(
-            store as Arc<dyn ObjectStore>,
-            ObjectPath::from(""),
-            DirMode::Discover,
-            ObjectRegistry::new(Box::new(|_| {}), false, metrics.clone()),
-            ListingTimes {
-                metadata_ttl: None,
-                listing_timeout: std::time::Duration::from_secs(10),
-                keys_in_order: true,
-            },
-            metrics,
-            None,
-        );
-        let listed = tree
+        let lister = RangeLister::new(store as Arc<dyn ObjectStore>, true);
+        let listed = lister
             .list_in_ranges(&ObjectPath::from("ds"), 37)
             .await
             .unwrap();
