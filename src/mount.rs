@@ -496,6 +496,13 @@ impl Mount {
         if let Err(error) = crate::unmount::unmount(&self.mountpoint, false) {
             tracing::warn!(%error, "unmount failed; detaching lazily");
             crate::unmount::unmount(&self.mountpoint, true)?;
+            // A detached mount's session ends when its last user lets go, with the
+            // kernel aborting the connection: that is its end, not a failure (taken for
+            // one, it kept the Python package's scratch directory after a Ctrl-C).
+            return match session.join() {
+                Err(error) if error.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
+                ended => ended,
+            };
         }
         session.join()
     }
