@@ -53,10 +53,11 @@ def mounts_under(directory: Path) -> list[str]:
     return [p for p in points if p == root or p.startswith(root + "/")]
 
 
-def wait_until(what: str, condition, limit: float = PATIENCE) -> None:
+def wait_until(what: str, condition, limit: float = PATIENCE, what_is_left=None) -> None:
     deadline = time.monotonic() + limit
     while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting {limit}s for {what}"
+        left = f": still there: {what_is_left()}" if what_is_left else ""
+        assert time.monotonic() < deadline, f"gave up waiting {limit}s for {what}{left}"
         time.sleep(0.05)
 
 
@@ -133,7 +134,7 @@ def test_a_killed_job_leaves_no_daemon_mount_or_scratch(bucket, moto, job_tmp, s
     job.proc.send_signal(signum)
     job.end()
     wait_until(f"the job's daemon, mount and scratch directory to go after {signal.Signals(signum).name}",
-               lambda: not left_behind(daemon, scratch))  # fmt: skip
+               lambda: not left_behind(daemon, scratch), what_is_left=lambda: left_behind(daemon, scratch))  # fmt: skip
 
 
 # A plain script, with two exit handlers of its own around scdlfs's: registered before
