@@ -35,7 +35,6 @@ from .tools import BIN
 CPU_READERS = 4
 READ_BYTES = 1 << 20
 CPU_FILES = ("data.npy", "col_ptr.npy")
-CPU_CACHE_SIZE = "4GiB"
 CPU_BEGIN, CPU_END = "<!-- cpu section: begin -->", "<!-- cpu section: end -->"
 STATES = ("cold", "warm")
 # Reader k of n: its share of each file, in order, in READ_BYTES reads into one buffer, until
@@ -115,13 +114,19 @@ def read_state(dataset_dir, pid, limit, check):
                 complete=all(o["complete"] for o in outs), load_1m=os.getloadavg()[0])
 
 
+def cpu_cache_size(dataset_bytes):
+    """Room for the whole dataset and a margin, and no more: a budget larger than the
+    cache's filesystem has free is refused at mount, and shared machines run low."""
+    return "%dMiB" % (dataset_bytes * 5 // 4 // (1 << 20) + 64)
+
+
 def measure_binary(ctx, binary, label, run_i, limit, check):
     """A fresh mount of the source folder by `binary` with an empty cache: the cold
     epoch, then the warm one."""
     mnt = fresh_dir(os.path.join(ctx.work, "mnt", "cpu"))
     cache = fresh_dir(os.path.join(ctx.work, "cache", "cpu"))
     source = source_dir(ctx)
-    cmd = [binary, "mount", source, mnt, "--cache-dir", cache, "--cache-size", CPU_CACHE_SIZE, "--foreground",
+    cmd = [binary, "mount", source, mnt, "--cache-dir", cache, "--cache-size", cpu_cache_size(ctx.info["bytes"]), "--foreground",
            "--log-level", "warn"] + ctx.mount_args
     MOUNTS.append(mnt)
     logf = open(os.path.join(ctx.work, "logs", "cpu-%s.log" % label), "a")
@@ -158,7 +163,7 @@ def run_cpu(args, ctx, baseline=None):
         for label, binary in order:
             results += measure_binary(ctx, binary, label, run_i, limit, check=args.quick)
     return dict(results=results, readers=CPU_READERS, read_bytes=READ_BYTES, files=list(CPU_FILES),
-                dataset=ctx.name, dataset_bytes=ctx.info["bytes"], cache_size=CPU_CACHE_SIZE,
+                dataset=ctx.name, dataset_bytes=ctx.info["bytes"], cache_size=cpu_cache_size(ctx.info["bytes"]),
                 baseline=baseline, mount_args=ctx.mount_args, runs=args.runs, profile=args.profile,
                 date=time.strftime("%Y-%m-%d"), host=os.uname().nodename, cores=os.cpu_count())
 

@@ -48,8 +48,24 @@ def wait_port(port, proc, what, timeout=60):
 def spawn(cmd, what, env=None, stdout=None, stderr=None):
     proc = subprocess.Popen(cmd, env=env, stdout=stdout or subprocess.DEVNULL,
                             stderr=stderr or subprocess.DEVNULL, start_new_session=True)
+    # Where its complaints went, quoted when it exits before its job started (a CI log
+    # shows the bench's output, not the work directory's logs).
+    name = getattr(stderr, "name", None)
+    proc.log_path = name if isinstance(name, str) else None
     CHILDREN.append((proc, what))
     return proc
+
+
+def log_tail(proc, lines=15):
+    """The last `lines` of the log `proc` writes to, indented, or "" when it has none."""
+    if not getattr(proc, "log_path", None):
+        return ""
+    try:
+        with open(proc.log_path, errors="replace") as f:
+            tail = f.read().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "".join("\n    " + line for line in tail)
 
 
 def stop(proc, sig=signal.SIGTERM, timeout=30):
@@ -80,7 +96,7 @@ def wait_mounted(path, proc, what, probe_file, timeout=60):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError("%s exited with %s before mounting" % (what, proc.returncode))
+            raise RuntimeError("%s exited with %s before mounting%s" % (what, proc.returncode, log_tail(proc)))
         if is_mounted(path) and os.path.exists(probe_file):
             return
         time.sleep(0.2)
