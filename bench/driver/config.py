@@ -45,6 +45,8 @@ LARGE_CHUNKS_PER_WINDOW = 2
 LARGE_RATE_MBPS, LARGE_LATENCY_MS = 250.0, 20.0
 # A cache of a tenth of the dataset (issue 39, driver/large.py's sys_small_cache).
 SMALL_CACHE, SMALL_CACHE_SHARE = "cache 10%", 0.1
+# The same orders with the cache the mount's default gives (all of the dataset), beside them.
+FULL_CACHE = "full cache"
 SMALL_BEGIN, SMALL_END = "<!-- small-cache section: begin -->", "<!-- small-cache section: end -->"
 # Others' orders with and without their plans (issue 43, driver/planned.py).
 PLANNED = "any order"

@@ -9,7 +9,9 @@ The `small-cache` system (issue 39) reads the same dataset through the same link
 cache of a tenth of it: the blocks and random orders with their `rows` plans (random rows
 in steps of 1,024, scDataset's fetch factor of 16 minibatches), and the
 windows order in windows of one chunk (two windows fit the cache on the main dataset,
-whose chunks are 4,096 rows; the large chunks' do not). Random rows over a cache that small
+whose chunks are 4,096 rows; the large chunks' do not). MosaicML Streaming is the peer
+(driver/streaming.py): the same rows as its shards, its own shuffle, every shard cached and
+its smallest cache. Random rows over a cache that small
 need a GET per row and array, so the link's own ceiling of GETs (row-sized ranges, 256 in
 flight, measured once per run) bounds them as its bytes per second bound the others. Beside
 them, with the full cache, 8 ranks on one mount each read one large chunk, in lockstep (a
@@ -19,10 +21,11 @@ import json
 import os
 
 from .config import (BUCKET, LARGE, LARGE_CHUNK_ROWS, LARGE_CHUNKS, LARGE_CHUNKS_PER_WINDOW, LARGE_LATENCY_MS,
-                     LARGE_RATE_MBPS, QUICK_LARGE_CHUNK_ROWS, SMALL_CACHE, SMALL_CACHE_SHARE)
+                     LARGE_RATE_MBPS, QUICK_LARGE_CHUNK_ROWS, FULL_CACHE, SMALL_CACHE, SMALL_CACHE_SHARE)
 from .procs import log
 from .node import bench_rank_cmd, read_ranks
 from .servers import gen, probe, start_proxy, upload
+from .streaming import sys_streaming
 from .systems import sys_s3fs, sys_scdlfs, sys_scdlfs_half
 
 # Bytes of a row of the generator's default (1,000 values of f32 and u16 column ids).
@@ -130,8 +133,8 @@ def small_cache_bytes(dataset_bytes):
 
 def sys_small_cache(ctx, order, run_i):
     """Cold epochs on fresh mounts whose cache is SMALL_CACHE_SHARE of the dataset: the
-    large chunks in the blocks and random orders with their plans, and the main dataset's
-    windows of one chunk."""
+    large chunks in the blocks and random orders with their plans (and beside each, the
+    same epoch with the run's full cache), and the main dataset's windows of one chunk."""
     large = large_ctx(ctx)
     prefix = "%s, %s, " % (LARGE, SMALL_CACHE)
     results = []
@@ -144,6 +147,12 @@ def sys_small_cache(ctx, order, run_i):
         gets_ceiling(large)
     for rows_order in ("blocks",) if ctx.args.quick else ("blocks", "random"):
         results += sys_scdlfs(small, rows_order, run_i, True, dataset=large.name, prefix=prefix, warm=False)
+        if not ctx.args.quick:
+            results += sys_scdlfs(small.but(cache_size=large.cache_size), rows_order, run_i, True,
+                                  dataset=large.name, prefix="%s, %s, " % (LARGE, FULL_CACHE), warm=False)
+    # The peer: its venv and shards cost a few minutes once, so --quick leaves it out.
+    if not ctx.args.quick:
+        results += sys_streaming(large, run_i, prefix="%s, " % LARGE)
     results += node_of_large_chunks(large, run_i)
     results = with_link(results, large)
     windows = ctx.but(cache_size=str(small_cache_bytes(ctx.info["bytes"])),

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 
 from .config import DROPPED, REPO, WARM
 from .procs import MOUNTS, clean_env, spawn, stop, unmount, wait_mounted
@@ -83,6 +84,19 @@ def cpu_seconds(pid):
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_sampling_rss(cmd, env):
+    """Runs a reader process to its end, sampling its peak RSS while it runs (it exits at
+    the end of its epoch, taking its VmHWM along): returns it, its stdout and stderr, and
+    that peak in KiB (None if never read)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    rss = 0
+    while proc.poll() is None:
+        rss = max(rss, peak_rss_kib(proc.pid) or 0)
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    return proc, out, err, rss or None
 
 
 def peak_rss_kib(pid):

@@ -8,7 +8,7 @@ import tempfile
 
 from .atlas import atlas_section
 from .cpu import cpu_section
-from .config import (CEILING, DROPPED, HALF, HOSTILE, HOSTILE_BEGIN, HOSTILE_CHUNKS, HOSTILE_CHUNK_ROWS, HOSTILE_END,
+from .config import (CEILING, DROPPED, FULL_CACHE, HALF, HOSTILE, HOSTILE_BEGIN, HOSTILE_CHUNKS, HOSTILE_CHUNK_ROWS, HOSTILE_END,
                      HOSTILE_MEAN_VALUES, HOSTILE_RATIO_TARGET, LARGE, LARGE_CHUNKS_PER_WINDOW, LARGE_LATENCY_MS,
                      LARGE_CHUNKS, LARGE_RATE_MBPS, NODE, NODE_BEGIN, NODE_END, NODE_RANKS, NODE_SCDL,
                      NODE_TORCH_WORKERS, ORDERS, PLANNED, PLANNED_BEGIN, PLANNED_END, PYTHON_LOADER_CHUNKS, QUICK_HOSTILE_CHUNKS, QUICK_MIN_ROWS, QUICK_SIZE_MB, REPO, RESTART_BEGIN,
@@ -19,6 +19,7 @@ from .measure import CACHE_SAMPLE_S
 from .node import node_label
 from .node_targets import targets as node_targets
 from .procs import run
+from .streaming import STREAMING
 from .summary import Report, epoch_text, fmt, med, reductions
 from .tools import BIN
 
@@ -542,30 +543,39 @@ def small_cache_section(rep, results):
     w("Issue 39: fresh mounts whose `--cache-size` is %.0f%% of the dataset, cold epochs with the readers' plans, "
       "page cache dropped. *large chunks*: %d chunks of about 180 MB behind a link of its own (%.0f MB/s + %.0f ms), "
       "in the blocks order (blocks of 32 rows, fetches of 1,024) and uniformly random rows (minibatches of 64, "
-      "steps of 1,024), both announcing `rows` steps; the windows order reads the main dataset in windows of one chunk (two fit the "
+      "steps of 1,024), both announcing `rows` steps, and beside each the same epoch with the run's cache of %s "
+      "(*full cache*); the windows order reads the main dataset in windows of one chunk (two fit the "
       "cache) through the main link. *× link*: epoch s ÷ that dataset's link limit; *GETs/GB*: requests sent per GB "
       "the reader got; *GET floor s*: the GETs of the whole epoch (at that rate) ÷ the link's ceiling of GETs per "
       "second%s, the time the requests alone take; *× floor*: epoch s ÷ the larger of the link limit and the GET floor. "
+      "The peer, *%s* 0.13 (the large chunks' rows written once as its MDS shards of 64 MiB, bench/streaming_loader.py), "
+      "reads them with its default shuffle (py1e), every row checked: through the same server and link into a fresh "
+      "cache that keeps every shard and from the shards' local folder (*local shards*: its reader's own cost, no "
+      "download), both whole epochs (its rate climbs through an epoch, so its first seconds do not extrapolate), "
+      "and through the link into the "
+      "smallest cache it accepts (four of its largest shards); its GETs are the link's requests, its RSS its reader "
+      "process's (torch imported). "
       "Measured %s on %s, medians of %d run(s); epochs stop after %.0f s (then ~, extrapolated)." % (
-          100 * SMALL_CACHE_SHARE, LARGE_CHUNKS, LARGE_RATE_MBPS, LARGE_LATENCY_MS, ceiling_text(saved),
+          100 * SMALL_CACHE_SHARE, LARGE_CHUNKS, LARGE_RATE_MBPS, LARGE_LATENCY_MS, saved["cache_size"],
+          ceiling_text(saved), STREAMING,
           saved["date"], saved["host"], rep.args["runs"], rep.args["time_limit"]))
     w("")
     w("| dataset | order | epoch s | × link | fetched / dataset | GETs/GB | GET floor s | × floor | daemon peak RSS MiB "
       "| first row s |")
     w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (system, order), m in sorted(summary.items()):
-        if SMALL_CACHE not in system:
+        if SMALL_CACHE not in system and STREAMING not in system and FULL_CACHE not in system:
             continue
         rs = [r for r in saved["results"] if r["system"] == system and r["order"] == order]
         link_s = rs[0].get("link_s", rep.link_s)
         dataset_bytes = rs[0].get("dataset_bytes", rep.info["bytes"])
         dataset_rows = rs[0].get("dataset_rows", rep.info["rows"])
-        gets = med([sum(r["requests"][k] for k in ("parts_fetched", "direct_reads", "edges_fetched",
-                                                     "planned_requests")) / max(r["bytes_read"], 1) * 1e9
-                    for r in rs])
+        gets = med([gets_sent(r) / max(r["bytes_read"], 1) * 1e9 for r in rs])
         ceiling = rs[0].get("link_gets_per_s")
         floor_s = gets * dataset_bytes / 1e9 / ceiling if ceiling and gets else None
         w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            "large chunks (%s)" % system[system.index(STREAMING):] if STREAMING in system else
+            "large chunks, %s" % FULL_CACHE if FULL_CACHE in system else
             "large chunks" if system.startswith(LARGE) else "main", order, epoch_text(m),
             fmt(m["epoch_s"] / link_s, ".2f"), fmt(m["bytes_per_row"] * dataset_rows / dataset_bytes, ".2f") + "×",
             fmt(gets, ",.0f"), fmt(floor_s, ".1f"), fmt(floor_s and m["epoch_s"] / max(link_s, floor_s), ".2f"),
@@ -575,6 +585,13 @@ def small_cache_section(rep, results):
     w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
     w(SMALL_END)
     return lines
+
+
+def gets_sent(r):
+    """An epoch's requests to the store: the daemon's own count, or for a peer the link's."""
+    if "link_requests" in r:
+        return r["link_requests"]
+    return sum(r["requests"][k] for k in ("parts_fetched", "direct_reads", "edges_fetched", "planned_requests"))
 
 
 def planned_section(rep, results):

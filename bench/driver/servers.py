@@ -147,8 +147,13 @@ def start_proxy(endpoint, rate_mbps, latency_ms, log_path=None):
     return "http://" + ports["listen"], "http://" + ports["stats"]
 
 
+def proxy_counters(stats_url):
+    """The link's counters since it started: bytes_down, bytes_up, requests, connections."""
+    return json.loads(urllib.request.urlopen(stats_url).read())
+
+
 def proxy_bytes(stats_url):
-    return json.loads(urllib.request.urlopen(stats_url).read())["bytes_down"]
+    return proxy_counters(stats_url)["bytes_down"]
 
 
 def probe(endpoint, prefix, concurrency, max_mb, part_size=None):

@@ -6,11 +6,10 @@ import json
 import os
 import shutil
 import subprocess
-import time
 
 from .config import BUCKET, CACHE_AWARE, DROPPED, HALF, KEY, PYTHON_LOADER_CHUNKS, REPO, SECRET, TORCH, WARM
-from .measure import (Epoch, mount_and_read, peak_rss_kib, prepare, read_epoch, read_torch_epoch,
-                      size_bytes, tag, with_machine_counters)
+from .measure import (Epoch, mount_and_read, prepare, read_epoch, read_torch_epoch, run_sampling_rss, size_bytes,
+                      tag, with_machine_counters)
 from .offline_bound import dataset_chunk_bytes, epoch_chunks, offline_next_epoch_bytes
 from .procs import MOUNTS, clean_env, fresh_dir, log, run, spawn, stop, unmount, wait_mounted
 from .servers import proxy_bytes
@@ -189,15 +188,9 @@ def sys_python(ctx, order, run_i):
            "--cache-dir", cache, "--max-chunks", str(PYTHON_LOADER_CHUNKS)]
     if ctx.limit:
         cmd += ["--time-limit", str(ctx.limit)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
-    # The loader's peak RSS: it exits at the end of the epoch, so sample it while it runs.
-    rss = 0
-    while proc.poll() is None:
-        rss = max(rss, peak_rss_kib(proc.pid) or 0)
-        time.sleep(0.2)
-    out, err = proc.communicate()
+    proc, out, err, rss = run_sampling_rss(cmd, clean_env())
     if proc.returncode != 0:
         raise RuntimeError("the Python chunk loader failed (%s): %s" % (order, err.strip()[-2000:]))
     r = json.loads(out)
-    r.update(bytes_fetched=proxy_bytes(ctx.stats) - before, daemon_peak_rss_kib=rss or None)
+    r.update(bytes_fetched=proxy_bytes(ctx.stats) - before, daemon_peak_rss_kib=rss)
     return [tag(r, Epoch("Python chunk loader", order, 2 * run_i, DROPPED), "chunked")]
