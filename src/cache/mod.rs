@@ -284,6 +284,13 @@ impl DiskCache {
         !room_for(&books.policy, Admission::Prefetch) && room_for(&books.policy, Admission::Demand)
     }
 
+    /// Whether the plans rank units but not this part's: no plan reads it within its
+    /// announced steps, while plans read others. No I/O.
+    pub fn unranked_beside_plans(&self, key: PartKey, group: Option<GroupId>) -> bool {
+        let advisor = self.advisor.read().clone();
+        advisor.is_some_and(|a| a.ranks_any() && a.next_use(Unit::of(key, group)).is_none())
+    }
+
     /// The part, pinned while the returned handle lives, if it is resident; `recency`
     /// says whether this counts as a use.
     pub fn get(self: &Arc<Self>, key: PartKey, recency: Recency) -> Option<PinnedPart> {

@@ -36,6 +36,10 @@ pub trait EvictionAdvisor: Send + Sync {
     /// means later. Units nobody needs go first (groups, then lone parts, each in LRU
     /// order), then those needed furthest ahead.
     fn next_use(&self, unit: Unit) -> Option<NextUse>;
+    /// Whether the plans rank any unit now: a unit [`EvictionAdvisor::next_use`] leaves
+    /// unranked is then one no plan reads within its announced steps, not one of a
+    /// mount nobody plans on.
+    fn ranks_any(&self) -> bool;
 }
 
 /// What a reservation makes room for, which decides what it may evict.

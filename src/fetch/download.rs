@@ -14,7 +14,7 @@ use object_store::GetResultPayload;
 use super::arriving::Arriving;
 use super::memory::{self};
 use super::permits::{Permit, Request, Urgency, SMALL_REQUEST_BYTES};
-use super::{listed_object, Fetcher, InFlight, SharedDownload, SPOOL_BUFFER};
+use super::{listed_object, Fetcher, InFlight, SharedDownload, DIRECT_READ_MAX, SPOOL_BUFFER};
 use crate::cache::spool::Spool;
 use crate::cache::{Admission, PartOrigin};
 use crate::error::{FsError, FsResult};
@@ -85,6 +85,24 @@ impl Fetcher {
             origin_of(object, range.start),
             range.end - range.start,
         )
+    }
+
+    /// Whether bytes `own` of the object lie within [`DIRECT_READ_MAX`] of its start or
+    /// end, in a part no plan reads within its announced steps while plans read
+    /// others: where the kernel's read-around from a window being read crosses into a
+    /// chunk the plans reach later, if at all.
+    pub(super) fn read_around_into_unplanned(
+        &self,
+        object: &ObjectInfo,
+        index: u64,
+        own: &Range<u64>,
+    ) -> bool {
+        let near_an_edge =
+            own.start < DIRECT_READ_MAX || own.end.saturating_add(DIRECT_READ_MAX) > object.size;
+        near_an_edge
+            && self
+                .cache
+                .unranked_beside_plans(Self::key(object, index), object.group)
     }
 
     /// Brings the part into the cache at prefetch priority, waiting for its download

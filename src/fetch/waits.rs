@@ -75,14 +75,17 @@ impl Fetcher {
             let part = self.part_range(object, index);
             let own = part.start + within.start..part.start + within.end;
             if is_stray(&within, part.end - part.start, self.is_in_flight(key))
-                && (self.planned.is_read_exactly(object) || self.waits_for_room(object, index))
+                && (self.planned.is_read_exactly(object)
+                    || self.waits_for_room(object, index)
+                    || self.read_around_into_unplanned(object, index, &own))
             {
                 // Bytes of a chunk the plans read later (the kernel's read-around across
                 // a chunk's edge, into a neighbour of another window): its whole part
-                // would evict a chunk they need sooner, for a few KiB. Or of a chunk whose
-                // rows the plans fetch exactly: its part would be evicted before they
-                // come back to it. A failed or refused read leaves the reader to the
-                // download, as for any reader.
+                // would evict a chunk they need sooner, for a few KiB; or, with room for
+                // it, would be the first to go when room is needed, long before the
+                // plans reach it. Or of a chunk whose rows the plans fetch exactly: its
+                // part would be evicted before they come back to it. A failed or refused
+                // read leaves the reader to the download, as for any reader.
                 if let Some(Ok(bytes)) = self
                     .direct
                     .direct_read(&self.memory, object, own.clone())

@@ -26,4 +26,8 @@ impl EvictionAdvisor for Advice {
             .any(|units| units.contains(&unit))
             .then_some(NextUse::Done)
     }
+
+    fn ranks_any(&self) -> bool {
+        !self.ranks.read().is_empty()
+    }
 }

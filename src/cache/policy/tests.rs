@@ -132,6 +132,9 @@ impl EvictionAdvisor for Plan {
     fn next_use(&self, unit: Unit) -> Option<NextUse> {
         self.0.get(&unit).copied()
     }
+    fn ranks_any(&self) -> bool {
+        !self.0.is_empty()
+    }
 }
 
 #[test]
