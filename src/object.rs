@@ -121,6 +121,12 @@ mod tests {
 
     use super::*;
 
+    /// Writes `bytes` as the object `key`, a new version of it if there was one.
+    async fn put(store: &InMemory, key: &str, bytes: &[u8]) {
+        let payload = PutPayload::from(Bytes::copy_from_slice(bytes));
+        store.put(&ObjectPath::from(key), payload).await.unwrap();
+    }
+
     async fn pinned(store: &InMemory, key: &str) -> ObjectInfo {
         let meta = store.head(&ObjectPath::from(key)).await.unwrap();
         ObjectInfo {
@@ -136,11 +142,7 @@ mod tests {
     #[tokio::test]
     async fn a_pinned_get_reads_the_version_pinned_and_refuses_a_newer_one() {
         let store = Arc::new(InMemory::new());
-        let key = ObjectPath::from("ds/header.sch");
-        store
-            .put(&key, PutPayload::from(Bytes::from_static(b"first")))
-            .await
-            .unwrap();
+        put(&store, "ds/header.sch", b"first").await;
         let object = pinned(&store, "ds/header.sch").await;
         let whole = pinned_get(store.as_ref(), &object, None).await.unwrap();
         assert_eq!(whole.bytes().await.unwrap().as_ref(), b"first");
@@ -149,10 +151,7 @@ mod tests {
             .unwrap();
         assert_eq!(part.bytes().await.unwrap().as_ref(), b"ir");
 
-        store
-            .put(&key, PutPayload::from(Bytes::from_static(b"later")))
-            .await
-            .unwrap();
+        put(&store, "ds/header.sch", b"later").await;
         for range in [None, Some(0..2)] {
             match pinned_get(store.as_ref(), &object, range).await {
                 Err(FsError::ObjectChanged { key, .. }) => assert_eq!(key, "ds/header.sch"),
@@ -183,20 +182,13 @@ mod tests {
     #[tokio::test]
     async fn an_answer_without_an_etag_is_pinned_by_its_modification_time_and_size() {
         let memory = Arc::new(InMemory::new());
-        let key = ObjectPath::from("ds/header.sch");
-        memory
-            .put(&key, PutPayload::from(Bytes::from_static(b"first")))
-            .await
-            .unwrap();
+        put(&memory, "ds/header.sch", b"first").await;
         let object = pinned(&memory, "ds/header.sch").await;
         let store = crate::store::wrapper::HookedStore::new(memory.clone(), NoEtags);
         let whole = pinned_get(&store, &object, None).await.unwrap();
         assert_eq!(whole.bytes().await.unwrap().as_ref(), b"first");
         for later in [&b"later"[..], b"longer"] {
-            memory
-                .put(&key, PutPayload::from(Bytes::copy_from_slice(later)))
-                .await
-                .unwrap();
+            put(&memory, "ds/header.sch", later).await;
             match pinned_get(&store, &object, Some(0..2)).await {
                 Err(FsError::ObjectChanged { .. }) => {}
                 Ok(_) => panic!("{later:?}: another version's bytes were accepted"),

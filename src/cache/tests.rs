@@ -45,6 +45,25 @@ fn only_file(dir: &Path) -> PathBuf {
     files.pop().unwrap()
 }
 
+/// A cache holding one part of three blocks and a bit, its data, and its file.
+pub(super) fn cache_with_one_part(dir: &Path) -> (Arc<DiskCache>, Vec<u8>, PathBuf) {
+    let cache = Arc::new(
+        DiskCache::open(
+            &crate::cache_dir_check::prepare(dir).unwrap(),
+            &owner(),
+            1 << 30,
+            None,
+        )
+        .unwrap(),
+    );
+    let data: Vec<u8> = (0..3 * BLOCK_LEN as usize + 100)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    assert!(cache.insert(key(1), None, ORIGIN, &data));
+    let file = only_file(&cache.parts_dir());
+    (cache, data, file)
+}
+
 #[test]
 fn the_directory_stays_within_budget_and_reads_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -403,20 +422,7 @@ fn pinned_parts_leave_new_parts_uncached() {
 #[test]
 fn a_flipped_bit_is_caught_and_drops_the_part() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = Arc::new(
-        DiskCache::open(
-            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
-            &owner(),
-            1 << 30,
-            None,
-        )
-        .unwrap(),
-    );
-    let data: Vec<u8> = (0..3 * BLOCK_LEN as usize + 100)
-        .map(|i| (i % 253) as u8)
-        .collect();
-    assert!(cache.insert(key(1), None, ORIGIN, &data));
-    let path = only_file(&cache.parts_dir());
+    let (cache, data, path) = cache_with_one_part(dir.path());
     let data_offset = fs::metadata(&path).unwrap().len() - data.len() as u64;
     // A byte in the third block.
     flip_bit(&path, data_offset + 2 * BLOCK_LEN as u64 + 7);

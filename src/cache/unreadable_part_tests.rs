@@ -3,34 +3,10 @@
 //! a read never trips over another reader's read-ahead advice.
 
 use std::fs;
-use std::path::Path;
 
-use super::tests::{key, owner, ORIGIN};
+use super::tests::{cache_with_one_part, key, ORIGIN};
 use super::*;
 use part_file::BLOCK_LEN;
-
-/// A cache holding one part of three and a bit blocks, its data, and its file.
-fn cache_with_one_part(dir: &Path) -> (Arc<DiskCache>, Vec<u8>, PathBuf) {
-    let cache = Arc::new(
-        DiskCache::open(
-            &crate::cache_dir_check::prepare(dir).unwrap(),
-            &owner(),
-            1 << 30,
-            None,
-        )
-        .unwrap(),
-    );
-    let data: Vec<u8> = (0..3 * BLOCK_LEN as usize + 100)
-        .map(|i| (i % 251) as u8)
-        .collect();
-    assert!(cache.insert(key(1), None, ORIGIN, &data));
-    let mut files: Vec<_> = fs::read_dir(cache.parts_dir())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(files.len(), 1);
-    (cache, data, files.pop().unwrap())
-}
 
 #[test]
 fn a_part_file_truncated_under_a_reader_is_dropped_and_counted_as_unreadable() {

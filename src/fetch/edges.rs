@@ -73,6 +73,9 @@ impl Edges {
 
     /// Fetches bytes `range` of the object (within one part) on their own, at
     /// `urgency`, and keeps them in memory for reads (see [`Fetcher::prefetch_edge`]).
+    /// It takes the whole fetcher, not its parts: an edge looks in the cache, the memory
+    /// and the downloads, then takes a slot, memory, the store and the runtime, in a
+    /// task that outlives the call.
     pub(super) fn fetch(
         &self,
         fetcher: &Arc<Fetcher>,
@@ -80,14 +83,7 @@ impl Edges {
         range: Range<u64>,
         urgency: Arc<Urgency>,
     ) {
-        let index = range.start / fetcher.part_size;
-        let key = Fetcher::key(object, index);
-        let part_start = index * fetcher.part_size;
-        let within = range.start - part_start..range.end - part_start;
-        debug_assert!(
-            range.end <= part_start + fetcher.part_size,
-            "an edge within one part"
-        );
+        let (key, within) = fetcher.part_holding(object, &range);
         if fetcher.cache.contains(key) || fetcher.in_memory(key, &within).is_some() {
             return;
         }
@@ -106,7 +102,8 @@ impl Edges {
         match self.in_flight.lock().entry(key) {
             std::collections::hash_map::Entry::Occupied(_) => return,
             std::collections::hash_map::Entry::Vacant(entry) => {
-                let part_len = fetcher.part_range(object, index).end - part_start;
+                let part = fetcher.part_range(object, key.index);
+                let part_len = part.end - part.start;
                 if let Some(arriving) = downloading {
                     if !worth_a_direct_read(&arriving, &within, part_len) {
                         return;

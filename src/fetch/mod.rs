@@ -251,6 +251,19 @@ impl Fetcher {
         }
     }
 
+    /// The part that bytes `range` of the object lie in, and where they are in it: the
+    /// range is within one part (a range fetched on its own is a part's or less).
+    fn part_holding(&self, object: &ObjectInfo, range: &Range<u64>) -> (PartKey, Range<u64>) {
+        let index = range.start / self.part_size;
+        let part_start = index * self.part_size;
+        debug_assert!(
+            range.end <= part_start + self.part_size,
+            "a range within one part"
+        );
+        let within = range.start - part_start..range.end - part_start;
+        (Fetcher::key(object, index), within)
+    }
+
     pub fn max_concurrent_requests(&self) -> usize {
         self.max_concurrent_requests
     }

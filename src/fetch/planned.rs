@@ -302,7 +302,9 @@ impl PlannedFetches {
     }
 
     /// Fetches bytes `range` of the object (within one part) on their own, as
-    /// [`Fetcher::prefetch_planned`] says.
+    /// [`Fetcher::prefetch_planned`] says. It takes the whole fetcher, not its parts: a
+    /// range looks in the cache and the downloads, then takes memory, the direct reads
+    /// and the runtime, in a task that outlives the call.
     pub(super) fn prefetch(
         &self,
         fetcher: &Arc<Fetcher>,
@@ -310,14 +312,7 @@ impl PlannedFetches {
         range: Range<u64>,
         done: impl FnOnce() + Send + 'static,
     ) -> Planned {
-        let index = range.start / fetcher.part_size;
-        let key = Fetcher::key(object, index);
-        let part_start = index * fetcher.part_size;
-        debug_assert!(
-            range.end <= part_start + fetcher.part_size,
-            "a planned range within one part"
-        );
-        let within = range.start - part_start..range.end - part_start;
+        let (key, within) = fetcher.part_holding(object, &range);
         if fetcher.cache.contains(key) {
             return Planned::Local;
         }

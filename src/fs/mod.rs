@@ -29,6 +29,7 @@ pub mod errno;
 pub(crate) mod fuse;
 pub(crate) mod handles;
 pub mod page_cache;
+mod page_filler;
 pub(crate) mod planned_pages;
 pub mod read_ahead;
 pub mod read_around;

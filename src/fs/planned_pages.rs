@@ -19,8 +19,8 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use scdl_format::ArrayKind;
 
-use super::page_cache::{pages_of, slices, Given, PageCache, PUSH_SLICE};
-use crate::catalog::tree::FileNode;
+use super::page_cache::{Given, PageCache};
+use super::page_filler::PageFiller;
 use crate::catalog::{FileContent, FlatDataset, Node, NodeKind};
 use crate::metrics::Metrics;
 use crate::prefetch::PlannedPages;
@@ -97,10 +97,12 @@ impl PlannedPusher {
         let worker = StoreWorker {
             read_path: self.read_path.clone(),
             metrics: self.metrics.clone(),
-            given: self.given.clone(),
-            page: self.page,
-            page_cache,
-            buffer: Vec::with_capacity(PUSH_SLICE as usize),
+            filler: PageFiller::new(
+                self.read_path.clone(),
+                page_cache,
+                self.given.clone(),
+                self.page,
+            ),
         };
         let spawned = std::thread::Builder::new()
             .name("scdlfs-planned".into())
@@ -131,10 +133,7 @@ impl PlannedPages for PlannedPusher {
 struct StoreWorker {
     read_path: Arc<ReadPath>,
     metrics: Arc<Metrics>,
-    given: Arc<Given>,
-    page: u64,
-    page_cache: Arc<dyn PageCache>,
-    buffer: Vec<u8>,
+    filler: PageFiller,
 }
 
 impl StoreWorker {
@@ -144,7 +143,7 @@ impl StoreWorker {
         }
     }
 
-    /// Stores the range a slice ([`PUSH_SLICE`]) at a time if every byte is local (the fetcher may have
+    /// Stores the range a slice ([`PUSH_SLICE`](super::page_cache::PUSH_SLICE)) at a time if every byte is local (the fetcher may have
     /// dropped some past its cap), then gives the fetcher's copies back.
     fn store(&mut self, store: &Store) {
         let NodeKind::File(file) = &store.node.kind else {
@@ -164,41 +163,11 @@ impl StoreWorker {
         // which may still be in flight. A store waits for the pages such a read holds
         // locked, and this thread's stores are in arrival order: one store behind a read
         // of the link held every range behind it, 5 s of an 8 s epoch of blocks.
-        let missing = self
-            .given
-            .pages
-            .lock()
-            .missing(store.ino, pages_of(bytes, self.page));
-        for pages in missing {
-            let run =
-                (pages.start * self.page).max(bytes.start)..(pages.end * self.page).min(bytes.end);
-            for Range { start, end } in slices(run, PUSH_SLICE) {
-                if !self.store_slice(store, file, start..end) {
-                    return;
-                }
-            }
+        let missing = self.filler.missing(store.ino, bytes);
+        let stored = &self.metrics.planned_bytes_pushed;
+        if !self.filler.fill(store.ino, file, missing, stored) {
+            return;
         }
         self.read_path.release_planned(&whole);
-    }
-
-    /// Stores bytes `slice` of the file; `false` if they were not all local or the
-    /// kernel refused them.
-    fn store_slice(&mut self, store: &Store, file: &FileNode, slice: Range<u64>) -> bool {
-        let Range { start, end } = slice;
-        let plan = plan_read(&file.content, file.size, start, end - start);
-        match self.read_path.read_around(&plan, &mut self.buffer) {
-            Some(Ok(())) if self.buffer.len() as u64 == end - start => {}
-            _ => return false,
-        }
-        if let Err(error) = self.page_cache.store(store.ino, start, &self.buffer) {
-            tracing::debug!(ino = store.ino, ?slice, %error, "planned pages refused");
-            return false;
-        }
-        self.given
-            .pages
-            .lock()
-            .give(store.ino, pages_of(&slice, self.page));
-        Metrics::add(&self.metrics.planned_bytes_pushed, end - start);
-        true
     }
 }

@@ -39,9 +39,10 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::page_cache::{pages_of, slices, Given, PageCache, PUSH_SLICE};
+use super::page_cache::{pages_of, Given, PageCache, PUSH_SLICE};
+use super::page_filler::PageFiller;
 use super::planned_pages::PlannedPusher;
-use crate::catalog::{FileContent, Node, NodeKind};
+use crate::catalog::{Node, NodeKind};
 use crate::metrics::Metrics;
 use crate::read::ReadPath;
 use crate::view::plan_read;
@@ -140,11 +141,13 @@ impl ReadAround {
             let pusher = Pusher {
                 read_path: self.read_path.clone(),
                 metrics: self.metrics.clone(),
-                page_cache: page_cache.clone(),
                 pushing: self.pushing.clone(),
-                given: self.given.clone(),
-                page: self.page,
-                buffer: Vec::with_capacity(PUSH_SLICE as usize),
+                filler: PageFiller::new(
+                    self.read_path.clone(),
+                    page_cache.clone(),
+                    self.given.clone(),
+                    self.page,
+                ),
             };
             let receiver = receiver.clone();
             let spawned = std::thread::Builder::new()
@@ -206,11 +209,8 @@ impl ReadAround {
 struct Pusher {
     read_path: Arc<ReadPath>,
     metrics: Arc<Metrics>,
-    page_cache: Arc<dyn PageCache>,
     pushing: Arc<Mutex<HashSet<(u64, u64)>>>,
-    given: Arc<Given>,
-    page: u64,
-    buffer: Vec<u8>,
+    filler: PageFiller,
 }
 
 impl Pusher {
@@ -232,11 +232,7 @@ impl Pusher {
             return;
         };
         let Push { ino, around, .. } = push;
-        let missing = self
-            .given
-            .pages
-            .lock()
-            .missing(*ino, pages_of(around, self.page));
+        let missing = self.filler.missing(*ino, around);
         let window = plan_read(
             &file.content,
             file.size,
@@ -246,46 +242,13 @@ impl Pusher {
         if missing.is_empty() || !self.read_path.is_local(&window) {
             return;
         }
-        for pages in missing {
-            let run = pages.start * self.page..(pages.end * self.page).min(around.end);
-            for slice in slices(run, PUSH_SLICE) {
-                if !self.push_slice(*ino, file.size, &file.content, slice) {
-                    return;
-                }
-            }
+        if !self
+            .filler
+            .fill(*ino, file, missing, &self.metrics.read_around_bytes)
+        {
+            return;
         }
         Metrics::add(&self.metrics.read_around_windows, 1);
-    }
-
-    /// Reads bytes `slice` of the file from local parts and stores them; `false` if
-    /// they were not all local any more (evicted since the window was found local) or
-    /// the kernel refused them.
-    fn push_slice(
-        &mut self,
-        ino: u64,
-        file_size: u64,
-        content: &FileContent,
-        slice: Range<u64>,
-    ) -> bool {
-        let plan = plan_read(content, file_size, slice.start, slice.end - slice.start);
-        match self.read_path.read_around(&plan, &mut self.buffer) {
-            Some(Ok(())) if self.buffer.len() as u64 == slice.end - slice.start => {}
-            Some(Err(error)) => {
-                tracing::debug!(ino, ?slice, %error, "read-around skipped");
-                return false;
-            }
-            // Not all local, or the file is shorter than it said.
-            _ => return false,
-        }
-        if let Err(error) = self.page_cache.store(ino, slice.start, &self.buffer) {
-            // The file may be gone from the kernel's inode cache: nothing to fill.
-            tracing::debug!(ino, ?slice, %error, "page cache store refused");
-            return false;
-        }
-        let pages = pages_of(&slice, self.page);
-        self.given.pages.lock().give(ino, pages);
-        Metrics::add(&self.metrics.read_around_bytes, slice.end - slice.start);
-        true
     }
 }
 
