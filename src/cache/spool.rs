@@ -3,8 +3,8 @@
 //! A download holds a whole part in memory only if the cache cannot take it: otherwise
 //! the part's room in the budget is reserved (and what that evicts deleted) before the
 //! request goes out, its file is created under a temporary name, and the body goes
-//! to disk block by block ([`Spool::write_next`]), each block's CRC32C computed on the
-//! way. Readers waiting for the part read the blocks already written, checked like any
+//! to disk whole blocks at a time ([`Spool::write_next`]; the download gathers about a
+//! megabyte for each write), each block's CRC32C computed on the way. Readers waiting for the part read the blocks already written, checked like any
 //! cached read ([`Spool::read_exact_at`]). When the last block is on disk, the header
 //! (which holds the block checksums) is written in front and the file is renamed
 //! into place ([`Spool::commit`]), as an insert of a whole part does.

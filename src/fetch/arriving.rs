@@ -4,14 +4,16 @@
 //! fifteen others waits for a few pieces of its body, not for all of it.
 //!
 //! The body goes where the download sends it: into the part's cache file as it comes
-//! ([`Arriving::spool_into`]: the usual case, which holds about a block of the body in
-//! memory, the bytes not yet written), or into memory ([`Arriving::keep_in_memory`])
+//! ([`Arriving::spool_into`]: the usual case, which holds up to [`WRITE_BATCH`] of the
+//! body in memory, the bytes not yet written, so that each blocking write is at least
+//! that long), or into memory ([`Arriving::keep_in_memory`])
 //! when the cache cannot take the part, then swapped for the whole part
 //! ([`Arriving::finish`]). The download appends what it receives ([`Arriving::push`],
-//! flushed at the end with [`Arriving::end`]); readers wait on the count of bytes
-//! received and take their range ([`Arriving::read`]): from the file what is written,
-//! from memory the rest; a download that starts over takes back what it had received,
-//! and its readers wait again. Whether the request is on the wire yet (it holds a
+//! flushed at the end with [`Arriving::end`]); readers wait for the count of bytes
+//! received to pass the end of their range, each woken once when it does (not at every
+//! piece of the body), and take their range ([`Arriving::read`]): from the file what is
+//! written, from memory the rest; a download that starts over takes back what it had
+//! received, and its readers wait again. Whether the request is on the wire yet (it holds a
 //! download slot) tells a reader whether waiting can pay at all, and the first reader
 //! that asks for its own bytes beside the download claims it
 //! ([`Arriving::claim_direct_read`]).
@@ -22,20 +24,45 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use tokio::sync::watch;
+use tokio::sync::oneshot;
 
 use super::PartBytes;
 use crate::cache::part_file::BLOCK_LEN;
 use crate::cache::spool::Spool;
 use crate::error::{FsError, FsResult};
 
+/// The least a spooled body gathers in memory before writing it (whole blocks): a
+/// body arrives in pieces of a few KiB, and a write per block was a round trip to the
+/// blocking pool every 64 KiB.
+pub const WRITE_BATCH: usize = 1 << 20;
+
 pub struct Arriving {
-    /// How many bytes of the part are readable, from its start.
-    received: watch::Sender<u64>,
+    received: Mutex<Received>,
     body: Mutex<Body>,
     sent: AtomicBool,
     /// A reader has asked for its own bytes beside this download.
     direct_read_claimed: AtomicBool,
+}
+
+/// How many bytes of the part are readable, from its start, and the readers waiting
+/// for more: each for the count to reach the end of its range.
+#[derive(Default)]
+struct Received {
+    count: u64,
+    waiting: Vec<(u64, oneshot::Sender<()>)>,
+}
+
+impl Received {
+    /// Sets the count and wakes the readers whose bytes it reaches (and forgets those
+    /// that stopped waiting).
+    fn set(&mut self, count: u64) {
+        self.count = count;
+        for (_, arrived) in self.waiting.extract_if(.., |(end, _)| *end <= count) {
+            // A reader that gave up is not there to tell.
+            let _ = arrived.send(());
+        }
+        self.waiting.retain(|(_, arrived)| !arrived.is_closed());
+    }
 }
 
 enum Body {
@@ -55,6 +82,10 @@ struct Spooling {
     on_disk: u64,
     writing: Bytes,
     pending: BytesMut,
+    /// The buffer of the last batch written, taken back for the next one: a body is
+    /// gathered in two buffers (one filling while the other is written), not in one
+    /// allocation per batch.
+    spare: Option<BytesMut>,
 }
 
 /// Where the bytes of a range of a spooled body are: all written to the file, or
@@ -76,22 +107,58 @@ impl Spooling {
     }
 
     /// Takes the next piece: returns the bytes received, and the whole blocks to write
-    /// now (if any), from the piece itself when it starts at a block boundary.
+    /// now (if any: once at least [`WRITE_BATCH`] are held), from the piece itself when
+    /// it is that long and starts at a block boundary.
     fn take(&mut self, piece: Bytes) -> (u64, Option<(Arc<Spool>, Bytes)>) {
         debug_assert!(self.writing.is_empty(), "one write at a time");
         let block_len = BLOCK_LEN as usize;
         let received = self.received() + piece.len() as u64;
-        if self.pending.is_empty() {
+        if self.pending.is_empty() && piece.len() >= WRITE_BATCH {
             let whole = piece.len() / block_len * block_len;
             self.writing = piece.slice(..whole);
             self.pending.extend_from_slice(&piece[whole..]);
         } else {
+            if self.pending.capacity() < WRITE_BATCH {
+                // Into a batch's buffer, with what the body held before.
+                let mut batch = self.batch_buffer();
+                batch.extend_from_slice(&self.pending);
+                self.pending = batch;
+            }
             self.pending.extend_from_slice(&piece);
-            let whole = self.pending.len() / block_len * block_len;
-            self.writing = self.pending.split_to(whole).freeze();
+            if self.pending.len() >= WRITE_BATCH {
+                let whole = self.pending.len() / block_len * block_len;
+                // The bytes past the last whole block go on in the other buffer, so
+                // that the batch's comes back whole, as the spare.
+                let rest = self.pending.split_off(whole);
+                let next = self.batch_buffer();
+                let batch = std::mem::replace(&mut self.pending, next);
+                self.pending.extend_from_slice(&rest);
+                self.writing = batch.freeze();
+            }
         }
         let blocks = (!self.writing.is_empty()).then(|| (self.spool.clone(), self.writing.clone()));
         (received, blocks)
+    }
+
+    /// An empty buffer with room for a batch and the piece that completes it: the
+    /// spare if there is one.
+    fn batch_buffer(&mut self) -> BytesMut {
+        let mut buffer = self.spare.take().unwrap_or_default();
+        // No allocation when the spare is there: its room is reclaimed.
+        buffer.reserve(WRITE_BATCH + BLOCK_LEN as usize);
+        buffer
+    }
+
+    /// The batch being written is on disk: its buffer becomes the spare, if nothing
+    /// else holds it and it is a batch's (not a piece of the body written as it came).
+    fn written(&mut self) {
+        self.on_disk += self.writing.len() as u64;
+        if let Ok(mut buffer) = std::mem::take(&mut self.writing).try_into_mut() {
+            if buffer.capacity() <= WRITE_BATCH + BLOCK_LEN as usize {
+                buffer.clear();
+                self.spare = Some(buffer);
+            }
+        }
     }
 
     /// Bytes `range` as held now; `None` if they have not all arrived.
@@ -129,7 +196,7 @@ impl Spooling {
 impl Default for Arriving {
     fn default() -> Self {
         Arriving {
-            received: watch::Sender::new(0),
+            received: Mutex::default(),
             body: Mutex::new(Body::Unplaced),
             sent: AtomicBool::new(false),
             direct_read_claimed: AtomicBool::new(false),
@@ -154,7 +221,7 @@ impl Arriving {
     }
 
     pub fn received(&self) -> u64 {
-        *self.received.borrow()
+        self.received.lock().count
     }
 
     /// Whether the body goes into a part file that failed a read of its written bytes
@@ -170,6 +237,7 @@ impl Arriving {
             on_disk: 0,
             writing: Bytes::new(),
             pending: BytesMut::new(),
+            spare: None,
         }));
     }
 
@@ -186,13 +254,13 @@ impl Arriving {
     fn place(&self, body: Body) {
         let mut held = self.body.lock();
         *held = body;
-        self.received.send_replace(0);
+        self.received.lock().set(0);
     }
 
     /// Appends the next bytes of the body; returns how many have been received. A
-    /// spooled body is written whole blocks at a time, off the runtime's threads; the
-    /// whole blocks of a piece that starts at a block boundary are written from it
-    /// without a copy.
+    /// spooled body is written whole blocks at a time, at least [`WRITE_BATCH`] per
+    /// write, off the runtime's threads; the whole blocks of a piece that long that
+    /// starts at a block boundary are written from it without a copy.
     pub async fn push(&self, piece: Bytes) -> FsResult<u64> {
         let (received, blocks) = match &mut *self.body.lock() {
             Body::Spooled(body) => body.take(piece),
@@ -202,7 +270,7 @@ impl Arriving {
             }
             Body::Unplaced | Body::Whole(_) => unreachable!("a push before the body was placed"),
         };
-        self.received.send_replace(received);
+        self.received.lock().set(received);
         if let Some((spool, blocks)) = blocks {
             self.write(spool, blocks).await?;
         }
@@ -224,15 +292,13 @@ impl Arriving {
     /// Writes `bytes`, the body's `writing`, into the spool; then they are read from
     /// there.
     async fn write(&self, spool: Arc<Spool>, bytes: Bytes) -> FsResult<()> {
-        let len = bytes.len() as u64;
         tokio::task::spawn_blocking(move || spool.write_next(&bytes))
             .await
             .map_err(|error| {
                 FsError::CorruptData(format!("a part file write failed: {error}"))
             })??;
         if let Body::Spooled(body) = &mut *self.body.lock() {
-            body.on_disk += len;
-            body.writing = Bytes::new();
+            body.written();
         }
         Ok(())
     }
@@ -266,9 +332,17 @@ impl Arriving {
 
     /// Waits until the first `end` bytes are readable.
     async fn wait_for(&self, end: u64) {
-        let mut received = self.received.subscribe();
-        // The sender lives as long as `self`, so the wait ends only by its condition.
-        let _ = received.wait_for(|&n| n >= end).await;
+        let arrived = {
+            let mut received = self.received.lock();
+            if received.count >= end {
+                return;
+            }
+            let (arrived, wait) = oneshot::channel();
+            received.waiting.push((end, arrived));
+            wait
+        };
+        // The sender is dropped only when sent (or with `self`, which outlives this).
+        let _ = arrived.await;
     }
 
     /// Bytes `range` of the part if the body holds them now (`None` if it does not,
@@ -360,7 +434,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_spooled_body_is_readable_a_block_at_a_time_from_the_part_file() {
+    async fn a_spooled_body_is_written_a_batch_of_blocks_at_a_time_and_read_from_the_part_file() {
         use crate::cache::{CacheOwner, DiskCache, PartOrigin};
         use crate::parts::{ObjectId, PartKey};
         let dir = tempfile::tempdir().unwrap();
@@ -379,7 +453,10 @@ mod tests {
             .unwrap(),
         );
         let block = BLOCK_LEN as usize;
-        let data: Bytes = (0..2 * block + 300).map(|i| (i % 241) as u8).collect();
+        let batch = WRITE_BATCH;
+        let data: Bytes = (0..batch + 2 * block + 300)
+            .map(|i| (i % 241) as u8)
+            .collect();
         let key = PartKey {
             object: ObjectId(1),
             index: 0,
@@ -409,23 +486,62 @@ mod tests {
             (matches!(bytes, PartBytes::Spooled(_)), out)
         };
         assert_eq!(arriving.push(data.slice(..1000)).await.unwrap(), 1000);
-        assert_eq!(spool.written(), 0, "less than a block is not written yet");
+        assert_eq!(spool.written(), 0, "less than a batch is not written yet");
         assert_eq!(read(10..20), (false, data[10..20].to_vec()), "from memory");
-        arriving.push(data.slice(1000..block + 10)).await.unwrap();
-        assert_eq!(spool.written(), block as u64, "a whole block is written");
+        arriving.push(data.slice(1000..batch + 10)).await.unwrap();
+        assert_eq!(
+            spool.written(),
+            batch as u64,
+            "a batch of whole blocks is written"
+        );
         assert_eq!(read(10..20), (true, data[10..20].to_vec()), "from the file");
-        let across = block as u64 - 5..block as u64 + 5;
+        let across = batch as u64 - 5..batch as u64 + 5;
         assert_eq!(
             read(across),
-            (false, data[block - 5..block + 5].to_vec()),
+            (false, data[batch - 5..batch + 5].to_vec()),
             "from both"
         );
-        arriving.push(data.slice(block + 10..)).await.unwrap();
+        arriving.push(data.slice(batch + 10..)).await.unwrap();
+        assert_eq!(
+            spool.written(),
+            batch as u64,
+            "the rest, less than a batch, waits"
+        );
         arriving.end().await.unwrap();
         assert_eq!(arriving.received(), data.len() as u64);
         assert_eq!(spool.written(), data.len() as u64);
-        let tail = 2 * block as u64..data.len() as u64;
-        assert_eq!(read(tail), (true, data[2 * block..].to_vec()));
+        let tail = batch as u64..data.len() as u64;
+        assert_eq!(read(tail), (true, data[batch..].to_vec()));
+    }
+
+    /// A reader is told once, when the count reaches the end of its range; a count
+    /// short of it does not wake it, and a count taken back (a restart) does not either.
+    #[test]
+    fn a_waiting_reader_is_woken_only_when_its_bytes_have_arrived() {
+        let mut received = Received::default();
+        let (arrived, mut wait) = oneshot::channel();
+        received.waiting.push((100, arrived));
+        received.set(99);
+        assert!(matches!(
+            wait.try_recv(),
+            Err(oneshot::error::TryRecvError::Empty)
+        ));
+        received.set(0);
+        assert!(matches!(
+            wait.try_recv(),
+            Err(oneshot::error::TryRecvError::Empty)
+        ));
+        received.set(100);
+        assert!(wait.try_recv().is_ok());
+        assert!(received.waiting.is_empty(), "a woken reader is forgotten");
+        let (gave_up, wait) = oneshot::channel();
+        received.waiting.push((500, gave_up));
+        drop(wait);
+        received.set(200);
+        assert!(
+            received.waiting.is_empty(),
+            "a reader that gave up is forgotten"
+        );
     }
 
     /// A download whose part file failed starts over into memory, taking back what it

@@ -1100,14 +1100,15 @@ fn spool_file(cache_dir: &std::path::Path) -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bytes_a_part_file_being_written_cannot_give_are_read_from_the_store() {
     let block = crate::cache::part_file::BLOCK_LEN as usize;
-    let part = 4 * block as u64;
+    let batch = super::arriving::WRITE_BATCH;
+    let part = 2 * batch as u64;
     let data: Vec<u8> = (0..2 * part).map(|i| (i * 13 % 251) as u8).collect();
     let (bench, trickle) = big_object_bench(&data, part, 4, 16 * part, Trickle::new(block)).await;
     let (fetcher, object) = (bench.fetcher.clone(), bench.object.clone());
     let within = 100..200;
     let want = &data[within.start as usize..within.end as usize];
-    // Two blocks of the part written; the reader's bytes are in the first.
-    trickle.hook().pieces.add_permits(2);
+    // A batch of the part's blocks written; the reader's bytes are in the first.
+    trickle.hook().pieces.add_permits(batch / block);
     let mut first = fetcher.bytes(&object, 0, within.clone()).await.unwrap();
     // Until the block is on disk its bytes come from memory.
     for _ in 0..500 {

@@ -1,6 +1,6 @@
 //! The cap on the bytes the fetcher holds. A download reserves, before its request
-//! goes out, what it will hold: a couple of blocks when its body goes into its cache
-//! file as it comes, its part's length when the body must be held whole (the cache
+//! goes out, what it will hold: two batches of blocks when its body goes into its
+//! cache file as it comes, its part's length when the body must be held whole (the cache
 //! cannot take it). Bytes held whole then carry the reservation
 //! ([`MemoryReservation::hold`]), which returns to the budget when the last copy of those
 //! bytes is dropped: after the readers' copies, or when a part kept in memory is let

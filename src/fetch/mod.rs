@@ -27,9 +27,10 @@
 //! chunk for a few KiB of another.
 //!
 //! A body goes into its part's cache file as it arrives ([`crate::cache::spool`]), so a
-//! download holds about a block of it in memory; only a part the cache cannot take
+//! download holds about a megabyte of it in memory (a batch of blocks gathered for one
+//! write, [`arriving::WRITE_BATCH`]); only a part the cache cannot take
 //! (no room, a failed disk) is received into memory whole. Memory is capped
-//! ([`memory`]): every byte the fetcher holds (a body's unwritten block, a body
+//! ([`memory`]): every byte the fetcher holds (a body's unwritten blocks, a body
 //! received whole, a part kept in memory because the cache had no room, an edge, a
 //! plan's exact ranges ([`planned`]), a reader's own range) counts against one budget, reserved before the request is sent
 //! and released when the last copy of the bytes is dropped.
@@ -91,9 +92,11 @@ const OPENING_LIMIT: Duration = Duration::from_millis(250);
 /// memory: with 256 kept and never given back, the fetcher's peak grew with the number
 /// of chunks of an epoch (8.7 MiB on a 1.46 GB dataset, 20 MiB on 4.4 GB).
 const EDGES_KEPT: usize = 96;
-/// Memory a download into the part's cache file holds: its body's pieces until a
-/// whole block can be written.
-const SPOOL_BUFFER: u64 = 2 * crate::cache::part_file::BLOCK_LEN as u64;
+/// Memory a download into the part's cache file holds: two buffers of a batch of whole
+/// blocks ([`arriving::WRITE_BATCH`]) and the piece that completes it, one filling
+/// while the other is written.
+const SPOOL_BUFFER: u64 =
+    2 * (arriving::WRITE_BATCH as u64 + crate::cache::part_file::BLOCK_LEN as u64);
 
 /// Bytes of one part: from the disk cache, from its cache file while it is being
 /// written, or in memory from `offset` on (a whole part from its download, or the
