@@ -100,8 +100,8 @@ def read_streaming(large, python, source, label, run_i, cache_limit=None, limit=
 
 
 def sys_streaming(large, run_i, prefix):
-    """Streaming's cold epoch with every shard kept and from the shards' local folder (its
-    reader's own floor), both whole (its rate climbs through the epoch, so the first
+    """Streaming's cold epoch with every shard kept and from the shards' local folder (no
+    download: its reader and the local disk), both whole (its rate climbs through the epoch, so the first
     seconds do not extrapolate), and with its smallest cache (time-bounded)."""
     python = streaming_python(large.args)
     shards, shards_dir = mds_shards(large, python)
