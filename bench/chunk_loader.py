@@ -6,8 +6,8 @@ local cache directory holding at most --max-chunks chunks (least recently used g
 first), and a background thread downloads the next step's chunks while the current
 one is read. Rows are visited in the order `scdlfs-bench order` printed (the sampler's,
 not a reimplementation), each step's rows grouped by chunk as such a loader does, and
-every row is checked against the generator's digest (CRC-32 of its values' bytes and of
-its column ids' bytes). Prints the figures as one JSON line, like `scdlfs-bench read`.
+every row is checked against the generator's digest and the figures printed as one JSON
+line, like `scdlfs-bench read` (epoch_tally.py).
 """
 
 import argparse
@@ -17,15 +17,15 @@ import mmap
 import os
 import shutil
 import struct
-import sys
 import threading
 import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
+
+from epoch_tally import EpochTally
 
 
 def load_steps(path):
@@ -63,10 +63,9 @@ def main():
     p.add_argument("--time-limit", type=float, default=None)
     p.add_argument("--stall-ms", type=float, default=1.0)
     a = p.parse_args()
-    started = time.monotonic()
+    tally = EpochTally(a.digests, "the chunk loader", a.time_limit)
 
     info = json.load(open(a.digests + ".json"))
-    digests = memoryview(open(a.digests, "rb").read()).cast("Q")
     chunk_rows = info["chunk_rows"]
     row_fmt = "<I" if info["values"] < 2**32 else "<Q"
     row_w = struct.calcsize(row_fmt)
@@ -132,10 +131,7 @@ def main():
                 if chunk not in resident and chunk not in inflight:
                     inflight[chunk] = pool.submit(download, chunk)
 
-    rows = read_bytes = 0
     stall = 0.0
-    first_row = None
-    out_of_time = False
     epoch_rows = sum(len(s) for s in steps)
     chunks_of = lambda step: sorted({r // chunk_rows for r in step})
     for i, step in enumerate(steps):
@@ -157,40 +153,18 @@ def main():
                 local = r - chunk * chunk_rows
                 s = struct.unpack_from(row_fmt, row_ptr, local * row_w)[0]
                 e = struct.unpack_from(row_fmt, row_ptr, (local + 1) * row_w)[0]
-                v = data[s * 4 : e * 4]
-                cols = col_ptr[s * col_w : e * col_w]
-                if (zlib.crc32(v) | zlib.crc32(cols) << 32) != digests[r]:
-                    sys.exit("row %d read through the chunk loader differs from the generator's" % r)
-                if first_row is None:
-                    first_row = time.monotonic() - started
-                rows += 1
-                read_bytes += len(v) + len(cols)
-                if a.time_limit and time.monotonic() - started >= a.time_limit:
-                    out_of_time = True
+                if tally.row(r, data[s * 4 : e * 4], col_ptr[s * col_w : e * col_w]):
                     break
-            if out_of_time:
+            if tally.out_of_time:
                 break
-        if out_of_time:
+        if tally.out_of_time:
             break
-    seconds = time.monotonic() - started
+    seconds = time.monotonic() - tally.started
     pool.shutdown(wait=True, cancel_futures=True)
     for c in resident.values():
         c.close()
     shutil.rmtree(a.cache_dir, ignore_errors=True)
-    if not out_of_time and rows != epoch_rows:
-        sys.exit("the epoch yielded %d rows, not %d" % (rows, epoch_rows))
-    print(json.dumps({
-        "rows": rows,
-        "epoch_rows": epoch_rows,
-        "completed": rows == epoch_rows,
-        "seconds": seconds,
-        "rows_per_s": rows / seconds,
-        "first_row_s": first_row if first_row is not None else seconds,
-        "stall_s": stall,
-        "bytes_read": read_bytes,
-        "hints": False,
-        "view": "chunks in a local LRU",
-    }))
+    tally.print_figures(epoch_rows, seconds, "chunks in a local LRU", stall_s=stall)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,9 @@ compression), one sample a row: its index, its values' bytes and its column ids'
 `read`: one epoch of a `StreamingDataset` over those shards through the bench's S3
 endpoint (the emulated link), with its default shuffle (py1e, the default block size),
 into a fresh local cache of `--cache-limit` bytes (none: it keeps every shard), or from
-the shards' local folder (what its reader costs without a download); every
-sample is checked against the generator's digest (CRC-32 of its values' bytes and of
-its column ids' bytes), as the other readers check every row. Prints the figures as one
-JSON line, like `scdlfs-bench read`.
+the shards' local folder (no download); every sample is checked against the generator's
+digest, as the other readers check every row, and the figures printed as one JSON line,
+like `scdlfs-bench read` (epoch_tally.py).
 """
 
 import argparse
@@ -22,7 +21,8 @@ import shutil
 import struct
 import sys
 import time
-import zlib
+
+from epoch_tally import EpochTally
 
 
 def write(a):
@@ -55,50 +55,26 @@ def read(a):
     from streaming import StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
-    started = time.monotonic()
+    tally = EpochTally(a.digests, "MosaicML Streaming", a.time_limit)
     info = json.load(open(a.digests + ".json"))
-    digests = memoryview(open(a.digests, "rb").read()).cast("Q")
     clean_stale_shared_memory()
     shutil.rmtree(a.cache_dir, ignore_errors=True)
     if a.remote.startswith("s3://"):
         ds = StreamingDataset(remote=a.remote, local=a.cache_dir, shuffle=True, shuffle_seed=a.seed, batch_size=64,
                               cache_limit=a.cache_limit)
     else:
-        # Shards on local disk: the reader's own cost, no download.
+        # Shards on local disk: no download.
         ds = StreamingDataset(local=a.remote, shuffle=True, shuffle_seed=a.seed, batch_size=64)
-    rows = read_bytes = 0
-    first_row = None
     seen = bytearray(info["rows"])
-    out_of_time = False
     for sample in ds:
-        r, v, cols = sample["row"], sample["values"], sample["cols"]
-        if (zlib.crc32(v) | zlib.crc32(cols) << 32) != digests[r]:
-            sys.exit("row %d read through MosaicML Streaming differs from the generator's" % r)
+        r = sample["row"]
         if seen[r]:
             sys.exit("row %d read twice in one epoch" % r)
         seen[r] = 1
-        if first_row is None:
-            first_row = time.monotonic() - started
-        rows += 1
-        read_bytes += len(v) + len(cols)
-        if a.time_limit and time.monotonic() - started >= a.time_limit:
-            out_of_time = True
+        if tally.row(r, sample["values"], sample["cols"]):
             break
-    seconds = time.monotonic() - started
-    if not out_of_time and rows != info["rows"]:
-        sys.exit("the epoch yielded %d rows, not %d" % (rows, info["rows"]))
-    print(json.dumps({
-        "rows": rows,
-        "epoch_rows": info["rows"],
-        "completed": rows == info["rows"],
-        "seconds": seconds,
-        "rows_per_s": rows / seconds,
-        "first_row_s": first_row if first_row is not None else seconds,
-        "stall_s": None,
-        "bytes_read": read_bytes,
-        "hints": False,
-        "view": "MDS shards",
-    }))
+    seconds = time.monotonic() - tally.started
+    tally.print_figures(info["rows"], seconds, "MDS shards")
     del ds
     clean_stale_shared_memory()
     shutil.rmtree(a.cache_dir, ignore_errors=True)

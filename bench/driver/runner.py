@@ -141,7 +141,7 @@ def main(args, command):
               "budget bound on every scdlfs mount, and its directory held at most %.1f%% of the budget in %d "
               "samples; report rendered to %s; %.0f s)"
               % (len(results), QUICK_MIN_ROWS,
-                 100 * max(r["cache_dir_peak_bytes"] / r["cache_budget_bytes"] for r in sampled),
+                 100 * max((r["cache_dir_peak_bytes"] / r["cache_budget_bytes"] for r in sampled), default=0),
                  sum(r["cache_dir_samples"] for r in sampled), os.path.relpath(args.report, REPO),
                  time.time() - started))
         return

@@ -45,9 +45,9 @@ fn only_file(dir: &Path) -> PathBuf {
     files.pop().unwrap()
 }
 
-/// A cache holding one part of three blocks and a bit, its data, and its file.
-pub(super) fn cache_with_one_part(dir: &Path) -> (Arc<DiskCache>, Vec<u8>, PathBuf) {
-    let cache = Arc::new(
+/// A cache in `dir` with room for everything a test here writes (1 GiB).
+fn roomy_cache(dir: &Path) -> Arc<DiskCache> {
+    Arc::new(
         DiskCache::open(
             &crate::cache_dir_check::prepare(dir).unwrap(),
             &owner(),
@@ -55,7 +55,12 @@ pub(super) fn cache_with_one_part(dir: &Path) -> (Arc<DiskCache>, Vec<u8>, PathB
             None,
         )
         .unwrap(),
-    );
+    )
+}
+
+/// A cache holding one part of three blocks and a bit, its data, and its file.
+pub(super) fn cache_with_one_part(dir: &Path) -> (Arc<DiskCache>, Vec<u8>, PathBuf) {
+    let cache = roomy_cache(dir);
     let data: Vec<u8> = (0..3 * BLOCK_LEN as usize + 100)
         .map(|i| (i % 251) as u8)
         .collect();
@@ -478,15 +483,7 @@ fn listed(object: u64, etag: &str, size: u64, group: Option<GroupId>) -> ListedO
 
 /// A cache of `parts` parts of 1000 bytes of object `ORIGIN.key`, closed again.
 fn earlier_mount(dir: &Path, parts: u64) {
-    let cache = Arc::new(
-        DiskCache::open(
-            &crate::cache_dir_check::prepare(dir).unwrap(),
-            &owner(),
-            1 << 30,
-            None,
-        )
-        .unwrap(),
-    );
+    let cache = roomy_cache(dir);
     for index in 0..parts {
         let origin = PartOrigin {
             object_offset: index * 1000,
@@ -524,15 +521,7 @@ fn last_bytes(cache: &Arc<DiskCache>, object: u64, index: u64) -> [u8; 10] {
 fn a_remount_adopts_the_parts_of_an_unchanged_object_into_its_group() {
     let dir = tempfile::tempdir().unwrap();
     earlier_mount(dir.path(), 3);
-    let cache = Arc::new(
-        DiskCache::open(
-            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
-            &owner(),
-            1 << 30,
-            None,
-        )
-        .unwrap(),
-    );
+    let cache = roomy_cache(dir.path());
     let stats = cache.stats();
     assert_eq!(
         (stats.unclaimed_parts, stats.cached_bytes),
@@ -562,15 +551,7 @@ fn a_remount_adopts_the_parts_of_an_unchanged_object_into_its_group() {
 fn an_object_listed_before_its_headers_are_read_still_adopts() {
     let dir = tempfile::tempdir().unwrap();
     earlier_mount(dir.path(), 2);
-    let cache = Arc::new(
-        DiskCache::open(
-            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
-            &owner(),
-            1 << 30,
-            None,
-        )
-        .unwrap(),
-    );
+    let cache = roomy_cache(dir.path());
     cache.object_listed(listed(0, ORIGIN.etag, 2000, None), 1000);
     assert_eq!(cache.stats().adopted_parts, 0);
     cache.adopt_now();
@@ -582,15 +563,7 @@ fn parts_of_a_changed_object_or_another_part_size_are_removed() {
     for (etag, size, part_size) in [("\"v2\"", 2000, 1000), (ORIGIN.etag, 2000, 2000)] {
         let dir = tempfile::tempdir().unwrap();
         earlier_mount(dir.path(), 2);
-        let cache = Arc::new(
-            DiskCache::open(
-                &crate::cache_dir_check::prepare(dir.path()).unwrap(),
-                &owner(),
-                1 << 30,
-                None,
-            )
-            .unwrap(),
-        );
+        let cache = roomy_cache(dir.path());
         cache.adopt_now();
         cache.object_listed(listed(0, etag, size, None), part_size);
         let stats = cache.stats();
@@ -620,15 +593,7 @@ fn bad_headers_and_torn_writes_are_removed_and_bad_data_is_never_served() {
     let data_start = fs::metadata(&files[1]).unwrap().len() - 1000;
     flip_bit(&files[1], data_start + 5); // in the data
     fs::write(parts_dir.join("00000000000000ff.part.tmp"), [1; 100]).unwrap();
-    let cache = Arc::new(
-        DiskCache::open(
-            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
-            &owner(),
-            1 << 30,
-            None,
-        )
-        .unwrap(),
-    );
+    let cache = roomy_cache(dir.path());
     cache.adopt_now();
     cache.object_listed(listed(0, ORIGIN.etag, 3000, None), 1000);
     let stats = cache.stats();
@@ -679,15 +644,7 @@ fn a_read_claims_its_own_part_before_the_headers_are_read() {
     earlier_mount(dir.path(), 4);
     let files = part_files(dir.path());
     flip_bit(&files[2], 20); // part 2's header
-    let cache = Arc::new(
-        DiskCache::open(
-            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
-            &owner(),
-            1 << 30,
-            None,
-        )
-        .unwrap(),
-    );
+    let cache = roomy_cache(dir.path());
     let object = listed(4, ORIGIN.etag, 4000, None);
     assert!(cache.claims_pending());
     assert!(cache.claim_own(&object, 1000, 1));
@@ -728,15 +685,7 @@ fn a_read_claims_its_own_part_before_the_headers_are_read() {
 fn a_read_of_another_part_size_removes_the_file_it_finds() {
     let dir = tempfile::tempdir().unwrap();
     earlier_mount(dir.path(), 2);
-    let cache = Arc::new(
-        DiskCache::open(
-            &crate::cache_dir_check::prepare(dir.path()).unwrap(),
-            &owner(),
-            1 << 30,
-            None,
-        )
-        .unwrap(),
-    );
+    let cache = roomy_cache(dir.path());
     // Part 0 at 2000 bytes a part starts where the earlier mount's part 0 did.
     assert!(!cache.claim_own(&listed(4, ORIGIN.etag, 2000, None), 2000, 0));
     let stats = cache.stats();
@@ -921,7 +870,7 @@ proptest::proptest! {
         flip in proptest::option::of(0.0f64..1.0),
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let cache = Arc::new(DiskCache::open(&crate::cache_dir_check::prepare(dir.path()).unwrap(), &owner(), 1 << 30, None).unwrap());
+        let cache = roomy_cache(dir.path());
         let data: Vec<u8> = (0..len).map(|i| (i * 7 % 256) as u8).collect();
         assert!(cache.insert(key(1), None, ORIGIN, &data));
         let flipped = flip.map(|f| (f * len as f64) as u64);
