@@ -15,7 +15,7 @@ use std::hash::Hash;
 
 use lru::LruCache;
 
-use crate::parts::{GroupId, PartKey};
+use crate::parts::{GroupId, ObjectId, PartKey};
 
 /// What the LRU orders and eviction removes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -40,6 +40,13 @@ pub trait EvictionAdvisor: Send + Sync {
     /// unranked is then one no plan reads within its announced steps, not one of a
     /// mount nobody plans on.
     fn ranks_any(&self) -> bool;
+    /// Of a unit the plans rank, the one object whose parts they read from the cache,
+    /// if they read no other (`None`: any of its parts). A chunk whose rows a plan
+    /// fetches exactly is read from the cache for its row offsets alone: its other
+    /// parts, left by an earlier order, go as a unit no plan needs would.
+    fn reads_only(&self, _unit: Unit) -> Option<ObjectId> {
+        None
+    }
 }
 
 /// What a reservation makes room for, which decides what it may evict.
@@ -113,6 +120,16 @@ pub struct Reservation {
     bytes: u64,
     /// The group the part joins.
     group: Option<GroupId>,
+}
+
+/// What one eviction removes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Victim {
+    /// The unit, or as many of its last parts as the room needs.
+    Unit(Unit),
+    /// The parts of a ranked unit that no plan reads from the cache
+    /// ([`EvictionAdvisor::reads_only`]).
+    Spare(Unit, ObjectId),
 }
 
 /// What one reservation may evict: not the unit it is for, and what its admission
@@ -302,7 +319,8 @@ impl Policy {
         let mut victims = Vec::new();
         for _ in 0..groups_to_evict {
             match self.choose_victim(&room, true) {
-                Some(victim) => victims.extend(self.evict(victim)),
+                Some(Victim::Unit(unit)) => victims.extend(self.evict(unit)),
+                Some(Victim::Spare(..)) => unreachable!("spare parts free no group's slot"),
                 None => return (None, victims),
             }
         }
@@ -313,7 +331,10 @@ impl Policy {
                 break;
             }
             match self.choose_victim(&room, false) {
-                Some(victim) => victims.extend(self.evict_at_least(victim, to_free)),
+                Some(Victim::Unit(unit)) => victims.extend(self.evict_at_least(unit, to_free)),
+                Some(Victim::Spare(unit, read)) => {
+                    victims.extend(self.evict_spare(unit, read, to_free))
+                }
                 None => return (None, victims),
             }
         }
@@ -351,14 +372,39 @@ impl Policy {
 
     fn evictable_bytes_reach(&self, room: &EvictionScope, bytes: u64) -> bool {
         let mut evictable = 0;
-        self.units
+        self.units.iter().rev().any(|(unit, state)| {
+            let next_use = room.advisor.and_then(|a| a.next_use(*unit));
+            evictable += if self.evictable_given(*unit, state, room, next_use) {
+                state.bytes
+            } else {
+                self.spare_parts(*unit, state, room, next_use)
+                    .map_or(0, |(_, parts)| parts.map(|(_, bytes)| bytes).sum())
+            };
+            evictable >= bytes
+        })
+    }
+
+    /// The parts of a unit the plans rank that they read not from the cache
+    /// ([`EvictionAdvisor::reads_only`]), unpinned, with their bytes, and the object the
+    /// plans do read. With random rows over 10^4 chunks, the steps being read rank most
+    /// chunks of the dataset, so the steps being read may give them up too.
+    fn spare_parts<'s>(
+        &'s self,
+        unit: Unit,
+        state: &'s UnitState,
+        room: &EvictionScope,
+        next_use: Option<NextUse>,
+    ) -> Option<(ObjectId, impl Iterator<Item = (PartKey, u64)> + 's)> {
+        if unit == room.keep || next_use.is_none() {
+            return None;
+        }
+        let read = room.advisor?.reads_only(unit)?;
+        let parts = state
+            .parts
             .iter()
-            .rev()
-            .filter(|(unit, state)| self.evictable(**unit, state, room))
-            .any(|(_, state)| {
-                evictable += state.bytes;
-                evictable >= bytes
-            })
+            .filter(move |key| key.object != read && !self.pins.contains_key(key))
+            .filter_map(|key| Some((*key, self.parts.get(key)?.bytes)));
+        Some((read, parts))
     }
 
     fn evictable(&self, unit: Unit, state: &UnitState, room: &EvictionScope) -> bool {
@@ -523,6 +569,38 @@ impl Policy {
         evicted
     }
 
+    /// Removes parts of `unit` not of object `read` holding at least `bytes` (or all
+    /// of them) from the books, unpinned ones only, last parts first; returns them.
+    fn evict_spare(&mut self, unit: Unit, read: ObjectId, bytes: u64) -> Vec<PartKey> {
+        let Some(state) = self.units.peek_mut(&unit) else {
+            return Vec::new();
+        };
+        let (mut freed, mut evicted) = (0, Vec::new());
+        for key in state.parts.iter().rev() {
+            if freed >= bytes {
+                break;
+            }
+            if key.object == read || self.pins.contains_key(key) {
+                continue;
+            }
+            if let Some(part) = self.parts.remove(key) {
+                state.bytes -= part.bytes;
+                self.used_bytes -= part.bytes;
+                self.generation += 1;
+                freed += part.bytes;
+            }
+            evicted.push(*key);
+        }
+        state.parts.retain(|key| !evicted.contains(key));
+        if state.parts.is_empty() {
+            self.units.pop(&unit);
+            if matches!(unit, Unit::Group(_)) {
+                self.groups_resident -= 1;
+            }
+        }
+        evicted
+    }
+
     /// Removes `unit` and all its parts from the books, returning the parts.
     fn evict(&mut self, unit: Unit) -> Vec<PartKey> {
         let Some(state) = self.units.pop(&unit) else {
@@ -540,7 +618,7 @@ impl Policy {
         state.parts
     }
 
-    fn choose_victim(&self, room: &EvictionScope, groups_only: bool) -> Option<Unit> {
+    fn choose_victim(&self, room: &EvictionScope, groups_only: bool) -> Option<Victim> {
         // Least recently used first; `iter` runs from most to least recent. The advice
         // on each unit is asked once.
         let candidates = self
@@ -548,33 +626,40 @@ impl Policy {
             .iter()
             .rev()
             .filter(|(unit, _)| !groups_only || matches!(unit, Unit::Group(_)))
-            .map(|(unit, state)| {
+            .filter_map(|(unit, state)| {
                 let next_use = room.advisor.and_then(|a| a.next_use(*unit));
-                (*unit, state, next_use)
-            })
-            .filter(|(unit, state, next_use)| self.evictable_given(*unit, state, room, *next_use))
-            .map(|(unit, _, next_use)| (unit, next_use));
+                if self.evictable_given(*unit, state, room, next_use) {
+                    return Some((Victim::Unit(*unit), next_use));
+                }
+                if groups_only {
+                    return None;
+                }
+                let (read, mut spare) = self.spare_parts(*unit, state, room, next_use)?;
+                spare.next()?;
+                Some((Victim::Spare(*unit, read), None))
+            });
         if room.advisor.is_none() {
-            return candidates.map(|(unit, _)| unit).next();
+            return candidates.map(|(victim, _)| victim).next();
         }
-        // What the plans are done with this epoch, in LRU order; then groups no plan
-        // needs, in LRU order; then lone parts no plan needs, in LRU order; then the
-        // step just left, in LRU order; then the units needed furthest ahead. The first
-        // unit done with, in LRU order, is the choice: nothing after it comes before it.
-        let mut best: Option<((u64, u64), Unit)> = None;
-        for (position, (unit, next_use)) in candidates.enumerate() {
-            let key = match (next_use, unit) {
-                (Some(NextUse::Done), _) => return Some(unit),
+        // What the plans are done with this epoch, in LRU order; then groups (or the
+        // parts of groups) no plan reads, in LRU order; then lone parts no plan needs,
+        // in LRU order; then the step just left, in LRU order; then the units needed
+        // furthest ahead. The first unit done with, in LRU order, is the choice:
+        // nothing after it comes before it.
+        let mut best: Option<((u64, u64), Victim)> = None;
+        for (position, (victim, next_use)) in candidates.enumerate() {
+            let key = match (next_use, victim) {
+                (Some(NextUse::Done), _) => return Some(victim),
                 (Some(NextUse::JustLeft), _) => (3, position as u64),
                 (Some(NextUse::Ahead(steps)), _) => (4, u64::MAX - steps),
-                (_, Unit::Group(_)) => (1, position as u64),
-                (_, Unit::Part(_)) => (2, position as u64),
+                (_, Victim::Unit(Unit::Group(_)) | Victim::Spare(..)) => (1, position as u64),
+                (_, Victim::Unit(Unit::Part(_))) => (2, position as u64),
             };
             if best.is_none_or(|(best_key, _)| key < best_key) {
-                best = Some((key, unit));
+                best = Some((key, victim));
             }
         }
-        best.map(|(_, unit)| unit)
+        best.map(|(_, victim)| victim)
     }
 }
 

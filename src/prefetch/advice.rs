@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use parking_lot::RwLock;
 
 use crate::cache::{EvictionAdvisor, NextUse, Unit};
+use crate::parts::{GroupId, ObjectId};
 
 #[derive(Default)]
 pub(super) struct Advice {
@@ -14,6 +15,10 @@ pub(super) struct Advice {
     /// ([`Plan::finished_chunks`](super::plan::Plan::finished_chunks)), which rank [`NextUse::Done`] unless a plan's steps
     /// rank them otherwise.
     pub(super) done: RwLock<HashMap<u64, HashSet<Unit>>>,
+    /// The chunks of planned datasets whose rows the plans fetch exactly
+    /// ([`super::exact`]): by group, the chunk's row offsets, all the plans read of it
+    /// from the cache.
+    pub(super) row_offsets_only: RwLock<HashMap<GroupId, ObjectId>>,
 }
 
 impl EvictionAdvisor for Advice {
@@ -29,5 +34,12 @@ impl EvictionAdvisor for Advice {
 
     fn ranks_any(&self) -> bool {
         !self.ranks.read().is_empty()
+    }
+
+    fn reads_only(&self, unit: Unit) -> Option<ObjectId> {
+        match unit {
+            Unit::Group(group) => self.row_offsets_only.read().get(&group).copied(),
+            Unit::Part(_) => None,
+        }
     }
 }

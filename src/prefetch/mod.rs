@@ -268,12 +268,7 @@ impl Prefetcher {
                 }
                 if let Dataset::Chunked(flat) = dataset {
                     if !plans.values().any(|a| a.dataset.same(dataset)) {
-                        let mut index = self.chunk_of_group.lock();
-                        for (chunk, objects) in flat.chunks.iter().enumerate() {
-                            if let Some(group) = objects[0].group {
-                                index.insert(group, (flat.clone(), chunk));
-                            }
-                        }
+                        self.index_chunks(flat);
                     }
                 }
                 let dataset = dataset.clone();
@@ -332,7 +327,31 @@ impl Prefetcher {
                 .values()
                 .any(|a| matches!(&a.dataset, Dataset::Chunked(d) if Arc::ptr_eq(d, dataset)))
         });
+        let chunk_of_group = self.chunk_of_group.lock();
+        self.advice
+            .row_offsets_only
+            .write()
+            .retain(|group, _| chunk_of_group.contains_key(group));
+        drop(chunk_of_group);
         self.after_plans_changed(&plans);
+    }
+
+    /// Indexes a chunked dataset's chunks by their cache groups, as its first plan
+    /// arrives; and, where its plans fetch rows exactly, tells the cache that they read
+    /// only the chunks' row offsets from it.
+    fn index_chunks(&self, flat: &Arc<FlatDataset>) {
+        let exactly = self.exact.fetches_rows_exactly(flat);
+        let mut index = self.chunk_of_group.lock();
+        let mut row_offsets_only = self.advice.row_offsets_only.write();
+        for (chunk, objects) in flat.chunks.iter().enumerate() {
+            if let Some(group) = objects[0].group {
+                index.insert(group, (flat.clone(), chunk));
+                if exactly {
+                    let row_offsets = &objects[ArrayKind::RowPtr.index()];
+                    row_offsets_only.insert(group, row_offsets.id);
+                }
+            }
+        }
     }
 
     /// The plans `viewer` may see.

@@ -92,6 +92,11 @@ impl Probe<'_> {
         EvictionAdvisor::next_use(self.0.advice.as_ref(), unit)
     }
 
+    /// The one object of `unit` the plans read from the cache, if they read no other.
+    pub fn reads_only(&self, unit: Unit) -> Option<crate::parts::ObjectId> {
+        EvictionAdvisor::reads_only(self.0.advice.as_ref(), unit)
+    }
+
     pub fn metrics(&self) -> MetricsSnapshot {
         self.0.metrics.snapshot()
     }

@@ -368,3 +368,95 @@ proptest! {
         }
     }
 }
+
+/// An advisor whose plans read only one object of some groups from the cache, as a plan
+/// that fetches a chunk's rows exactly reads its row offsets alone.
+struct ExactPlan {
+    ranks: HashMap<Unit, NextUse>,
+    reads_only: HashMap<Unit, ObjectId>,
+}
+impl EvictionAdvisor for ExactPlan {
+    fn next_use(&self, unit: Unit) -> Option<NextUse> {
+        self.ranks.get(&unit).copied()
+    }
+    fn ranks_any(&self) -> bool {
+        !self.ranks.is_empty()
+    }
+    fn reads_only(&self, unit: Unit) -> Option<ObjectId> {
+        self.reads_only.get(&unit).copied()
+    }
+}
+
+#[test]
+fn the_parts_of_a_ranked_chunk_its_plan_does_not_read_go_before_any_it_reads() {
+    // Chunks 1 and 2 hold their row offsets (object 10, 20) and values (11, 21) an
+    // earlier order left; the plan reads both chunks' rows exactly, many steps ahead.
+    let mut p = Policy::new(400, None);
+    let (g1, g2) = (Some(GroupId(1)), Some(GroupId(2)));
+    fill(&mut p, part(10, 0), g1, 50);
+    fill(&mut p, part(11, 0), g1, 100);
+    fill(&mut p, part(20, 0), g2, 50);
+    fill(&mut p, part(21, 0), g2, 100);
+    fill(&mut p, part(21, 1), g2, 100);
+    let plan = ExactPlan {
+        ranks: HashMap::from([
+            (Unit::Group(GroupId(1)), NextUse::Ahead(4)),
+            (Unit::Group(GroupId(2)), NextUse::Ahead(6)),
+            (Unit::Group(GroupId(3)), NextUse::Ahead(2)),
+        ]),
+        reads_only: HashMap::from([
+            (Unit::Group(GroupId(1)), ObjectId(10)),
+            (Unit::Group(GroupId(2)), ObjectId(20)),
+            (Unit::Group(GroupId(3)), ObjectId(30)),
+        ]),
+    };
+    // A prefetch of chunk 3's row offsets, read sooner than both: only the values go,
+    // the least recently used chunk's first.
+    let next = Unit::Group(GroupId(3));
+    assert!(p.has_room(150, next, Some(&plan), Admission::Prefetch));
+    let (r, evicted) = p.reserve(150, next, Some(&plan), Admission::Prefetch);
+    assert!(p.commit(r.expect("room"), part(30, 0), Some(GroupId(3))));
+    assert_eq!(evicted, vec![part(11, 0), part(21, 1)]);
+    assert!(p.contains(part(10, 0)) && p.contains(part(20, 0)));
+    assert_eq!(p.resident_groups(), 3);
+    // A pinned part stays; the row offsets the plans read are never spare.
+    assert!(p.pin(part(21, 0), Recency::Keep));
+    assert_eq!(
+        p.reserve(
+            100,
+            Unit::Group(GroupId(3)),
+            Some(&plan),
+            Admission::Prefetch
+        ),
+        (None, vec![])
+    );
+    p.unpin(part(21, 0));
+    let (r, evicted) = p.reserve(
+        100,
+        Unit::Group(GroupId(3)),
+        Some(&plan),
+        Admission::Prefetch,
+    );
+    p.cancel(r.expect("room"));
+    assert_eq!(evicted, vec![part(21, 0)]);
+}
+
+#[test]
+fn the_chunks_of_the_step_being_read_give_up_the_parts_their_plan_does_not_read() {
+    let mut p = Policy::new(200, None);
+    fill(&mut p, part(10, 0), Some(GroupId(1)), 50);
+    fill(&mut p, part(11, 0), Some(GroupId(1)), 150);
+    let plan = ExactPlan {
+        ranks: HashMap::from([(Unit::Group(GroupId(1)), NextUse::Current)]),
+        reads_only: HashMap::from([(Unit::Group(GroupId(1)), ObjectId(10))]),
+    };
+    let (r, evicted) = p.reserve(
+        100,
+        Unit::Part(part(9, 0)),
+        Some(&plan),
+        Admission::Prefetch,
+    );
+    p.cancel(r.expect("room"));
+    assert_eq!(evicted, vec![part(11, 0)]);
+    assert!(p.contains(part(10, 0)), "the row offsets it reads stay");
+}
