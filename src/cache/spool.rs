@@ -121,6 +121,11 @@ impl Spool {
     }
 
     /// Bytes of the part on disk and readable, from its start.
+    /// The part's length: the bytes its file takes after the header.
+    pub fn data_len(&self) -> u64 {
+        self.data_len
+    }
+
     pub fn written(&self) -> u64 {
         self.state.lock().written
     }
