@@ -474,7 +474,13 @@ mod tests {
         };
         let spool = Arc::new(
             cache
-                .spool(key, None, origin, len as u64, crate::cache::Admission::Demand)
+                .spool(
+                    key,
+                    None,
+                    origin,
+                    len as u64,
+                    crate::cache::Admission::Demand,
+                )
                 .unwrap(),
         );
         let arriving = Arc::new(Arriving::default());

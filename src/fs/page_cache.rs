@@ -26,12 +26,13 @@ const BLOCK_PAGES: u64 = 512;
 
 const BLOCK_WORDS: usize = (BLOCK_PAGES / 64) as usize;
 
-/// The most blocks of marks kept, over all files: about 8 MiB of marks, covering
-/// 128 GiB of files of 4 KiB pages. Sizes come from listings, which the daemon does not
+/// The most blocks of marks kept, over all files: about 2 MiB of marks, covering
+/// 32 GiB of files of 4 KiB pages (random rows over a 1.2 TB atlas mark a block a
+/// row, each seldom read again: 8 MiB of marks at four times this bound). Sizes come from listings, which the daemon does not
 /// trust, so marks are kept only for the blocks reads touched, and at most these; past
 /// them the lowest blocks are forgotten (a sequential reader's oldest). Forgetting is
 /// always safe: a forgotten page is pushed again, and the kernel ignores pages it holds.
-pub const MAX_MARKED_BLOCKS: usize = 1 << 16;
+pub const MAX_MARKED_BLOCKS: usize = 1 << 14;
 
 /// The pages of the mount's files the kernel was given (asked for by a read, or
 /// pushed) and has not been seen to drop: one bit per page, in blocks of

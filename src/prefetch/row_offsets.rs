@@ -17,7 +17,7 @@ use crate::parts::ObjectId;
 
 /// Bytes of decoded row offsets kept at most: the chunks of a few windows of even a
 /// large plan (a chunk of 4096 rows takes 32 KiB).
-pub const KEPT_ROW_OFFSETS_BYTES: usize = 8 << 20;
+pub const KEPT_ROW_OFFSETS_BYTES: usize = 4 << 20;
 
 pub struct KeptRowOffsets {
     budget_bytes: usize,

@@ -87,7 +87,7 @@ impl TopUpCursor {
             Dataset::Chunked(dataset) => steps
                 .iter()
                 .flat_map(|step| match step {
-                    Step::Window(chunks) => chunks.as_slice(),
+                    Step::Window(chunks) => &chunks[..],
                     Step::Rows(_) => &[],
                 })
                 .flat_map(|&chunk| {

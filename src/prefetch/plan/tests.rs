@@ -73,7 +73,7 @@ fn a_plan_past_its_entry_budget_is_refused_and_changes_nothing() {
             limit: MAX_PLANNED_ENTRIES
         }
     );
-    assert_eq!(plan.steps, vec![Step::Window(vec![0, 1, 2])]);
+    assert_eq!(plan.steps, vec![Step::Window(vec![0, 1, 2].into())]);
     plan.apply(&[window(&[3, 4])], &l, room).unwrap();
     assert_eq!(plan.entries(), 5);
 }
@@ -179,7 +179,7 @@ fn a_writer_assuming_other_chunks_is_refused() {
         UNLIMITED,
     )
     .unwrap();
-    assert_eq!(plan.steps, vec![Step::Window(vec![0])]);
+    assert_eq!(plan.steps, vec![Step::Window(vec![0].into())]);
 }
 
 #[test]
@@ -204,7 +204,7 @@ fn out_of_range_steps_are_refused_and_change_nothing() {
             UNLIMITED,
         )
         .is_err());
-    assert_eq!(plan.steps, vec![Step::Window(vec![0, 1])]);
+    assert_eq!(plan.steps, vec![Step::Window(vec![0, 1].into())]);
 }
 
 #[test]
@@ -219,7 +219,7 @@ fn a_new_plan_replaces_the_old_and_steps_append() {
         .unwrap();
     assert_eq!(
         (plan.epoch, plan.steps.clone()),
-        (2, vec![Step::Window(vec![3])])
+        (2, vec![Step::Window(vec![3].into())])
     );
 }
 
@@ -396,9 +396,9 @@ fn passed_steps_are_retired_when_steps_are_appended() {
     assert_eq!(
         plan.steps,
         vec![
-            Step::Window(vec![1]),
-            Step::Window(vec![2]),
-            Step::Window(vec![3])
+            Step::Window(vec![1].into()),
+            Step::Window(vec![2].into()),
+            Step::Window(vec![3].into())
         ]
     );
     assert_eq!(plan.position, 1);
@@ -446,7 +446,7 @@ fn the_writer_says_which_step_it_reads() {
     assert_eq!(plan.position, 1);
     assert!(plan.reading(4));
     assert_eq!(plan.position, 2);
-    assert_eq!(plan.steps[plan.position], Step::Window(vec![4]));
+    assert_eq!(plan.steps[plan.position], Step::Window(vec![4].into()));
     assert!(plan.reading(100), "clamped to the plan's end");
     assert_eq!(plan.position, plan.steps.len());
     // A new plan counts from 0 again.
@@ -480,7 +480,7 @@ fn a_step_in_several_lines_is_one_step_even_across_writes() {
     assert_eq!(
         plan.steps,
         vec![
-            Step::Rows(vec![0..1, 50..51, 70..71, 75..76, 90..92]),
+            Step::Rows(vec![0..1, 50..51, 70..71, 75..76, 90..92].into()),
             Step::Rows(std::iter::once(3..4).collect())
         ]
     );
@@ -488,7 +488,7 @@ fn a_step_in_several_lines_is_one_step_even_across_writes() {
     let window_part = HintLine::WindowPart { chunks: vec![4, 2] };
     plan.apply(&[window_part, window(&[9])], &l, UNLIMITED)
         .unwrap();
-    assert_eq!(plan.steps[2], Step::Window(vec![4, 2, 9]));
+    assert_eq!(plan.steps[2], Step::Window(vec![4, 2, 9].into()));
 }
 
 #[test]
