@@ -35,7 +35,7 @@ use crate::parts::{GroupId, PartKey};
 /// Planned bytes held in memory or asked for at most, not yet stored in the page
 /// cache: no more is asked for beyond, and past it the ones held longest are dropped (a
 /// reader of them fetches them again).
-pub const PLANNED_BYTES_HELD: u64 = 16 << 20;
+pub const PLANNED_BYTES_HELD: u64 = 32 << 20;
 
 /// Planned bytes on the wire at most: a link of 800 MB/s at 20 ms a response.
 pub const PLANNED_BYTES_IN_FLIGHT: u64 = 16 << 20;
