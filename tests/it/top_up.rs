@@ -516,6 +516,48 @@ async fn a_users_current_step_protects_at_most_their_share_of_the_cache() {
     core.release(handle);
 }
 
+/// On a mount of one user, the step being read protects all its chunks, however wide:
+/// bounded by the budget, a step of random rows over every chunk of a dataset twice the
+/// cache had its chunks past the budget rank as nothing planned, evicted first (by the
+/// next step's prefetches too) while they were read, and a single hinted reader in
+/// bench --quick fetched 82-102 MB of blocks and 55-167 MB of random rows of a 47 MB
+/// dataset, where it fetched 50-55 before the share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_mount_of_one_user_the_step_being_read_protects_all_its_chunks() {
+    let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    small_dataset()
+        .write_chunked(&source.path().join("ds"))
+        .unwrap();
+    let budget = bytes_under(&source.path().join("ds")) / 2;
+    let core = core_over_a_cache_of(
+        Arc::new(LocalFileSystem::new_with_prefix(source.path()).unwrap()),
+        cache.path(),
+        budget,
+        false,
+    );
+    let handle = open_hint_file(&core).await;
+    core.write(handle, b"scdlfs-hints 1\nplan 0\nrows 0 2500\n")
+        .unwrap();
+    let prefetcher = core.prefetcher().probe();
+    let dataset = match prefetcher.dataset_of(handle) {
+        Dataset::Chunked(dataset) => dataset.clone(),
+        Dataset::Monolithic(_) => unreachable!("a chunked dataset"),
+    };
+    prefetcher.rank_plans();
+    let unprotected: Vec<usize> = (0..dataset.chunks.len())
+        .filter(|&chunk| {
+            let group = dataset.array(chunk, ArrayKind::Data).group.unwrap();
+            prefetcher.next_use(scdlfs::cache::Unit::Group(group))
+                != Some(scdlfs::cache::NextUse::Current)
+        })
+        .collect();
+    assert!(
+        unprotected.is_empty(),
+        "chunks {unprotected:?} of the step being read are not protected"
+    );
+    core.release(handle);
+}
+
 /// The bytes of the files under `dir`.
 fn bytes_under(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir)
