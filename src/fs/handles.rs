@@ -1,6 +1,7 @@
 //! The handle table: every open file's state, under the id the table mints for it.
 //!
-//! A data handle carries its sequential read-ahead window; a hint handle carries the
+//! A data handle carries its sequential read-ahead window and the user who opened it,
+//! whose reads of it follow that user's plans only; a hint handle carries the
 //! decoder of its byte stream, the dataset its plan is for, the user who opened it,
 //! whose budget its plan spends (the plan itself lives in the prefetcher's registry
 //! under the same id, and goes when the handle closes), and the announcement it reads,
@@ -19,7 +20,10 @@ use crate::prefetch::sequential::SequentialWindow;
 
 /// What one open handle knows.
 pub enum HandleState {
-    Data(SequentialWindow),
+    Data {
+        window: SequentialWindow,
+        uid: u32,
+    },
     Hints {
         decoder: HintDecoder,
         dataset: Dataset,

@@ -267,9 +267,10 @@ impl FsCore {
             _ => {
                 self.components.read_around.planned().opened(ino, &node);
                 Opened {
-                    handle: self
-                        .handles
-                        .open(HandleState::Data(SequentialWindow::default())),
+                    handle: self.handles.open(HandleState::Data {
+                        window: SequentialWindow::default(),
+                        uid,
+                    }),
                     direct_io: false,
                 }
             }
@@ -305,16 +306,17 @@ impl FsCore {
         let jumped = {
             let state = self.handles.get(handle);
             let mut state = state.as_ref().map(|s| s.lock());
-            let mut window = match state.as_deref_mut() {
-                Some(HandleState::Data(window)) => Some(window),
-                _ => None,
+            // A read without an open handle is taken as the mounting user's.
+            let (mut window, reader) = match state.as_deref_mut() {
+                Some(HandleState::Data { window, uid }) => (Some(window), *uid),
+                _ => (None, self.mounting_uid),
             };
             self.components.prefetcher.observe_read(
                 window.as_deref_mut(),
+                reader,
                 &file.content,
                 file.size,
-                offset,
-                size as u64,
+                offset..offset + size as u64,
                 &plan,
             );
             window.is_some_and(|w| w.last_read_jumped())
@@ -363,7 +365,7 @@ impl FsCore {
         let announced = match self.handles.get(handle) {
             Some(state) => match &mut *state.lock() {
                 HandleState::Hints { announced, .. } => announced.get_or_insert_with(make).clone(),
-                HandleState::Data(_) => make(),
+                HandleState::Data { .. } => make(),
             },
             None => make(),
         };

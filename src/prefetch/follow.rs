@@ -23,29 +23,30 @@ const PAGE: u64 = 4096;
 
 // Not a type of its own: following a read moves the plans (under their lock), the scatter detector, the ranks and the fetcher's requests, the Prefetcher's whole state.
 impl Prefetcher {
-    /// Called for every read served: moves plan positions, and reads ahead for a
-    /// hint-less sequential reader (`window`: the read-ahead state of its handle).
+    /// Called for every read served: moves the positions of user `reader`'s plans, and
+    /// reads ahead for a hint-less sequential reader (`window`: the read-ahead state of
+    /// its handle). Bytes `read` of the file, as asked.
     pub fn observe_read(
         &self,
         window: Option<&mut SequentialWindow>,
+        reader: u32,
         content: &FileContent,
         file_size: u64,
-        offset: u64,
-        len: u64,
+        read: std::ops::Range<u64>,
         plan: &ReadPlan,
     ) {
         // Observed even when a plan covers the read: whether it jumped decides the
         // companion fetch ([`Prefetcher::fetch_companion`]).
         let ahead = window.map(|window| {
             window.observe(
-                offset,
-                len,
+                read.start,
+                read.end - read.start,
                 self.fetcher.part_size(),
                 self.config.max_sequential_window,
                 self.config.kernel_read_ahead,
             )
         });
-        if self.plan_count.load(Ordering::Relaxed) > 0 && self.advance_plans(plan) {
+        if self.plan_count.load(Ordering::Relaxed) > 0 && self.advance_plans(plan, reader) {
             return;
         }
         if let FileContent::FlatArray(dataset, kind) = content {
@@ -148,9 +149,11 @@ impl Prefetcher {
         }
     }
 
-    /// Moves the positions of the plans whose dataset the read touches, through either
-    /// view. Returns whether any plan covers the read's dataset.
-    fn advance_plans(&self, read: &ReadPlan) -> bool {
+    /// Moves the positions of user `reader`'s plans whose dataset the read touches,
+    /// through either view, and marks them read from. Returns whether any of them
+    /// covers the read's dataset. Another user's reads move no plan: a writer's plan
+    /// over every row was read along by every reader of its dataset.
+    fn advance_plans(&self, read: &ReadPlan, reader: u32) -> bool {
         let mut touched: Vec<(Dataset, Option<usize>, PartKey)> = Vec::new();
         {
             let index = self.chunk_of_group.lock();
@@ -173,8 +176,8 @@ impl Prefetcher {
         if touched.is_empty() {
             return false;
         }
-        let mut moved = false;
-        for (handle, active) in plans.iter_mut() {
+        let (mut covered, mut moved) = (false, false);
+        for (handle, active) in plans.iter_mut().filter(|(_, a)| a.uid == reader) {
             let mut read = Touched::default();
             for (dataset, chunk, part) in &touched {
                 if dataset.same(&active.dataset) {
@@ -182,7 +185,13 @@ impl Prefetcher {
                     read.parts.push(*part);
                 }
             }
-            if !read.parts.is_empty() && active.plan.observe(&read, &active.dataset.geometry()) {
+            if read.parts.is_empty() {
+                continue;
+            }
+            covered = true;
+            // A plan's first read gives it its standing: its ranks and prefetches.
+            moved |= !std::mem::replace(&mut active.read_from, true);
+            if active.plan.observe(&read, &active.dataset.geometry()) {
                 moved = true;
                 self.note_finished(*handle, active);
             }
@@ -192,7 +201,7 @@ impl Prefetcher {
             drop(plans);
             self.wake.ring();
         }
-        true
+        covered
     }
 
     /// What a read touches of the monolithic datasets that have plans: the parts of

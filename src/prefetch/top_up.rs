@@ -271,6 +271,7 @@ impl Prefetcher {
             .plans
             .lock()
             .iter_mut()
+            .filter(|(_, a)| self.has_standing(a))
             .map(|(handle, a)| {
                 let lookahead = self.lookahead_of(&a.dataset);
                 let start = a.plan.position.min(a.plan.steps.len());

@@ -488,6 +488,7 @@ async fn a_users_current_step_protects_at_most_their_share_of_the_cache() {
         true,
     );
     let handle = write_a_plan_as(&core, 4242, "rows 0 2500\n").await;
+    read_the_first_rows_as(&core, 4242).await;
     let dataset = match core.prefetcher().probe().dataset_of(handle) {
         Dataset::Chunked(dataset) => dataset.clone(),
         Dataset::Monolithic(_) => unreachable!("a chunked dataset"),
@@ -554,6 +555,125 @@ async fn a_plan_of_exact_rows_reads_only_its_chunks_row_offsets_from_the_cache()
         let unit = scdlfs::cache::Unit::Group(dataset.array(0, ArrayKind::Data).group.unwrap());
         assert_eq!(prefetcher.reads_only(unit), None, "the plan is gone");
     }
+}
+
+/// On a mount of one user, the step being read protects all its chunks, however wide:
+/// bounded by the budget, a step of random rows over every chunk of a dataset twice the
+/// cache had its chunks past the budget rank as nothing planned, evicted first (by the
+/// next step's prefetches too) while they were read, and a single hinted reader in
+/// bench --quick fetched 82-102 MB of blocks and 55-167 MB of random rows of a 47 MB
+/// dataset, where it fetched 50-55 before the share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_mount_of_one_user_the_step_being_read_protects_all_its_chunks() {
+    let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    small_dataset()
+        .write_chunked(&source.path().join("ds"))
+        .unwrap();
+    let budget = bytes_under(&source.path().join("ds")) / 2;
+    let core = core_over_a_cache_of(
+        Arc::new(LocalFileSystem::new_with_prefix(source.path()).unwrap()),
+        cache.path(),
+        budget,
+        false,
+    );
+    let handle = open_hint_file(&core).await;
+    core.write(handle, b"scdlfs-hints 1\nplan 0\nrows 0 2500\n")
+        .unwrap();
+    let prefetcher = core.prefetcher().probe();
+    let dataset = match prefetcher.dataset_of(handle) {
+        Dataset::Chunked(dataset) => dataset.clone(),
+        Dataset::Monolithic(_) => unreachable!("a chunked dataset"),
+    };
+    prefetcher.rank_plans();
+    let unprotected: Vec<usize> = (0..dataset.chunks.len())
+        .filter(|&chunk| {
+            let group = dataset.array(chunk, ArrayKind::Data).group.unwrap();
+            prefetcher.next_use(scdlfs::cache::Unit::Group(group))
+                != Some(scdlfs::cache::NextUse::Current)
+        })
+        .collect();
+    assert!(
+        unprotected.is_empty(),
+        "chunks {unprotected:?} of the step being read are not protected"
+    );
+    core.release(handle);
+}
+
+/// Reads the first page of the dataset's flat `data.npy` through a handle user `uid`
+/// opened, as that user's reader would.
+async fn read_the_first_rows_as(core: &FsCore, uid: u32) {
+    read_as(core, uid, "data.npy", 0, 4096).await;
+}
+
+/// Reads `len` bytes at `offset` of the dataset's flat file `name` through a handle
+/// user `uid` opened.
+async fn read_as(core: &FsCore, uid: u32, name: &str, offset: u64, len: u32) {
+    let ds = core.lookup(ROOT, OsStr::new("ds")).await.unwrap();
+    let file = core
+        .lookup(ds.attr.ino.0, OsStr::new(name))
+        .await
+        .unwrap()
+        .attr
+        .ino
+        .0;
+    let handle = core.open_as(file, uid).unwrap().handle;
+    core.read(file, handle, offset, len).await.unwrap();
+    core.release(handle);
+}
+
+/// On a mount other users may read, a plan ranks nothing and has nothing prefetched
+/// until its own user reads its dataset: another user's reads do not count, and its
+/// user's first read gives it both. Beside another user's cold epoch, a writer of
+/// plans over every row that never read took half the downloads and ranked every
+/// chunk as needed next, which left the reader's own prefetches no room (the reader
+/// alone 42.6 s, beside the writer 75.2 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_whose_user_has_not_read_ranks_and_fetches_nothing_on_a_shared_mount() {
+    let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    small_dataset()
+        .write_chunked(&source.path().join("ds"))
+        .unwrap();
+    let core = core_over_a_cache_of(
+        Arc::new(LocalFileSystem::new_with_prefix(source.path()).unwrap()),
+        cache.path(),
+        256 << 20,
+        true,
+    );
+    let handle = write_a_plan_as(&core, 4242, "rows 0 300\nrows 300 600\n").await;
+    let prefetcher = core.prefetcher().probe();
+    let dataset = match prefetcher.dataset_of(handle) {
+        Dataset::Chunked(dataset) => dataset.clone(),
+        Dataset::Monolithic(_) => unreachable!("a chunked dataset"),
+    };
+    let first_chunk = dataset.array(0, ArrayKind::Data).group.unwrap();
+    let ranked_and_fetched = || {
+        prefetcher.rank_plans();
+        prefetcher.top_up();
+        (
+            prefetcher.next_use(scdlfs::cache::Unit::Group(first_chunk)),
+            prefetcher.metrics().prefetch_requests,
+        )
+    };
+    assert_eq!(
+        ranked_and_fetched(),
+        (None, 0),
+        "a plan nobody read ranked or fetched"
+    );
+    read_the_first_rows_as(&core, 0).await;
+    assert_eq!(
+        ranked_and_fetched(),
+        (None, 0),
+        "another user's read gave the plan its standing"
+    );
+    read_the_first_rows_as(&core, 4242).await;
+    let (rank, prefetches) = ranked_and_fetched();
+    assert_eq!(
+        rank,
+        Some(scdlfs::cache::NextUse::Current),
+        "its user's read left the plan's step unranked"
+    );
+    assert!(prefetches > 0, "its user's read left the plan unfetched");
+    core.release(handle);
 }
 
 /// The bytes of the files under `dir`.
