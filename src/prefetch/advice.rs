@@ -19,6 +19,9 @@ pub(super) struct Advice {
     /// ([`super::exact`]): by group, the chunk's row offsets, all the plans read of it
     /// from the cache.
     pub(super) row_offsets_only: RwLock<HashMap<GroupId, ObjectId>>,
+    /// Units a plan of windows ranks: it reads them from the cache whole, even where
+    /// its dataset's rows are fetched exactly (a `windows` step fetches whole parts).
+    pub(super) read_whole: RwLock<HashSet<Unit>>,
 }
 
 impl EvictionAdvisor for Advice {
@@ -38,6 +41,7 @@ impl EvictionAdvisor for Advice {
 
     fn reads_only(&self, unit: Unit) -> Option<ObjectId> {
         match unit {
+            Unit::Group(_) if self.read_whole.read().contains(&unit) => None,
             Unit::Group(group) => self.row_offsets_only.read().get(&group).copied(),
             Unit::Part(_) => None,
         }

@@ -35,7 +35,7 @@ pub(crate) mod scatter;
 pub(crate) mod sequential;
 mod top_up;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -109,12 +109,17 @@ struct ActivePlan {
 struct RankedPlan {
     mark: PlanMark,
     ranks: Arc<[(Unit, NextUse)]>,
+    /// Every step it ranks names rows (no windows): see [`plan::Horizon::names_rows_only`].
+    rows_only: bool,
 }
 
 /// A plan as [`Prefetcher::rank_plans`] takes it from under the plans' lock: its ranks
 /// as last computed, or the steps to rank.
 enum PlanRanks {
-    Ranked(Arc<[(Unit, NextUse)]>),
+    Ranked {
+        ranks: Arc<[(Unit, NextUse)]>,
+        rows_only: bool,
+    },
     ToRank {
         dataset: Dataset,
         mark: PlanMark,
@@ -410,9 +415,10 @@ impl Prefetcher {
             .filter(|(_, active)| self.has_standing(active))
             .map(|(handle, active)| {
                 let ranks = match &active.ranked {
-                    Some(ranked) if ranked.mark == active.plan.mark() => {
-                        PlanRanks::Ranked(ranked.ranks.clone())
-                    }
+                    Some(ranked) if ranked.mark == active.plan.mark() => PlanRanks::Ranked {
+                        ranks: ranked.ranks.clone(),
+                        rows_only: ranked.rows_only,
+                    },
                     _ => PlanRanks::ToRank {
                         dataset: active.dataset.clone(),
                         mark: active.plan.mark(),
@@ -429,15 +435,18 @@ impl Prefetcher {
         };
         let mut current_by_user: HashMap<u32, Vec<Unit>> = HashMap::new();
         let mut newly_ranked = Vec::new();
+        // Units a plan of windows ranks: read whole from the cache, whatever the dataset.
+        let mut read_whole = HashSet::new();
         for (handle, uid, plan_ranks) in &snapshot {
-            let of_plan = match plan_ranks {
-                PlanRanks::Ranked(of_plan) => of_plan.clone(),
+            let (of_plan, rows_only) = match plan_ranks {
+                PlanRanks::Ranked { ranks, rows_only } => (ranks.clone(), *rows_only),
                 PlanRanks::ToRank {
                     dataset,
                     mark,
                     horizon,
                 } => {
                     let of_plan = self.rank_horizon(dataset, horizon);
+                    let rows_only = horizon.names_rows_only();
                     // A monolithic dataset's parts rank as the row offsets read so far
                     // locate them, which moves no position: ranked anew each time.
                     if matches!(dataset, Dataset::Chunked(_)) {
@@ -446,12 +455,16 @@ impl Prefetcher {
                             RankedPlan {
                                 mark: *mark,
                                 ranks: of_plan.clone(),
+                                rows_only,
                             },
                         ));
                     }
-                    of_plan
+                    (of_plan, rows_only)
                 }
             };
+            if !rows_only {
+                read_whole.extend(of_plan.iter().map(|(unit, _)| *unit));
+            }
             for &(unit, next_use) in of_plan.iter() {
                 match next_use {
                     NextUse::Current => current_by_user.entry(*uid).or_default().push(unit),
@@ -486,6 +499,7 @@ impl Prefetcher {
             }
         }
         *self.advice.ranks.write() = ranks;
+        *self.advice.read_whole.write() = read_whole;
         let advisor: Option<Arc<dyn EvictionAdvisor>> = if snapshot.is_empty() {
             None
         } else {

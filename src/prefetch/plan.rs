@@ -495,6 +495,12 @@ pub struct Horizon {
 }
 
 impl Horizon {
+    /// Whether every step names rows, none a window: a plan of rows fetched exactly
+    /// reads only their row offsets from the cache.
+    pub fn names_rows_only(&self) -> bool {
+        self.steps.iter().all(|step| matches!(step, Step::Rows(_)))
+    }
+
     /// For each chunk the plan still needs, when: [`NextUse::Current`] for the step
     /// being read; [`NextUse::JustLeft`] for the step before it, whose last rows may
     /// still be in a reader's hands when the position moves on; else how many steps

@@ -551,9 +551,20 @@ async fn a_plan_of_exact_rows_reads_only_its_chunks_row_offsets_from_the_cache()
                 "chunk {chunk}, a cache of 1/{budget_divisor} of the dataset"
             );
         }
+        // A plan of windows over the same dataset reads its chunks' parts from the cache
+        // whole: a `window` step fetches whole parts, whatever the dataset's size.
+        let windows = write_a_plan_as(&core, 0, "window 0 1\n").await;
+        prefetcher.rank_plans();
+        let group_of = |chunk| {
+            scdlfs::cache::Unit::Group(dataset.array(chunk, ArrayKind::Data).group.unwrap())
+        };
+        assert_eq!(prefetcher.reads_only(group_of(0)), None, "a window's chunk");
+        let last = dataset.chunks.len() - 1;
+        let expected = exactly.then(|| dataset.array(last, ArrayKind::RowPtr).id);
+        assert_eq!(prefetcher.reads_only(group_of(last)), expected);
+        core.release(windows);
         core.release(handle);
-        let unit = scdlfs::cache::Unit::Group(dataset.array(0, ArrayKind::Data).group.unwrap());
-        assert_eq!(prefetcher.reads_only(unit), None, "the plan is gone");
+        assert_eq!(prefetcher.reads_only(group_of(0)), None, "the plan is gone");
     }
 }
 
