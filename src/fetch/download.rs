@@ -3,6 +3,7 @@
 //! part's cache file as it arrives (or received whole when the cache cannot take it),
 //! then committed to the cache.
 
+use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -63,16 +64,48 @@ impl Fetcher {
     /// or the cache could take it only by evicting what a plan needs sooner than it
     /// ([`Admission::Prefetch`]). Returns whether a new download was started.
     pub fn prefetch(self: &Arc<Self>, object: &Arc<ObjectInfo>, index: u64) -> bool {
+        self.start_prefetch(object, index).is_some()
+    }
+
+    /// Starts the part's prefetch as [`Fetcher::prefetch`] does and, if this call
+    /// started it or it was downloading already, runs `then` once the download has
+    /// ended without an error: the part is cached then, or was left for lack of room,
+    /// so `then` must look again. Returns whether a new download was started.
+    pub fn prefetch_then(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        index: u64,
+        then: impl Future<Output = ()> + Send + 'static,
+    ) -> bool {
+        let started = self.start_prefetch(object, index);
+        let download = started.clone().or_else(|| {
+            let in_flight = self.in_flight.lock();
+            let existing = in_flight.get(&Self::key(object, index))?;
+            Some(existing.download.clone())
+        });
+        if let Some(download) = download {
+            self.runtime.spawn(async move {
+                if download.await.is_ok() {
+                    then.await;
+                }
+            });
+        }
+        started.is_some()
+    }
+
+    fn start_prefetch(
+        self: &Arc<Self>,
+        object: &Arc<ObjectInfo>,
+        index: u64,
+    ) -> Option<SharedDownload> {
         let key = Self::key(object, index);
         if self.cache.contains(key) || self.is_in_flight(key) || self.waits_for_room(object, index)
         {
-            return false;
+            return None;
         }
-        let started = self.start(object, index, Urgency::prefetch()).is_some();
-        if started {
-            Metrics::add(&self.metrics.prefetch_requests, 1);
-        }
-        started
+        let (download, _) = self.start(object, index, Urgency::prefetch())?;
+        Metrics::add(&self.metrics.prefetch_requests, 1);
+        Some(download)
     }
 
     /// Whether a prefetch of the part should wait for room

@@ -36,6 +36,11 @@ impl CachedOffsets {
         }
     }
 
+    /// The check a chunk's row offsets pass before anything of the chunk is served.
+    pub(super) fn row_offset_check(&self) -> &Arc<RowOffsetCheck> {
+        &self.row_offset_check
+    }
+
     /// Entry `index` of a row-offset array of type `dtype`, if its part is cached.
     pub(super) fn cached_entry(
         &self,

@@ -34,7 +34,7 @@ use crate::object::ObjectInfo;
 use crate::parts::PartKey;
 
 /// The page the kernel caches files in.
-const PAGE: u64 = 4096;
+pub(super) const PAGE: u64 = 4096;
 
 /// How many times the disk cache a dataset's values must be for its plans' rows to be
 /// fetched exactly. Exact rows trade bytes for requests, one or two a row: where the
@@ -47,10 +47,12 @@ const PAGE: u64 = 4096;
 /// against 1.07× exactly, at 1.28–1.55× the link's time.
 const EXACT_ROWS_VALUES_PER_CACHE: u64 = 4;
 
-/// Where the exact bytes of a plan's rows go once they have arrived: the mount's page
-/// cache, which the filesystem layer reaches.
+/// Where a plan's bytes go once they have arrived (the exact bytes of its rows, and the
+/// parts of its windows' values, [`super::top_up`]): the mount's page cache, which the
+/// filesystem layer reaches.
 pub trait PlannedPages: Send + Sync {
-    /// Bytes `file_bytes` of `dataset`'s flat array `kind` are all held by the fetcher.
+    /// Bytes `file_bytes` of `dataset`'s flat array `kind` are all held by the fetcher
+    /// or cached.
     fn arrived(&self, dataset: &Arc<FlatDataset>, kind: ArrayKind, file_bytes: Range<u64>);
 }
 
@@ -114,6 +116,11 @@ impl ExactRows {
         if self.planned_pages.set(pages).is_err() {
             tracing::warn!("the planned pages are connected already");
         }
+    }
+
+    /// Where a plan's bytes go once they have arrived, once connected.
+    pub(super) fn planned_pages(&self) -> Option<Arc<dyn PlannedPages>> {
+        self.planned_pages.get().cloned()
     }
 
     /// Whether bytes `within` of the object (within one part) are most of their part,

@@ -140,3 +140,82 @@ async fn a_plans_pages_a_read_asked_for_are_left_to_that_read() {
     core.release(hints);
     core.release(reader);
 }
+
+/// A window step's values go into the page cache as their parts arrive, before any read:
+/// its rows are read in an order shuffled across the window, so a reader gets far only
+/// once most of the window is there, and its bytes, left to the reads, went into the
+/// page cache beside the readers after the last part came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_windows_values_reach_the_page_cache_as_their_parts_arrive() {
+    let spec = SyntheticDataset {
+        rows: 4_000,
+        genes: 2_000,
+        chunk_rows: 1_000,
+        mean_values: 200,
+        seed: 5,
+    };
+    let source = tempfile::tempdir().unwrap();
+    spec.write_chunked(&source.path().join("ds")).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mut s = settings(cache.path());
+    // The whole dataset fits the cache: the window's parts are fetched whole.
+    s.part_size = 64 << 10;
+    let (core, _observer) = tokio::task::block_in_place(|| {
+        assemble(
+            local_store(source.path()),
+            object_store::path::Path::from(""),
+            &s,
+            None,
+        )
+    })
+    .unwrap();
+    let stored = Arc::new(StoredPages::default());
+    core.read_around().connect(stored.clone());
+    let data = ino_of(&core, &["ds", "data.npy"]).await;
+    let reader = core.open(data).unwrap().handle;
+    let hints = core
+        .open(ino_of(&core, &["ds", scdl_format::hint::HINT_FILE]).await)
+        .unwrap()
+        .handle;
+    core.write(
+        hints,
+        b"scdlfs-hints 4\nchunk-rows 1000\nplan 0\nwindow 2\n",
+    )
+    .unwrap();
+
+    // Chunk 2's values in the flat data.npy (f32), and the pages no part boundary cuts:
+    // a page shared by two parts is left to the reader's fault.
+    let first_value = |row: u64| -> u64 { (0..row).map(|r| spec.row_len(r)).sum() };
+    let chunk = first_value(2_000) * 4..first_value(3_000) * 4;
+    let part_boundary_inside = |page: u64| {
+        (page * PAGE + 1..(page + 1) * PAGE).any(|b| (b - chunk.start) % s.part_size == 0)
+    };
+    let whole_pages: Vec<u64> = (chunk.start.div_ceil(PAGE)..chunk.end / PAGE)
+        .filter(|&page| !part_boundary_inside(page))
+        .collect();
+    assert!(whole_pages.len() > 100, "too few pages to tell");
+    let started = Instant::now();
+    while !whole_pages
+        .iter()
+        .all(|&page| stored.has(data, page..page + 1))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the window's values never reached the page cache: {} of {} pages",
+            whole_pages
+                .iter()
+                .filter(|&&page| stored.has(data, page..page + 1))
+                .count(),
+            whole_pages.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Nothing of the chunks no step names.
+    let other = first_value(500) * 4 / PAGE..first_value(1_500) * 4 / PAGE;
+    assert!(
+        !stored.any(data, other),
+        "pages of a chunk no step names were stored"
+    );
+    core.release(hints);
+    core.release(reader);
+}
