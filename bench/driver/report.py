@@ -504,30 +504,53 @@ def ceiling_text(saved):
             "through the same link, server and client library, object_store)" % fmt(med(ceilings), ",.0f"))
 
 
+def reading_alone_s(summary, system, order):
+    """The same epoch as the cold one `system` read, with every byte in the mount's page
+    cache (sys_scdlfs's page-cache warm epoch): the readers' own time; None if not read."""
+    if "scdlfs cold, " not in system:
+        return None
+    warm = summary.get((system.replace("scdlfs cold, ", "scdlfs page-cache warm, "), order))
+    return warm and warm["epoch_s"]
+
+
+def is_warm(system):
+    """A warm epoch of sys_scdlfs (disk cache or page cache), not a row of its own here."""
+    return "scdlfs disk-cache warm, " in system or "scdlfs page-cache warm, " in system
+
+
+ALONE_TEXT = ("*reader alone s*: the same epoch again with every byte in the mount's page cache (the readers' own "
+              "time); *link + alone*: the link limit plus that, ÷ the link limit: the epoch's ratio if none of its "
+              "reading overlapped the download")
+
+
 def large_node_table(rep):
     """The ranks of one node on the large chunks (driver/large.py's node_of_large_chunks),
     in lockstep and free-running, for the small-cache section."""
     summary, saved = rep.summary, rep.saved
-    cases = [(system, order) for system, order in sorted(summary) if system.startswith(LARGE) and " ranks " in system]
+    cases = [(system, order) for system, order in sorted(summary)
+             if system.startswith(LARGE) and " ranks " in system and not is_warm(system)]
     if not cases:
         return []
     lines = ["With the full cache, ranks of one node on one mount, each reading one of the large chunks (windows of "
              "one chunk, the whole plan written at the start), cold, page cache dropped: *lockstep* waits for every "
              "rank every 64 rows, as DDP's synchronous steps do; *× link*: until the last rank ends, ÷ the link limit; "
-             "*waited s*: the most one rank spent waiting for the others at the steps.", "",
-             "| ranks | epoch s | × link | fetched / dataset | max first row s | slowest ÷ fastest rank | waited s |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "*waited s*: the most one rank spent waiting for the others at the steps; %s." % ALONE_TEXT, "",
+             "| ranks | epoch s | × link | fetched / dataset | max first row s | slowest ÷ fastest rank | waited s "
+             "| reader alone s | link + alone |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for system, order in cases:
         m = summary[(system, order)]
         rs = [r for r in saved["results"] if r["system"] == system and r["order"] == order]
         waited = [max(w for w in r.get("rank_waited_s") or [None] if w is not None) for r in rs
                   if any(w is not None for w in r.get("rank_waited_s") or [])]
-        lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+        alone = reading_alone_s(summary, system, order)
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             system[len(LARGE) + 2:].rstrip(", ").split(", scdlfs")[0], epoch_text(m),
             fmt(m["epoch_s"] / rs[0]["link_s"], ".2f"),
             fmt(m["bytes_per_row"] * rs[0]["dataset_rows"] / rs[0]["dataset_bytes"], ".2f") + "×",
             fmt(med([r["first_row_s"] for r in rs]), ".2f"), fmt(med([r["slowest_over_fastest"] for r in rs]), ".2f"),
-            fmt(med(waited) if waited else None, ".2f")))
+            fmt(med(waited) if waited else None, ".2f"), fmt(alone, ".2f"),
+            fmt(alone and (rs[0]["link_s"] + alone) / rs[0]["link_s"], ".2f")))
     lines.append("")
     return lines
 
@@ -554,17 +577,17 @@ def small_cache_section(rep, results):
       "from this machine's disk with the page cache dropped), both whole epochs (its rate climbs through an epoch, so its first seconds do not extrapolate), "
       "and through the link into the "
       "smallest cache it accepts (four of its largest shards); its GETs are the link's requests, its RSS its reader "
-      "process's (torch imported). "
+      "process's (torch imported). The full-cache rows are read again warm: %s. "
       "Measured %s on %s, medians of %d run(s); epochs stop after %.0f s (then ~, extrapolated)." % (
           100 * SMALL_CACHE_SHARE, LARGE_CHUNKS, LARGE_RATE_MBPS, LARGE_LATENCY_MS, saved["cache_size"],
-          ceiling_text(saved), STREAMING,
+          ceiling_text(saved), STREAMING, ALONE_TEXT,
           saved["date"], saved["host"], rep.args["runs"], rep.args["time_limit"]))
     w("")
     w("| dataset | order | epoch s | × link | fetched / dataset | GETs/GB | GET floor s | × floor | daemon peak RSS MiB "
-      "| first row s |")
-    w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+      "| first row s | reader alone s | link + alone |")
+    w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (system, order), m in sorted(summary.items()):
-        if SMALL_CACHE not in system and STREAMING not in system and FULL_CACHE not in system:
+        if SMALL_CACHE not in system and STREAMING not in system and FULL_CACHE not in system or is_warm(system):
             continue
         rs = [r for r in saved["results"] if r["system"] == system and r["order"] == order]
         link_s = rs[0].get("link_s", rep.link_s)
@@ -573,13 +596,15 @@ def small_cache_section(rep, results):
         gets = med([gets_sent(r) / max(r["bytes_read"], 1) * 1e9 for r in rs])
         ceiling = rs[0].get("link_gets_per_s")
         floor_s = gets * dataset_bytes / 1e9 / ceiling if ceiling and gets else None
-        w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        alone = reading_alone_s(summary, system, order)
+        w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             "large chunks (%s)" % system[system.index(STREAMING):] if STREAMING in system else
             "large chunks, %s" % FULL_CACHE if FULL_CACHE in system else
             "large chunks" if system.startswith(LARGE) else "main", order, epoch_text(m),
             fmt(m["epoch_s"] / link_s, ".2f"), fmt(m["bytes_per_row"] * dataset_rows / dataset_bytes, ".2f") + "×",
             fmt(gets, ",.0f"), fmt(floor_s, ".1f"), fmt(floor_s and m["epoch_s"] / max(link_s, floor_s), ".2f"),
-            fmt(m["rss_mib"], ".0f"), fmt(m["first_row_s"], ".2f")))
+            fmt(m["rss_mib"], ".0f"), fmt(m["first_row_s"], ".2f"), fmt(alone, ".2f"),
+            fmt(alone and (link_s + alone) / link_s, ".2f")))
     w("")
     lines.extend(large_node_table(rep))
     w("Raw results of this section: `%s`." % os.path.relpath(results, REPO))
