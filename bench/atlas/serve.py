@@ -145,7 +145,13 @@ class Handler(BaseHTTPRequestHandler):
                 last = cp + "\U0010ffff"
                 i = bisect.bisect_left(keys, last)
             else:
-                st = os.stat(os.path.join(ROOT, bucket, key))
+                try:
+                    st = os.stat(os.path.join(ROOT, bucket, key))
+                except FileNotFoundError:
+                    # Deleted from the folder since it was listed (the bench's manifest
+                    # between runs): a store lists it no more.
+                    i += 1
+                    continue
                 modified = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(st.st_mtime))
                 out.append(f"<Contents><Key>{escape(key)}</Key><LastModified>{modified}</LastModified>"
                            f"<ETag>{escape(etag(st))}</ETag><Size>{st.st_size}</Size>"

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use scdlfs::fs::page_cache::PageCache;
 use scdlfs::fs::FsCore;
-use scdlfs::mount::assemble;
+use scdlfs::mount::{assemble, MountSettings};
 use scdlfs::synthetic::SyntheticDataset;
 
 use crate::common::{local_store, settings};
@@ -40,6 +40,48 @@ impl StoredPages {
     fn any(&self, ino: u64, pages: Range<u64>) -> bool {
         let stored = self.0.lock();
         pages.into_iter().any(|page| stored.contains(&(ino, page)))
+    }
+}
+
+/// A mount's core over a synthetic chunked dataset `ds` in a local folder, whose stores
+/// into the page cache are recorded, with `ds/data.npy` open.
+struct RecordingMount {
+    core: FsCore,
+    stored: Arc<StoredPages>,
+    data: u64,
+    reader: u64,
+    _observer: scdlfs::status::Observer,
+    _dirs: [tempfile::TempDir; 2],
+}
+
+impl RecordingMount {
+    async fn of(spec: &SyntheticDataset, tune: impl FnOnce(&mut MountSettings)) -> RecordingMount {
+        let source = tempfile::tempdir().unwrap();
+        spec.write_chunked(&source.path().join("ds")).unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        let mut s = settings(cache.path());
+        tune(&mut s);
+        let (core, observer) = tokio::task::block_in_place(|| {
+            assemble(
+                local_store(source.path()),
+                object_store::path::Path::from(""),
+                &s,
+                None,
+            )
+        })
+        .unwrap();
+        let stored = Arc::new(StoredPages::default());
+        core.read_around().connect(stored.clone());
+        let data = ino_of(&core, &["ds", "data.npy"]).await;
+        let reader = core.open(data).unwrap().handle;
+        RecordingMount {
+            core,
+            stored,
+            data,
+            reader,
+            _observer: observer,
+            _dirs: [source, cache],
+        }
     }
 }
 
@@ -72,26 +114,13 @@ async fn a_plans_pages_a_read_asked_for_are_left_to_that_read() {
         mean_values: 200,
         seed: 3,
     };
-    let source = tempfile::tempdir().unwrap();
-    spec.write_chunked(&source.path().join("ds")).unwrap();
-    let cache = tempfile::tempdir().unwrap();
-    let mut s = settings(cache.path());
     // The values are many times the cache: rows are fetched exactly.
-    s.cache_bytes = 1 << 20;
-    s.part_size = 256 << 10;
-    let (core, _observer) = tokio::task::block_in_place(|| {
-        assemble(
-            local_store(source.path()),
-            object_store::path::Path::from(""),
-            &s,
-            None,
-        )
+    let mount = RecordingMount::of(&spec, |s| {
+        s.cache_bytes = 1 << 20;
+        s.part_size = 256 << 10;
     })
-    .unwrap();
-    let stored = Arc::new(StoredPages::default());
-    core.read_around().connect(stored.clone());
-    let data = ino_of(&core, &["ds", "data.npy"]).await;
-    let reader = core.open(data).unwrap().handle;
+    .await;
+    let (core, stored, data, reader) = (&mount.core, &mount.stored, mount.data, mount.reader);
 
     // A read of row 2,500's pages comes first, as a fault of the reader's memory map
     // before its plan's bytes arrive.
@@ -154,25 +183,10 @@ async fn a_windows_values_reach_the_page_cache_as_their_parts_arrive() {
         mean_values: 200,
         seed: 5,
     };
-    let source = tempfile::tempdir().unwrap();
-    spec.write_chunked(&source.path().join("ds")).unwrap();
-    let cache = tempfile::tempdir().unwrap();
-    let mut s = settings(cache.path());
     // The whole dataset fits the cache: the window's parts are fetched whole.
-    s.part_size = 64 << 10;
-    let (core, _observer) = tokio::task::block_in_place(|| {
-        assemble(
-            local_store(source.path()),
-            object_store::path::Path::from(""),
-            &s,
-            None,
-        )
-    })
-    .unwrap();
-    let stored = Arc::new(StoredPages::default());
-    core.read_around().connect(stored.clone());
-    let data = ino_of(&core, &["ds", "data.npy"]).await;
-    let reader = core.open(data).unwrap().handle;
+    let part_size = 64 << 10;
+    let mount = RecordingMount::of(&spec, |s| s.part_size = part_size).await;
+    let (core, stored, data, reader) = (&mount.core, &mount.stored, mount.data, mount.reader);
     let hints = core
         .open(ino_of(&core, &["ds", scdl_format::hint::HINT_FILE]).await)
         .unwrap()
@@ -188,7 +202,7 @@ async fn a_windows_values_reach_the_page_cache_as_their_parts_arrive() {
     let first_value = |row: u64| -> u64 { (0..row).map(|r| spec.row_len(r)).sum() };
     let chunk = first_value(2_000) * 4..first_value(3_000) * 4;
     let part_boundary_inside = |page: u64| {
-        (page * PAGE + 1..(page + 1) * PAGE).any(|b| (b - chunk.start) % s.part_size == 0)
+        (page * PAGE + 1..(page + 1) * PAGE).any(|b| (b - chunk.start) % part_size == 0)
     };
     let whole_pages: Vec<u64> = (chunk.start.div_ceil(PAGE)..chunk.end / PAGE)
         .filter(|&page| !part_boundary_inside(page))
