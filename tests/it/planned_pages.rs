@@ -136,7 +136,7 @@ async fn a_plans_pages_a_read_asked_for_are_left_to_that_read() {
     .unwrap();
 
     let hints = core
-        .open(ino_of(&core, &["ds", scdl_format::hint::HINT_FILE]).await)
+        .open(ino_of(core, &["ds", scdl_format::hint::HINT_FILE]).await)
         .unwrap()
         .handle;
     let rows: String = planned_rows
@@ -188,7 +188,7 @@ async fn a_windows_values_reach_the_page_cache_as_their_parts_arrive() {
     let mount = RecordingMount::of(&spec, |s| s.part_size = part_size).await;
     let (core, stored, data, reader) = (&mount.core, &mount.stored, mount.data, mount.reader);
     let hints = core
-        .open(ino_of(&core, &["ds", scdl_format::hint::HINT_FILE]).await)
+        .open(ino_of(core, &["ds", scdl_format::hint::HINT_FILE]).await)
         .unwrap()
         .handle;
     core.write(
