@@ -333,7 +333,7 @@ impl Policy {
             match self.choose_victim(&room, false) {
                 Some(Victim::Unit(unit)) => victims.extend(self.evict_at_least(unit, to_free)),
                 Some(Victim::Spare(unit, read)) => {
-                    victims.extend(self.evict_spare(unit, read, to_free))
+                    victims.extend(self.evict_last_parts(unit, to_free, Some(read)))
                 }
                 None => return (None, victims),
             }
@@ -547,17 +547,30 @@ impl Policy {
     /// whole, a chunk of 180 MB went for one part's room, and the next epoch fetched
     /// it all again where it needed a part.
     fn evict_at_least(&mut self, unit: Unit, bytes: u64) -> Vec<PartKey> {
+        match self.units.peek(&unit) {
+            Some(state) if state.bytes <= bytes => self.evict(unit),
+            Some(_) => self.evict_last_parts(unit, bytes, None),
+            None => Vec::new(),
+        }
+    }
+
+    /// Removes the unpinned parts of `unit` not of object `kept` (if any), last parts
+    /// first, until they hold at least `bytes` or none is left; returns them. The unit
+    /// goes from the books with its last part.
+    fn evict_last_parts(&mut self, unit: Unit, bytes: u64, kept: Option<ObjectId>) -> Vec<PartKey> {
         let Some(state) = self.units.peek_mut(&unit) else {
             return Vec::new();
         };
-        if state.bytes <= bytes {
-            return self.evict(unit);
-        }
         let (mut freed, mut evicted) = (0, Vec::new());
-        while freed < bytes {
-            let Some(key) = state.parts.pop() else {
+        for index in (0..state.parts.len()).rev() {
+            if freed >= bytes {
                 break;
-            };
+            }
+            let key = state.parts[index];
+            if Some(key.object) == kept || self.pins.contains_key(&key) {
+                continue;
+            }
+            state.parts.remove(index);
             if let Some(part) = self.parts.remove(&key) {
                 state.bytes -= part.bytes;
                 self.used_bytes -= part.bytes;
@@ -566,32 +579,6 @@ impl Policy {
             }
             evicted.push(key);
         }
-        evicted
-    }
-
-    /// Removes parts of `unit` not of object `read` holding at least `bytes` (or all
-    /// of them) from the books, unpinned ones only, last parts first; returns them.
-    fn evict_spare(&mut self, unit: Unit, read: ObjectId, bytes: u64) -> Vec<PartKey> {
-        let Some(state) = self.units.peek_mut(&unit) else {
-            return Vec::new();
-        };
-        let (mut freed, mut evicted) = (0, Vec::new());
-        for key in state.parts.iter().rev() {
-            if freed >= bytes {
-                break;
-            }
-            if key.object == read || self.pins.contains_key(key) {
-                continue;
-            }
-            if let Some(part) = self.parts.remove(key) {
-                state.bytes -= part.bytes;
-                self.used_bytes -= part.bytes;
-                self.generation += 1;
-                freed += part.bytes;
-            }
-            evicted.push(*key);
-        }
-        state.parts.retain(|key| !evicted.contains(key));
         if state.parts.is_empty() {
             self.units.pop(&unit);
             if matches!(unit, Unit::Group(_)) {
