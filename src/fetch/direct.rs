@@ -7,7 +7,8 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use futures::{Stream, TryStreamExt};
 use object_store::ObjectStore;
 
 use super::arriving::Arriving;
@@ -111,10 +112,7 @@ impl DirectReads {
         let len = range.end - range.start;
         let read = tokio::time::timeout(self.read_timeout, async {
             let result = pinned_get(self.store.as_ref(), object, Some(range)).await?;
-            result
-                .bytes()
-                .await
-                .map_err(|e| FsError::store(object.key.as_ref(), &e))
+            gather_exactly(object, result.into_stream(), len).await
         })
         .await
         .unwrap_or_else(|_| {
@@ -124,19 +122,46 @@ impl DirectReads {
             })
         });
         match read {
-            Ok(bytes) if bytes.len() as u64 == len => {
+            Ok(bytes) => {
                 Metrics::add(&self.metrics.bytes_fetched, len);
                 Ok(memory.hold(bytes))
             }
-            Ok(bytes) => Err(FsError::ShortRead {
-                key: object.key.to_string(),
-                expected: len,
-                got: bytes.len() as u64,
-            }),
             Err(error) => {
                 tracing::debug!(object = %object.key, %error, "a direct read failed");
                 Err(error)
             }
         }
     }
+}
+
+/// The body of an answer of `len` bytes, copied into a buffer of exactly that length,
+/// or an error if it is longer or shorter. A body that arrives as one piece is a slice
+/// of the HTTP connection's read buffer, which grows to hundreds of KiB on part
+/// downloads: held as it came, a few KiB of a planned range would keep all of it.
+async fn gather_exactly(
+    object: &ObjectInfo,
+    mut body: impl Stream<Item = object_store::Result<Bytes>> + Unpin,
+    len: u64,
+) -> FsResult<Bytes> {
+    let mut gathered = BytesMut::with_capacity(len as usize);
+    let mut received = 0u64;
+    while let Some(piece) = body
+        .try_next()
+        .await
+        .map_err(|e| FsError::store(object.key.as_ref(), &e))?
+    {
+        received += piece.len() as u64;
+        if received > len {
+            break;
+        }
+        gathered.extend_from_slice(&piece);
+    }
+    if received != len {
+        return Err(FsError::ShortRead {
+            key: object.key.to_string(),
+            expected: len,
+            got: received,
+        });
+    }
+    Ok(gathered.freeze())
 }

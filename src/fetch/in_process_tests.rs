@@ -12,6 +12,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetRange, ObjectStoreExt, PutPayload};
 
 use super::edges::EdgeInFlight;
+use super::planned::Covered;
 use super::*;
 use crate::cache::{EvictionAdvisor, NextUse, Unit};
 use crate::error::FsError;
@@ -1209,6 +1210,48 @@ async fn a_planned_range_is_fetched_once_and_serves_the_reads_it_covers() {
         .fetcher
         .in_memory(Fetcher::key(&bench.object, 2), &(100..200))
         .is_none());
+}
+
+/// A planned range held in memory is a copy of its bytes, not the store's answer: an
+/// answer in one piece is a slice of a buffer many times its length (the HTTP
+/// connection's, here the in-memory store's whole object), which holding the range
+/// would keep alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_planned_range_keeps_only_its_own_bytes() {
+    let mut store = None;
+    let (bench, gate) = bench(4, |s| {
+        store = Some(s.clone());
+        Arc::new(HookedStore::new(s, Gate::default()))
+    })
+    .await;
+    let whole = store
+        .unwrap()
+        .get(&bench.object.key)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let answer_buffer = whole.as_ptr_range();
+    bench
+        .fetcher
+        .prefetch_planned(&bench.object, 2100..2600, || {});
+    gate.hook().open.add_permits(100);
+    settle_planned(&bench.fetcher).await;
+    let Some(Covered::Held { bytes, .. }) = bench
+        .fetcher
+        .planned
+        .ranges
+        .lock()
+        .covering(Fetcher::key(&bench.object, 2), &(100..600))
+    else {
+        panic!("the planned range is held once it arrived");
+    };
+    assert_eq!(&bytes[..], &content()[2100..2600]);
+    assert!(
+        !answer_buffer.contains(&bytes.as_ptr()),
+        "the held range points into the store's buffer"
+    );
 }
 
 /// A reader of bytes a planned range on its way covers waits for that range rather
