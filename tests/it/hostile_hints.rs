@@ -206,9 +206,10 @@ fn a_users_refused_hint_writes_in_a_loop_are_answered_late_and_its_first_at_once
         (refused as f64) <= bound,
         "{refused} refusals in {LOOP_SECONDS} s, more than {bound:.0}"
     );
+    // A round trip, not a late answer's wait; with room for a loaded machine.
     assert!(
-        first < MAX_REFUSAL_DELAY,
-        "the first refusal took {first:?}, as long as a late one"
+        first < 10 * MAX_REFUSAL_DELAY,
+        "the first refusal took {first:?}"
     );
     // Held behind a late refusal on the hint file's inode, at most about its delay.
     assert!(
@@ -222,8 +223,15 @@ fn a_users_refused_hint_writes_in_a_loop_are_answered_late_and_its_first_at_once
         .find(|r| r.uid == HOSTILE_UID)
         .unwrap_or_else(|| panic!("no refusal of the loop: {status:?}"));
     assert_eq!(looped.refused, refused);
+    // The first refusals are answered at once, whatever the machine's load; past
+    // them, a loop that comes back within milliseconds keeps its refusals recent, so
+    // nearly all the rest wait.
     assert!(
-        looped.answered_late + PROMPT_REFUSALS as u64 >= refused,
+        looped.answered_late <= refused - PROMPT_REFUSALS as u64,
+        "the first refusals were answered late: {looped:?}"
+    );
+    assert!(
+        looped.answered_late >= (refused - PROMPT_REFUSALS as u64) * 9 / 10,
         "{looped:?}"
     );
     assert_eq!(
