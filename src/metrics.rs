@@ -125,6 +125,8 @@ metrics! {
         read_errors,
         /// Writes to hint files the daemon accepted (each a FUSE round trip of its writer).
         hint_writes,
+        /// Refused hint writes and opens answered late, their writer held in its write(2) or open(2) up to 10 ms, because its user was refused often lately.
+        hint_refusals_answered_late,
         /// Directory listings made again because `--metadata-ttl` had passed.
         listings_refreshed,
         /// Objects listed again in another version than the mount knew (`--metadata-ttl`): files opened since read the new one.

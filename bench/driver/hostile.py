@@ -101,8 +101,11 @@ def stop_hostile_writer(proc):
 
 
 def hostile_refused(mnt):
-    """The hostile writer's refused hint writes so far, from the mount's status."""
-    return next((r["refused"] for r in scdlfs_status(mnt)["hint_refusals"] if r["uid"] == HOSTILE_UID), 0)
+    """The hostile writer's refused hint writes and opens so far, and how many of them were
+    answered late (0 from a daemon that answers every refusal at once), from the mount's
+    status."""
+    mine = [r for r in scdlfs_status(mnt)["hint_refusals"] if r["uid"] == HOSTILE_UID]
+    return (mine[0]["refused"], mine[0].get("answered_late", 0)) if mine else (0, 0)
 
 
 def read_beside_hostile(mnt, rows, log_path):
@@ -119,7 +122,7 @@ def read_beside_hostile(mnt, rows, log_path):
             r = read_epoch(ctx, dataset_dir, order, epoch, hints, limit)
         finally:
             stop_hostile_writer(writer)
-        r["hostile_refused"] = hostile_refused(mnt)
+        r["hostile_refused"], r["hostile_answered_late"] = hostile_refused(mnt)
         if r["hostile_refused"] == 0:
             raise RuntimeError("the hostile writer was never refused: it did not reach the mount (see %s)" % log_path)
         return r

@@ -124,8 +124,8 @@ fn render(s: &Status) -> String {
     }
     for refusals in &s.hint_refusals {
         out.push_str(&format!(
-            "hints refused     uid {}: {} writes or opens, the last: {}\n",
-            refusals.uid, refusals.refused, refusals.last_reason
+            "hints refused     uid {}: {} writes or opens ({} answered late), the last: {}\n",
+            refusals.uid, refusals.refused, refusals.answered_late, refusals.last_reason
         ));
     }
     out

@@ -6,6 +6,10 @@
 //! thread ever waits on the network. Errors become errno through [`errno`]
 //! alone, logged here once.
 //!
+//! A refused hint write or open may be answered late ([`super::Late`]): its reply waits
+//! in a task, so the FUSE thread that received it goes on at once, and nothing of the
+//! handle is held meanwhile (the core has returned).
+//!
 //! A panic in an operation, in the FUSE thread or in its task, is caught here and
 //! answered with EIO, logged as [`FsError::Panicked`]: a panic that left a FUSE thread
 //! would end it, and on thread 0 the whole mount.
@@ -28,7 +32,7 @@ use tokio::runtime::Handle;
 
 use super::errno::errno;
 use super::page_cache::PageCache;
-use super::{FsCore, BLOCK_SIZE};
+use super::{FsCore, Late, BLOCK_SIZE};
 use crate::error::{FsError, FsResult};
 
 /// A node never changes (a changed object is a new inode), so the kernel may keep the
@@ -94,6 +98,33 @@ fn answer_now<R: Reply, T>(
 ) {
     let result = unwound(catch_unwind(AssertUnwindSafe(operation)));
     answer_with(name, reply, result, ok);
+}
+
+impl ScdlFs {
+    /// Answers like [`answer_now`], except that an error to be answered late is
+    /// answered from a task once its time is up.
+    fn answer_maybe_late<R: Reply, T>(
+        &self,
+        name: &'static str,
+        reply: R,
+        operation: impl FnOnce() -> Result<T, Late>,
+        ok: impl FnOnce(R, T),
+    ) {
+        let result = catch_unwind(AssertUnwindSafe(operation))
+            .unwrap_or_else(|panic| Err(FsError::of_panic(panic).into()));
+        match result {
+            Err(Late {
+                error,
+                answer_after,
+            }) if !answer_after.is_zero() => {
+                self.runtime.spawn(async move {
+                    tokio::time::sleep(answer_after).await;
+                    reply.fail(errno_of(name, error));
+                });
+            }
+            result => answer_with(name, reply, result.map_err(|late| late.error), ok),
+        }
+    }
 }
 
 /// The operation's result, or the error its panic becomes.
@@ -229,8 +260,8 @@ impl Filesystem for ScdlFs {
 
     fn open(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let uid = req.uid();
-        let open = || self.core.open_as(ino.0, uid);
-        answer_now("open", reply, open, |reply, opened| {
+        let open = || self.core.open_answered(ino.0, uid);
+        self.answer_maybe_late("open", reply, open, |reply, opened| {
             // Hint files see every write; data files are immutable objects, so the
             // kernel may keep their pages across opens.
             let flags = if opened.direct_io {
@@ -270,8 +301,8 @@ impl Filesystem for ScdlFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let write = || self.core.write(fh.0, data);
-        answer_now("write", reply, write, |reply, n| reply.written(n));
+        let write = || self.core.write_answered(fh.0, data);
+        self.answer_maybe_late("write", reply, write, |reply, n| reply.written(n));
     }
 
     fn flush(

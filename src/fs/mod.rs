@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fuser::{FileAttr, FileType, INodeNo};
-use scdl_format::hint::{HintDecoder, HintLine};
+use scdl_format::hint::HintDecoder;
 
 use crate::cache::DiskCache;
 use crate::catalog::tree::{FileNode, Listing};
@@ -66,6 +66,24 @@ pub const BLOCK_SIZE: u32 = 128 * 1024;
 pub struct Opened {
     pub handle: u64,
     pub direct_io: bool,
+}
+
+/// An error whose answer waits: a refused hint write or open of a user refused often
+/// lately ([`crate::prefetch::budget::refusal_delay`]). The FUSE adapter answers it
+/// from a task after `answer_after`; in-process callers take the error at once.
+#[derive(Debug)]
+pub struct Late {
+    pub error: FsError,
+    pub answer_after: Duration,
+}
+
+impl From<FsError> for Late {
+    fn from(error: FsError) -> Late {
+        Late {
+            error,
+            answer_after: Duration::ZERO,
+        }
+    }
 }
 
 /// What a lookup found, and how long that holds: until the directory's listing is due
@@ -244,16 +262,27 @@ impl FsCore {
     /// Opens a file for user `uid`; a hint handle counts against the hint handles one
     /// user may hold (EBUSY beyond them).
     pub fn open_as(&self, ino: u64, uid: u32) -> FsResult<Opened> {
+        self.open_answered(ino, uid).map_err(|late| late.error)
+    }
+
+    /// [`FsCore::open_as`], with how long a refused hint open's answer waits.
+    pub fn open_answered(&self, ino: u64, uid: u32) -> Result<Opened, Late> {
         let node = self.components.tree.node(ino)?;
         Ok(match &file_of(&node)?.content {
             FileContent::Hints(dataset, _) => {
-                self.components
+                if let Err(refused) = self
+                    .components
                     .prefetcher
                     .budget()
                     .open_handle(uid, Instant::now())
-                    .inspect_err(|refused| {
-                        self.log_refusal(uid, dataset, refused, "hint open refused with EBUSY: the user holds the most hint handles one user may")
-                    })?;
+                {
+                    let what = "hint open refused with EBUSY: the user holds the most hint handles one user may";
+                    let answer_after = self.log_refusal(uid, dataset, &refused, what);
+                    return Err(Late {
+                        error: refused.into(),
+                        answer_after,
+                    });
+                }
                 Opened {
                     handle: self.handles.open(HandleState::Hints {
                         decoder: HintDecoder::default(),
@@ -379,6 +408,11 @@ impl FsCore {
     /// Applies one write to a hint handle. A refused write changes nothing: neither the
     /// handle's decoder nor its plan. Handles of other files are read-only.
     pub fn write(&self, handle: u64, data: &[u8]) -> FsResult<u32> {
+        self.write_answered(handle, data).map_err(|late| late.error)
+    }
+
+    /// [`FsCore::write`], with how long a refused hint write's answer waits.
+    pub fn write_answered(&self, handle: u64, data: &[u8]) -> Result<u32, Late> {
         let state = self.handles.get(handle).ok_or(FsError::ReadOnly)?;
         let mut state = state.lock();
         let HandleState::Hints {
@@ -388,16 +422,21 @@ impl FsCore {
             ..
         } = &mut *state
         else {
-            return Err(FsError::ReadOnly);
+            return Err(FsError::ReadOnly.into());
         };
         let mut trial = decoder.clone();
-        let lines: Vec<HintLine> = trial
+        let applied = trial
             .feed(data)
-            .map_err(|e| self.refuse_hint(*uid, dataset, e.into()))?;
-        self.components
-            .prefetcher
-            .apply(handle, *uid, dataset, &lines)
-            .map_err(|e| self.refuse_hint(*uid, dataset, e.into()))?;
+            .map_err(HintRefused::from)
+            .and_then(|lines| {
+                self.components
+                    .prefetcher
+                    .apply(handle, *uid, dataset, &lines)
+                    .map_err(HintRefused::from)
+            });
+        if let Err(reason) = applied {
+            return Err(self.refuse_hint(*uid, dataset, reason));
+        }
         *decoder = trial;
         Metrics::add(&self.components.metrics.hint_writes, 1);
         Ok(data.len() as u32)
@@ -578,28 +617,34 @@ fn file_of(node: &Node) -> FsResult<&FileNode> {
 
 impl FsCore {
     /// Counts a refused hint write of user `uid`'s, logs it (rate-limited per user),
-    /// and gives the error the writer gets.
-    fn refuse_hint(&self, uid: u32, dataset: &Dataset, reason: HintRefused) -> FsError {
+    /// and gives the error the writer gets, answered as late as the user's refusals
+    /// call for.
+    fn refuse_hint(&self, uid: u32, dataset: &Dataset, reason: HintRefused) -> Late {
         let what = match reason {
             HintRefused::Plan(PlanRefused::StartsTooFast { .. }) => {
                 "hint write refused with EAGAIN: the user started plans faster than one user may"
             }
             _ => "hint write refused with EINVAL",
         };
-        self.log_refusal(uid, dataset, &reason, what);
-        FsError::InvalidHint(reason)
+        let answer_after = self.log_refusal(uid, dataset, &reason, what);
+        Late {
+            error: FsError::InvalidHint(reason),
+            answer_after,
+        }
     }
 
+    /// Counts and logs a refusal; how long its answer waits.
     fn log_refusal(
         &self,
         uid: u32,
         dataset: &Dataset,
         reason: &dyn std::fmt::Display,
         what: &'static str,
-    ) {
+    ) -> Duration {
         let reason = reason.to_string();
         let budget = self.components.prefetcher.budget();
-        if let Some(unlogged) = budget.note_refusal(uid, &reason, Instant::now()) {
+        let noted = budget.note_refusal(uid, &reason, Instant::now());
+        if let Some(unlogged) = noted.log {
             tracing::warn!(
                 dataset = %dataset.prefix(),
                 uid,
@@ -608,5 +653,9 @@ impl FsCore {
                 "{what}"
             );
         }
+        if !noted.answer_after.is_zero() {
+            Metrics::add(&self.components.metrics.hint_refusals_answered_late, 1);
+        }
+        noted.answer_after
     }
 }
