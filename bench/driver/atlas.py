@@ -306,7 +306,9 @@ def atlas_section(saved, results_path):
       "sampler, len(), state_dict() and its first 10,000 indices (their hints written), and the resident memory "
       "that added (the worst rank); *read s*: the slowest rank's first %d rows, from a fresh sampler of the same "
       "seed, each read through `get_row` as the sampler yields it (as a training loop takes them) and checked "
-      "against the row offsets." % (world, runs[0]["ranks"]["rows_per_rank"]))
+      "against the row offsets. The ranks share the machine's cores with each other and the daemon; one "
+      "process alone is measured by bench/sampler_footprint.py (docs/architecture.md, the samplers)."
+      % (world, runs[0]["ranks"]["rows_per_rank"]))
     w("")
     w("| order | sampler s | sampler MiB | read s |")
     w("| --- | ---: | ---: | ---: |")
