@@ -151,6 +151,9 @@ pub struct Plan {
     /// Steps of this plan retired before `steps[0]`: a `reading` line counts from the
     /// `plan` line.
     retired: usize,
+    /// Counts the `plan` lines applied: a step's place counted from its `plan` line
+    /// ([`Plan::place`]) names that step only with the same count.
+    started: u64,
     /// Reads of other steps since the position last moved, by step.
     reads_elsewhere: HashMap<usize, u32>,
     /// Counts the batches applied: step indices taken before a batch may name other
@@ -245,6 +248,7 @@ impl Plan {
         self.work = work;
         self.partial = partial;
         let position = if replaced {
+            self.started += 1;
             self.steps.clear();
             self.parts.clear();
             self.counted = 0;
@@ -371,6 +375,18 @@ impl Plan {
         self.position = index;
         self.reads_elsewhere.clear();
         true
+    }
+
+    /// Where step `index` stands for as long as it is in the plan, whatever steps are
+    /// retired or appended: the `plan` line it came with, and its place counted from
+    /// that line.
+    pub fn place(&self, index: usize) -> (u64, u64) {
+        (self.started, (self.retired + index) as u64)
+    }
+
+    /// Whether the parts step `index` reads were recorded ([`Plan::resolve`]).
+    pub fn is_resolved(&self, index: usize) -> bool {
+        self.parts.get(index).is_some_and(Option::is_some)
     }
 
     /// Records the parts step `index` reads, if it is still `step`.

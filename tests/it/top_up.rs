@@ -734,3 +734,53 @@ async fn a_panic_in_the_prefetchers_loop_ends_no_later_prefetch() {
     assert_eq!(metrics.prefetcher_panics, 1, "the panic was not counted");
     core.release(handle);
 }
+
+/// A plan's steps that a pass found wholly cached are not walked again when its reader
+/// moves on, while no part joined or left the cache: a plan of random rows in steps of
+/// 1,024 over a dataset all cached cost every move of its reader its lookahead's 5,120
+/// items, the daemon's whole CPU beside a reader warm in the page cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_all_cached_are_not_walked_again_when_the_reader_moves() {
+    let (source, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let core = core_of_a_dataset(source.path(), cache.path());
+    let handle = open_hint_file(&core).await;
+    // Steps of 100 single rows, spread over every chunk.
+    let step = |s: u64| -> String {
+        let rows: String = (0..100)
+            .map(|i| (i * 25 + s) % 2_500)
+            .map(|r| format!(" {r} {}", r + 1))
+            .collect();
+        format!("rows{rows}\n")
+    };
+    let steps: String = (0..8).map(step).collect();
+    core.write(
+        handle,
+        format!("scdlfs-hints 4\nchunk-rows 300\nplan 0\n{steps}").as_bytes(),
+    )
+    .unwrap();
+    let prefetcher = core.prefetcher().probe();
+    let walked = || prefetcher.counters().items_walked.load(Ordering::Relaxed);
+    assert!(
+        top_up_until_a_pass_walks_nothing(&prefetcher, Duration::from_millis(50)).await,
+        "the plan's lookahead was never all issued"
+    );
+    // Every part those steps read is cached now; the reader moves on, one step at a
+    // time, and each move brings one new step into the lookahead.
+    for reading in 1..4 {
+        core.write(handle, format!("reading {reading}\n").as_bytes())
+            .unwrap();
+        assert!(
+            top_up_until_a_pass_walks_nothing(&prefetcher, Duration::from_millis(50)).await,
+            "the new step was never all issued"
+        );
+    }
+    let before = walked();
+    core.write(handle, b"reading 4\n").unwrap();
+    prefetcher.top_up();
+    let after_the_move = walked() - before;
+    assert!(
+        after_the_move <= 100,
+        "a move walked {after_the_move} items: the steps all cached were walked again"
+    );
+    core.release(handle);
+}
