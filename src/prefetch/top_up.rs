@@ -601,7 +601,9 @@ impl Prefetcher {
             issued.parts.push(key);
         }
         if !pass.seen.insert(key) {
-            issued.all_cached &= self.cache.contains(key);
+            // Looked up only while the item may still be all cached: an item with
+            // exact ranges never is, and its row offsets' parts recur in every item.
+            issued.all_cached = issued.all_cached && self.cache.contains(key);
             return;
         }
         if pass.is_full(&self.fetcher, ahead, self.config.max_ahead_bytes)
@@ -626,7 +628,7 @@ impl Prefetcher {
             }
             _ => self.fetcher.prefetch(object, part),
         };
-        issued.all_cached &= !started && self.cache.contains(key);
+        issued.all_cached = issued.all_cached && !started && self.cache.contains(key);
         if started {
             walk.cursor.started.push(key);
             *pass.started_by_user.entry(walk.uid).or_default() += 1;
