@@ -87,20 +87,7 @@ impl ScdlFs {
             }
         }
     }
-}
 
-/// Answers with what `operation`, which never waits, returns (a panic is an error).
-fn answer_now<R: Reply, T>(
-    name: &'static str,
-    reply: R,
-    operation: impl FnOnce() -> FsResult<T>,
-    ok: impl FnOnce(R, T),
-) {
-    let result = unwound(catch_unwind(AssertUnwindSafe(operation)));
-    answer_with(name, reply, result, ok);
-}
-
-impl ScdlFs {
     /// Answers like [`answer_now`], except that an error to be answered late is
     /// answered from a task once its time is up.
     fn answer_maybe_late<R: Reply, T>(
@@ -125,6 +112,17 @@ impl ScdlFs {
             result => answer_with(name, reply, result.map_err(|late| late.error), ok),
         }
     }
+}
+
+/// Answers with what `operation`, which never waits, returns (a panic is an error).
+fn answer_now<R: Reply, T>(
+    name: &'static str,
+    reply: R,
+    operation: impl FnOnce() -> FsResult<T>,
+    ok: impl FnOnce(R, T),
+) {
+    let result = unwound(catch_unwind(AssertUnwindSafe(operation)));
+    answer_with(name, reply, result, ok);
 }
 
 /// The operation's result, or the error its panic becomes.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use scdl_format::ArrayKind;
 
+use super::exact::PAGE;
 use super::plan::Touched;
 use super::scatter::Decision;
 use super::sequential::SequentialWindow;
@@ -17,9 +18,6 @@ use crate::fetch::Fetcher;
 use crate::metrics::Metrics;
 use crate::parts::PartKey;
 use crate::view::{plan_read, Piece, ReadPlan};
-
-/// The page the kernel reads memory-mapped files in.
-const PAGE: u64 = 4096;
 
 // Not a type of its own: following a read moves the plans (under their lock), the scatter detector, the ranks and the fetcher's requests, the Prefetcher's whole state.
 impl Prefetcher {
