@@ -120,10 +120,15 @@ impl Fetcher {
         )
     }
 
-    /// Whether bytes `own` of the object lie within [`DIRECT_READ_MAX`] of its start or
-    /// end, in a part no plan reads within its announced steps while plans read
-    /// others: where the kernel's read-around from a window being read crosses into a
-    /// chunk the plans reach later, if at all.
+    /// Whether bytes `own` of an SCDL chunk's array lie within [`DIRECT_READ_MAX`] of
+    /// its start or end, in a part no plan reads within its announced steps while plans
+    /// read others: where the kernel's read-around from a window being read crosses into
+    /// a chunk the plans reach later, if at all.
+    ///
+    /// Only a chunk's object: a monolithic array's ends are no chunk's edges, and in an
+    /// array of a few MiB every part lies near one. A reader there whose plan has not
+    /// located its step yet (the row offsets that place a virtual chunk on its way) would
+    /// fetch each of its reads alone and never the part they make up.
     pub(super) fn read_around_into_unplanned(
         &self,
         object: &ObjectInfo,
@@ -132,7 +137,8 @@ impl Fetcher {
     ) -> bool {
         let near_an_edge =
             own.start < DIRECT_READ_MAX || own.end.saturating_add(DIRECT_READ_MAX) > object.size;
-        near_an_edge
+        object.group.is_some()
+            && near_an_edge
             && self
                 .cache
                 .unranked_beside_plans(Self::key(object, index), object.group)
@@ -422,8 +428,10 @@ impl Fetcher {
         if let Some(bytes) = before {
             arriving.push(bytes.clone()).await?;
         }
-        self.receive_from_store(object, request, held.is_some(), arriving)
-            .await?;
+        if !request.is_empty() {
+            self.receive_from_store(object, request, held.is_some(), arriving)
+                .await?;
+        }
         if let Some(bytes) = after {
             arriving.push(bytes.clone()).await?;
         }

@@ -195,19 +195,24 @@ impl Edges {
 
     /// The edge of the part held in memory ([`Fetcher::prefetch_edge`]), as its offset
     /// in the part and its bytes, if it is the part's first or last bytes: its part's
-    /// download then asks the store for the rest only. The kernel's read-around across
-    /// a window's chunk edges fetched those bytes of a neighbour chunk; when that chunk's
-    /// own window comes, they would otherwise cross the link a second time.
+    /// download then asks the store for the rest only, or for nothing when the edge is
+    /// the whole part (a small object's, which the read-around covers end to end). The
+    /// kernel's read-around across a window's chunk edges fetched those bytes of a
+    /// neighbour chunk; when that chunk's own window comes, they would otherwise cross
+    /// the link a second time.
     ///
-    /// Only an edge pinned by its ETag: the download's own answer must be too
-    /// ([`Fetcher::receive_from_store`]), or two versions of a rewritten object that
-    /// share a modification time could make one part.
+    /// Only an edge pinned by its ETag, unless it is the whole part: a joined
+    /// download's own answer must be pinned too ([`Fetcher::receive_from_store`]), or two
+    /// versions of a rewritten object that share a modification time could make one
+    /// part. A whole part is one answer, as its download's would be.
     pub(super) fn held_edge(&self, key: PartKey, part_len: u64) -> Option<(u64, Bytes)> {
         let edges = self.held.lock();
-        let edge = edges.peek(&key).filter(|edge| edge.joinable)?;
+        let edge = edges.peek(&key)?;
         let len = edge.bytes.len() as u64;
+        let whole = edge.offset == 0 && len == part_len;
         let at_an_end = edge.offset == 0 || edge.offset + len == part_len;
-        (at_an_end && len > 0 && len < part_len).then(|| (edge.offset, edge.bytes.clone()))
+        let joins = edge.joinable && at_an_end && len > 0 && len < part_len;
+        (whole || joins).then(|| (edge.offset, edge.bytes.clone()))
     }
 
     /// Drops the part's held edge: its part serves its bytes now.

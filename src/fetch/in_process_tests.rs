@@ -16,7 +16,7 @@ use super::planned::Covered;
 use super::*;
 use crate::cache::{EvictionAdvisor, NextUse, Unit};
 use crate::error::FsError;
-use crate::parts::ObjectId;
+use crate::parts::{GroupId, ObjectId};
 use crate::planner_wake::PlannerWake;
 use crate::store::counting::CountReads;
 use crate::store::faulty::{Fault, InjectFaults};
@@ -825,6 +825,40 @@ async fn a_part_download_asks_only_for_the_bytes_its_held_edge_lacks() {
     );
 }
 
+/// An edge that covers its whole part (a small object, or the short last part, that the
+/// read-around spans end to end) is the part: its download asks the store for nothing,
+/// and the part is cached from the edge's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_whose_held_edge_is_all_of_it_is_not_asked_for_again() {
+    let (bench, counts) = bench(4, |s| Arc::new(HookedStore::new(s, CountReads::default()))).await;
+    let bench = Arc::new(bench);
+    let whole_parts = [1000..2000, 4000..OBJECT_LEN];
+    for edge in whole_parts.clone() {
+        bench.fetcher.prefetch_edge(&bench.object, edge);
+    }
+    settle_edges(&bench.fetcher).await;
+    for index in [1, 4] {
+        bench.fetcher.prefetch(&bench.object, index);
+    }
+    settle(&bench.fetcher).await;
+    for index in [1, 4] {
+        let key = Fetcher::key(&bench.object, index);
+        assert!(bench.fetcher.cache.contains(key), "part {index} is cached");
+        assert_eq!(read_part(&bench, index).await.unwrap(), expected(index));
+    }
+    let mut asked: Vec<(Range<u64>, u64)> = counts
+        .hook()
+        .snapshot()
+        .into_iter()
+        .map(|((_, range), count)| (range.unwrap(), count))
+        .collect();
+    asked.sort_by_key(|(range, _)| range.start);
+    assert_eq!(asked, whole_parts.map(|range| (range, 1)));
+    let metrics = bench.fetcher.metrics.snapshot();
+    assert_eq!(metrics.edge_bytes_reused, PART + OBJECT_LEN - 4000);
+    assert_eq!(metrics.bytes_fetched, PART + OBJECT_LEN - 4000);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_of_bytes_an_edge_on_the_wire_covers_waits_for_it() {
     let (bench, gate) = bench(4, |s| Arc::new(HookedStore::new(s, Gate::default()))).await;
@@ -969,30 +1003,63 @@ async fn a_stray_read_into_a_part_needed_later_is_asked_for_alone_and_evicts_not
     assert_eq!(bench.fetcher.metrics.snapshot().stray_reads, 1);
 }
 
-/// A reader's few bytes of a part no plan reads within its announced steps, while the
-/// plans read others (the kernel's read-around from a window across a chunk's edge,
-/// into a chunk the plans reach later if at all), are asked for alone even where the
-/// cache has room for the part: cached, it would be the first to go when room is
-/// needed, long before the plans reach it, and come again whole. On a mount nobody
-/// plans on, the part comes whole.
+/// Ranks whole groups (SCDL chunks), as the plans do for a chunked dataset.
+struct GroupRanks(HashMap<GroupId, NextUse>);
+
+impl EvictionAdvisor for GroupRanks {
+    fn next_use(&self, unit: Unit) -> Option<NextUse> {
+        match unit {
+            Unit::Group(group) => self.0.get(&group).copied(),
+            Unit::Part(_) => None,
+        }
+    }
+    fn ranks_any(&self) -> bool {
+        !self.0.is_empty()
+    }
+}
+
+/// A reader's few bytes of a chunk's array that no plan reads within its announced
+/// steps, while the plans read other chunks (the kernel's read-around from a window
+/// across a chunk's edge, into a chunk the plans reach later if at all), are asked for
+/// alone even where the cache has room for the part: cached, it would be the first to
+/// go when room is needed, long before the plans reach it, and come again whole. On a
+/// mount nobody plans on, the part comes whole; and so it does for a monolithic array,
+/// whose ends are no chunk's edges (its plan may just not have located the reader's
+/// step yet).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_around_into_a_part_no_plan_names_is_asked_for_alone() {
+async fn a_read_around_into_a_chunk_no_plan_names_is_asked_for_alone() {
     let (bench, trickle) = bench_with_cache(4, 1 << 20, READ_TIMEOUT, |s| {
         Arc::new(HookedStore::new(s, Trickle::new(PART as usize)))
     })
     .await;
     trickle.hook().pieces.add_permits(1 << 20);
+    let of_a_chunk = |group| {
+        Arc::new(ObjectInfo {
+            id: bench.object.id,
+            key: bench.object.key.clone(),
+            size: bench.object.size,
+            etag: bench.object.etag.clone(),
+            mtime: bench.object.mtime,
+            group,
+        })
+    };
+    let read = |object: Arc<ObjectInfo>, index: u64| {
+        let fetcher = bench.fetcher.clone();
+        async move {
+            let bytes = fetcher.bytes(&object, index, 100..200).await.unwrap();
+            let mut out = vec![0; 100];
+            bytes.copy_to(&mut out, 100).unwrap();
+            assert_eq!(out, expected_within(index, 100..200));
+        }
+    };
     let key = |index| Fetcher::key(&bench.object, index);
     let cache = &bench.fetcher.cache;
-    cache.set_advisor(Some(Arc::new(PartRanks(HashMap::from([
-        (key(0), NextUse::Current),
-        (key(1), NextUse::Ahead(1)),
+    cache.set_advisor(Some(Arc::new(GroupRanks(HashMap::from([
+        (GroupId(1), NextUse::Current),
+        (GroupId(2), NextUse::Ahead(1)),
     ])))));
 
-    assert_eq!(
-        read_within(&bench, 3, 100..200).await.unwrap(),
-        expected_within(3, 100..200)
-    );
+    read(of_a_chunk(Some(GroupId(0))), 3).await;
     settle(&bench.fetcher).await;
     assert_eq!(
         *trickle.hook().asked.lock(),
@@ -1002,14 +1069,20 @@ async fn a_read_around_into_a_part_no_plan_names_is_asked_for_alone() {
     assert!(!cache.contains(key(3)));
     assert_eq!(bench.fetcher.metrics.snapshot().stray_reads, 1);
 
-    cache.set_advisor(Some(Arc::new(PartRanks(HashMap::new()))));
-    assert_eq!(
-        read_within(&bench, 3, 100..200).await.unwrap(),
-        expected_within(3, 100..200)
-    );
+    read(of_a_chunk(None), 2).await;
     settle(&bench.fetcher).await;
     assert_eq!(
         trickle.hook().asked.lock()[1..],
+        vec![2000..3000],
+        "a monolithic array's part, whole"
+    );
+    assert!(cache.contains(key(2)));
+
+    cache.set_advisor(Some(Arc::new(GroupRanks(HashMap::new()))));
+    read(of_a_chunk(Some(GroupId(0))), 3).await;
+    settle(&bench.fetcher).await;
+    assert_eq!(
+        trickle.hook().asked.lock()[2..],
         vec![3000..4000],
         "the part, whole"
     );
