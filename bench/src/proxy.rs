@@ -34,8 +34,10 @@ pub struct ProxyArgs {
     /// Serve the counters as JSON at this address (any request).
     #[arg(long, default_value = "127.0.0.1:0")]
     stats: SocketAddr,
-    /// Print each request's first line and Range header to stderr, with the seconds
-    /// since the proxy started: which requests a reader waits for, one after another.
+    /// Print to stderr, each with its Unix time and its connection's number, every
+    /// request's first line and Range header, its response's first byte through the
+    /// link, and its end with its length: which requests a reader waits for, one after
+    /// another, and how long each took to come through.
     #[arg(long)]
     log_requests: bool,
 }
@@ -56,8 +58,8 @@ struct Link {
     /// The virtual time at which the link has sent everything granted so far.
     next_free: Mutex<Instant>,
     counters: Counters,
-    /// When the proxy started, if requests are logged.
-    log_since: Option<Instant>,
+    /// Whether requests and responses are logged (`--log-requests`).
+    log_requests: bool,
 }
 
 /// Credit the link may build up while idle: a short burst, as a real link's queue.
@@ -103,7 +105,7 @@ async fn serve(args: ProxyArgs) -> Result<(), String> {
         rate: args.rate_mbps * 1e6,
         next_free: Mutex::new(Instant::now()),
         counters: Counters::default(),
-        log_since: args.log_requests.then(Instant::now),
+        log_requests: args.log_requests,
     });
     // The driver reads the two ports from this line.
     println!(
@@ -147,21 +149,26 @@ async fn serve(args: ProxyArgs) -> Result<(), String> {
 }
 
 /// The request line and Range header of a request's first bytes.
-fn log_request(since: Instant, head: &[u8]) {
+fn log_request(conn: u64, head: &[u8]) {
     let text = String::from_utf8_lossy(head);
     let mut lines = text.lines();
     let first = lines.next().unwrap_or_default();
     let range = lines
         .find(|l| l.to_ascii_lowercase().starts_with("range:"))
         .unwrap_or_default();
-    eprintln!("{:9.4} {first} {range}", since.elapsed().as_secs_f64());
+    eprintln!("{:.4} req {conn} {first} {range}", unix_now());
+}
+
+fn unix_now() -> f64 {
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since_epoch.map_or(0.0, |d| d.as_secs_f64())
 }
 
 async fn forward(client: TcpStream, link: &Arc<Link>) -> std::io::Result<()> {
     let server = TcpStream::connect(link.upstream).await?;
     client.set_nodelay(true)?;
     server.set_nodelay(true)?;
-    link.counters.connections.fetch_add(1, Ordering::Relaxed);
+    let conn = link.counters.connections.fetch_add(1, Ordering::Relaxed);
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     // When the request now waiting for its response began.
@@ -181,8 +188,8 @@ async fn forward(client: TcpStream, link: &Arc<Link>) -> std::io::Result<()> {
                     if p.is_none() {
                         *p = Some(Instant::now());
                         link.counters.requests.fetch_add(1, Ordering::Relaxed);
-                        if let Some(since) = link.log_since {
-                            log_request(since, &buf[..n]);
+                        if link.log_requests {
+                            log_request(conn, &buf[..n]);
                         }
                     }
                 }
@@ -195,17 +202,32 @@ async fn forward(client: TcpStream, link: &Arc<Link>) -> std::io::Result<()> {
     };
     let down = async {
         let mut buf = vec![0u8; PIECE];
+        let (mut response_bytes, mut last_piece_at) = (0usize, 0f64);
         loop {
             let n = server_read.read(&mut buf).await?;
             if n == 0 {
+                if link.log_requests && response_bytes > 0 {
+                    eprintln!("{last_piece_at:.4} end {conn} {response_bytes}");
+                }
                 client_write.shutdown().await?;
                 return Ok::<_, std::io::Error>(());
             }
             let began = pending.lock().unwrap().take();
             if let Some(began) = began {
+                if link.log_requests && response_bytes > 0 {
+                    eprintln!("{last_piece_at:.4} end {conn} {response_bytes}");
+                }
+                response_bytes = 0;
                 tokio::time::sleep_until(began + link.latency).await;
             }
             link.pass(n).await;
+            if link.log_requests {
+                if response_bytes == 0 {
+                    eprintln!("{:.4} first {conn}", unix_now());
+                }
+                response_bytes += n;
+                last_piece_at = unix_now();
+            }
             link.counters
                 .bytes_down
                 .fetch_add(n as u64, Ordering::Relaxed);

@@ -283,6 +283,12 @@ impl Fetcher {
         });
     }
 
+    /// A plan starts while another's opening is under way: its reader's first reads join
+    /// that opening ([`permits::Permits::join`]). `false` if none is under way.
+    pub fn join_opening(&self) -> bool {
+        self.permits.join(OPENING_READS)
+    }
+
     /// A reader's read that waited for the network has its bytes.
     pub fn note_read_answered(&self) {
         self.permits.read_answered();

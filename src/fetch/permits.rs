@@ -221,6 +221,22 @@ impl Permits {
         });
     }
 
+    /// Adds `reads` to the opening under way, if one is: a plan that starts during
+    /// another's opening (ranks started together) has its reader's first reads answered
+    /// before the prefetches are let go, as the first plan's are. The deadline stays
+    /// the first plan's, so plans started one after another hold the prefetches no
+    /// longer than one opening does. `false`: no opening is under way.
+    pub fn join(&self, reads: usize) -> bool {
+        let mut state = self.state.lock();
+        match &mut state.opening {
+            Some(opening) if opening.reads_left > 0 && Instant::now() < opening.until => {
+                opening.reads_left += reads;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// A reader's read that waited for the network was answered.
     pub fn read_answered(&self) {
         let mut state = self.state.lock();
@@ -463,6 +479,30 @@ mod tests {
             12,
             "the usual cap: a quarter of the slots kept for demand"
         );
+    }
+
+    /// Ranks started together: a plan that starts during another's opening joins it, and
+    /// the prefetches wait for both readers' first reads, but no longer than the first
+    /// plan's deadline; once the opening is over, nothing is joined.
+    #[tokio::test]
+    async fn a_plan_started_during_an_opening_joins_it_until_its_deadline() {
+        let permits = Permits::new(16);
+        let until = Instant::now() + Duration::from_millis(200);
+        permits.open(2, until);
+        assert!(permits.join(2), "the first plan's opening is under way");
+        let (running, mut queued) = prefetches(&permits, 6);
+        assert_eq!(running.len(), OPENING_PREFETCHES);
+        for _ in 0..3 {
+            permits.read_answered();
+        }
+        assert!(
+            queued.iter_mut().all(|q| q.now().is_none()),
+            "the second reader's last read is not answered yet"
+        );
+        tokio::time::sleep_until(until.into()).await;
+        permits.dispatch_now();
+        assert!(queued.iter_mut().all(|q| q.now().is_some()), "the deadline");
+        assert!(!permits.join(2), "no opening is under way");
     }
 
     /// A plan whose reader never reads from the network holds prefetches only until

@@ -296,7 +296,13 @@ impl Prefetcher {
             }
         };
         let standing = plans.get(&handle).is_some_and(|a| self.has_standing(a));
-        if new_epoch && standing && self.budget.may_open(uid, Instant::now()) {
+        // Ranks started together join the first one's opening, whose deadline bounds
+        // them all; a new one is the user's only as often as the budget lets it.
+        if new_epoch
+            && standing
+            && !self.fetcher.join_opening()
+            && self.budget.may_open(uid, Instant::now())
+        {
             self.fetcher.begin_opening();
         }
         let said_reading = lines.iter().rev().find_map(|line| match line {
