@@ -931,15 +931,13 @@ async fn the_bytes_of_a_next_read_in_a_queued_part_are_asked_for_at_once() {
     settle(&bench.fetcher).await;
 }
 
-/// Eviction advice ranking lone parts, as a plan ranks a monolithic dataset's.
-struct PartRanks(HashMap<PartKey, NextUse>);
+/// Eviction advice ranking units as given: lone parts, as a plan ranks a monolithic
+/// dataset's, or groups (SCDL chunks), as it ranks a chunked dataset's.
+struct UnitRanks(HashMap<Unit, NextUse>);
 
-impl EvictionAdvisor for PartRanks {
+impl EvictionAdvisor for UnitRanks {
     fn next_use(&self, unit: Unit) -> Option<NextUse> {
-        match unit {
-            Unit::Part(key) => self.0.get(&key).copied(),
-            Unit::Group(_) => None,
-        }
+        self.0.get(&unit).copied()
     }
     fn ranks_any(&self) -> bool {
         !self.0.is_empty()
@@ -971,12 +969,12 @@ async fn a_stray_read_into_a_part_needed_later_is_asked_for_alone_and_evicts_not
     bench
         .fetcher
         .cache
-        .set_advisor(Some(Arc::new(PartRanks(HashMap::from([
-            (key(0), NextUse::Current),
-            (key(1), NextUse::Ahead(1)),
-            (key(2), NextUse::Ahead(3)),
-            (key(3), NextUse::Ahead(6)),
-            (key(4), NextUse::Ahead(1)),
+        .set_advisor(Some(Arc::new(UnitRanks(HashMap::from([
+            (Unit::Part(key(0)), NextUse::Current),
+            (Unit::Part(key(1)), NextUse::Ahead(1)),
+            (Unit::Part(key(2)), NextUse::Ahead(3)),
+            (Unit::Part(key(3)), NextUse::Ahead(6)),
+            (Unit::Part(key(4)), NextUse::Ahead(1)),
         ])))));
 
     assert_eq!(
@@ -1001,21 +999,6 @@ async fn a_stray_read_into_a_part_needed_later_is_asked_for_alone_and_evicts_not
     assert!(!cache.contains(key(2)), "needed furthest ahead");
     assert!(cache.contains(key(0)) && cache.contains(key(1)));
     assert_eq!(bench.fetcher.metrics.snapshot().stray_reads, 1);
-}
-
-/// Ranks whole groups (SCDL chunks), as the plans do for a chunked dataset.
-struct GroupRanks(HashMap<GroupId, NextUse>);
-
-impl EvictionAdvisor for GroupRanks {
-    fn next_use(&self, unit: Unit) -> Option<NextUse> {
-        match unit {
-            Unit::Group(group) => self.0.get(&group).copied(),
-            Unit::Part(_) => None,
-        }
-    }
-    fn ranks_any(&self) -> bool {
-        !self.0.is_empty()
-    }
 }
 
 /// A reader's few bytes of a chunk's array that no plan reads within its announced
@@ -1054,9 +1037,9 @@ async fn a_read_around_into_a_chunk_no_plan_names_is_asked_for_alone() {
     };
     let key = |index| Fetcher::key(&bench.object, index);
     let cache = &bench.fetcher.cache;
-    cache.set_advisor(Some(Arc::new(GroupRanks(HashMap::from([
-        (GroupId(1), NextUse::Current),
-        (GroupId(2), NextUse::Ahead(1)),
+    cache.set_advisor(Some(Arc::new(UnitRanks(HashMap::from([
+        (Unit::Group(GroupId(1)), NextUse::Current),
+        (Unit::Group(GroupId(2)), NextUse::Ahead(1)),
     ])))));
 
     read(of_a_chunk(Some(GroupId(0))), 3).await;
@@ -1078,7 +1061,7 @@ async fn a_read_around_into_a_chunk_no_plan_names_is_asked_for_alone() {
     );
     assert!(cache.contains(key(2)));
 
-    cache.set_advisor(Some(Arc::new(GroupRanks(HashMap::new()))));
+    cache.set_advisor(Some(Arc::new(UnitRanks(HashMap::new()))));
     read(of_a_chunk(Some(GroupId(0))), 3).await;
     settle(&bench.fetcher).await;
     assert_eq!(
