@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use object_store::path::Path as ObjectPath;
-use scdl_format::ChunkGeometry;
+use scdl_format::{ArrayKind, ChunkGeometry};
 
 use super::chunked::FlatDataset;
 use super::monolithic::MonolithicDataset;
+use crate::object::ObjectInfo;
 
 /// A dataset a hint file steers: chunked (shown flat), or monolithic (shown as stored).
 #[derive(Clone)]
@@ -37,6 +38,15 @@ impl Dataset {
         match self {
             Dataset::Chunked(d) => d.mtime,
             Dataset::Monolithic(d) => d.mtime(),
+        }
+    }
+
+    /// An object every reader of the dataset reads first: its (first chunk's) row
+    /// offsets.
+    pub fn row_offsets_object(&self) -> &Arc<ObjectInfo> {
+        match self {
+            Dataset::Chunked(d) => d.array(0, ArrayKind::RowPtr),
+            Dataset::Monolithic(d) => &d.arrays[ArrayKind::RowPtr.index()],
         }
     }
 

@@ -931,6 +931,46 @@ async fn the_bytes_of_a_next_read_in_a_queued_part_are_asked_for_at_once() {
     settle(&bench.fetcher).await;
 }
 
+/// Counts the store's HEAD requests, and passes every request on.
+#[derive(Debug, Default)]
+struct CountHeads(AtomicU64);
+
+#[async_trait::async_trait]
+impl StoreHook for CountHeads {
+    async fn get(
+        &self,
+        request: crate::store::wrapper::GetRequest<'_>,
+    ) -> object_store::Result<object_store::GetResult> {
+        if request.options.head {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        request.send().await
+    }
+}
+
+/// A starting plan's connections are opened before its reader's first row needs them:
+/// one HEAD per request that row makes at once, and no read of bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_start_opens_connections_for_its_first_row_with_heads_alone() {
+    let (bench, heads) = bench(4, |s| Arc::new(HookedStore::new(s, CountHeads::default()))).await;
+    bench.fetcher.open_connections_for(&bench.object);
+    let started = std::time::Instant::now();
+    while heads.hook().0.load(Ordering::Relaxed) < CONNECTIONS_PER_PLAN_START as u64 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the HEADs were sent"
+        );
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        heads.hook().0.load(Ordering::Relaxed),
+        CONNECTIONS_PER_PLAN_START as u64
+    );
+    let metrics = bench.fetcher.metrics.snapshot();
+    assert_eq!((metrics.bytes_fetched, metrics.parts_fetched), (0, 0));
+}
+
 /// Eviction advice ranking units as given: lone parts, as a plan ranks a monolithic
 /// dataset's, or groups (SCDL chunks), as it ranks a chunked dataset's.
 struct UnitRanks(HashMap<Unit, NextUse>);

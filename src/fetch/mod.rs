@@ -51,7 +51,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::{BoxFuture, Shared};
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 use parking_lot::Mutex;
 
 use crate::cache::adopt::ListedObject;
@@ -81,6 +81,9 @@ const DIRECT_READ_MAX: u64 = 1 << 20;
 /// offsets, its values, its column ids, each a read that waits for the network, and
 /// one more for the offsets' check or a row across a part's edge.
 const OPENING_READS: usize = 4;
+/// Connections opened ahead of a starting plan's first row
+/// ([`Fetcher::open_connections_for`]): its offsets, then its values and column ids.
+const CONNECTIONS_PER_PLAN_START: usize = 3;
 /// The longest an opening holds prefetches, for a plan whose readers start late (a
 /// DataLoader's workers) or read only what is cached.
 const OPENING_LIMIT: Duration = Duration::from_millis(250);
@@ -287,6 +290,19 @@ impl Fetcher {
     /// that opening ([`permits::Permits::join`]). `false` if none is under way.
     pub fn join_opening(&self) -> bool {
         self.permits.join(OPENING_READS)
+    }
+
+    /// Opens connections to the store for a starting plan's first reads before they are
+    /// made: HEADs of `object`, whose answers are dropped and whose connections stay in
+    /// the client's pool. A reader's first row makes up to three requests at once.
+    pub fn open_connections_for(&self, object: &Arc<ObjectInfo>) {
+        for _ in 0..CONNECTIONS_PER_PLAN_START {
+            let (store, key, deadline) =
+                (self.store.clone(), object.key.clone(), self.read_timeout);
+            self.runtime.spawn(async move {
+                let _ = tokio::time::timeout(deadline, store.head(&key)).await;
+            });
+        }
     }
 
     /// A reader's read that waited for the network has its bytes.

@@ -298,12 +298,16 @@ impl Prefetcher {
         let standing = plans.get(&handle).is_some_and(|a| self.has_standing(a));
         // Ranks started together join the first one's opening, whose deadline bounds
         // them all; a new one is the user's only as often as the budget lets it.
-        if new_epoch
-            && standing
-            && !self.fetcher.join_opening()
-            && self.budget.may_open(uid, Instant::now())
-        {
-            self.fetcher.begin_opening();
+        if new_epoch && standing {
+            let opened = self.fetcher.join_opening()
+                || (self.budget.may_open(uid, Instant::now()) && {
+                    self.fetcher.begin_opening();
+                    true
+                });
+            if let Some(active) = opened.then(|| plans.get(&handle)).flatten() {
+                self.fetcher
+                    .open_connections_for(active.dataset.row_offsets_object());
+            }
         }
         let said_reading = lines.iter().rev().find_map(|line| match line {
             HintLine::Reading { step } => Some(*step),
