@@ -42,11 +42,11 @@ impl Dataset {
     }
 
     /// An object every reader of the dataset reads first: its (first chunk's) row
-    /// offsets.
-    pub fn row_offsets_object(&self) -> &Arc<ObjectInfo> {
+    /// offsets; `None` for a chunked dataset of no rows, which has no chunk.
+    pub fn row_offsets_object(&self) -> Option<&Arc<ObjectInfo>> {
         match self {
-            Dataset::Chunked(d) => d.array(0, ArrayKind::RowPtr),
-            Dataset::Monolithic(d) => &d.arrays[ArrayKind::RowPtr.index()],
+            Dataset::Chunked(d) => d.chunks.first().map(|c| &c[ArrayKind::RowPtr.index()]),
+            Dataset::Monolithic(d) => Some(&d.arrays[ArrayKind::RowPtr.index()]),
         }
     }
 
