@@ -577,11 +577,13 @@ def lockstep_first_row(rep):
         "once on this machine's %s cores beside the daemon), and %s s to the read. A first row on a cold mount "
         "waits for two answers of the link one after the other, the row's offsets and then its values and column "
         "ids, each at least the link's %.0f ms: the start and those two answers come to %s s, and the fastest "
-        "rank's read took %s s. The slowest read's rest above its two answers is the %d ranks' first reads, the "
-        "connections they open and the opening's two prefetches, all at the same moment on one link and two "
-        "cores; it is not attributed further here. The next step that could cut it: where a dataset's row "
-        "offsets are few enough to fetch whole, ask for them at the dataset's first lookup, before the ranks' "
-        "plans and first reads, so that the first of the two answers overlaps the ranks' start." % (
+        "rank's read took %s s. The slowest read's rest above its two answers is in the answers themselves: "
+        "the link's proxy and the S3 server share this machine's cores with the %d ranks' starts and the "
+        "daemon, and at that moment answer late (a trace of the link's requests, in docs/architecture.md, "
+        "shows where the slowest read's time goes). A store and a link on other machines than the readers do not share their "
+        "cores; on this one, the next step that could cut the first row: where a dataset's row offsets are few "
+        "enough to fetch whole, ask for them at the dataset's first lookup, before the ranks' plans and first "
+        "reads, so that the first of the two answers overlaps the ranks' start." % (
             runs[0]["ranks"], fmt(med(first), ".3f"), fmt(min(first), ".3f"), fmt(max(first), ".3f"),
             fmt(start, ".3f"), runs[0]["ranks"], rep.saved.get("cores", "?"), fmt(read, ".3f"), LARGE_LATENCY_MS,
             fmt(start + answers, ".3f"), fmt(med([min(r["rank_first_row_read_s"]) for r in runs]), ".3f"),
