@@ -561,7 +561,7 @@ def lockstep_first_row(rep):
     read itself, beside the two answers of the link a first row on a cold mount waits for,
     one after the other."""
     runs = [r for r in rep.saved["results"] if r["system"].startswith(LARGE) and " ranks lockstep, " in r["system"]
-            and "scdlfs cold, " in r["system"] and all(t is not None for t in r.get("rank_first_row_read_s") or [None])]
+            and "scdlfs cold, " in r["system"] and None not in (r.get("rank_first_row_read_s") or [None])]
     if not runs:
         return []
     # Each run's slowest rank: (its first row, its read of that row).

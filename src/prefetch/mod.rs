@@ -299,19 +299,16 @@ impl Prefetcher {
         // Ranks started together join the first one's opening, whose deadline bounds
         // them all; a new one is the user's only as often as the budget lets it.
         if new_epoch && standing {
-            let opened = if self.fetcher.join_opening() {
-                true
-            } else if self.budget.may_open(uid, Instant::now()) {
+            let joined = self.fetcher.join_opening();
+            let opened = !joined && self.budget.may_open(uid, Instant::now());
+            if opened {
                 self.fetcher.begin_opening();
-                true
-            } else {
-                false
-            };
-            let first_read = plans.get(&handle);
-            if let Some(object) = first_read.and_then(|a| a.dataset.row_offsets_object()) {
-                if opened {
-                    self.fetcher.open_connections_for(object);
-                }
+            }
+            let first_object = plans
+                .get(&handle)
+                .and_then(|a| a.dataset.row_offsets_object());
+            if let Some(object) = first_object.filter(|_| joined || opened) {
+                self.fetcher.open_connections_for(object);
             }
         }
         let said_reading = lines.iter().rev().find_map(|line| match line {
